@@ -1,0 +1,1 @@
+"""jaxmarket: a JAX simulator of query markets."""

@@ -1,0 +1,193 @@
+"""Declarative field specifications shared by every registry (distributors, demand
+processes, reward and observation components, learners).
+
+A component declares its settings as ``{name: Field(...)}``; :func:`check_mapping`
+validates a user mapping against it and returns the resolved values, raising
+:class:`ConfigError` that names the dotted field, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from jaxmarket.config.errors import ConfigError
+
+REQUIRED = object()
+
+
+@dataclass(frozen=True)
+class Field:
+    """One setting of a component.
+
+    kind:
+      ``"float"``  a finite number (bounds ``low``/``high``, ``low_open`` for ``> low``);
+      ``"int"``    an integer with the same bounds;
+      ``"bool"``;
+      ``"choice"`` one of ``choices``;
+      ``"floats"`` a non-empty list of finite numbers, each within the bounds;
+      ``"ints"``   a list of integers, each within the bounds;
+      ``"entity"`` a number per entity and product: a scalar, a per-product list of
+                   length ``num_products`` or a ``[count, num_products]`` nested list
+                   (resolved to a float32 array of that shape by the group loader);
+      ``"any"``    passed through unchecked (structured sub-configs).
+    ``optional`` allows ``None`` (YAML ``null``).
+    """
+
+    kind: str = "float"
+    default: Any = REQUIRED
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    choices: tuple = ()
+    optional: bool = False
+    doc: str = ""
+
+    def describe(self) -> str:
+        """Human-readable description of the allowed values."""
+        if self.kind == "bool":
+            text = "true or false"
+        elif self.kind == "choice":
+            text = "one of " + ", ".join(repr(c) for c in self.choices)
+        else:
+            base = {
+                "float": "a finite number",
+                "int": "an integer",
+                "floats": "a non-empty list of finite numbers",
+                "ints": "a list of integers",
+                "entity": "a number, a list of one number per product, or a [count, products] array",
+                "any": "any value",
+            }[self.kind]
+            bounds = []
+            if self.low is not None:
+                bounds.append(f"{'>' if self.low_open else '>='} {self.low:g}")
+            if self.high is not None:
+                bounds.append(f"<= {self.high:g}")
+            text = base + (" " + " and ".join(bounds) if bounds else "")
+        if self.optional:
+            text += " (or null)"
+        return text
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
+
+
+def _in_bounds(field: Field, x: float) -> bool:
+    if not math.isfinite(x):
+        return False
+    if field.low is not None and (x <= field.low if field.low_open else x < field.low):
+        return False
+    if field.high is not None and x > field.high:
+        return False
+    return True
+
+
+def check_value(field: Field, value: Any, where: str) -> Any:
+    """Validate one value (not ``"entity"`` fields, which need shapes)."""
+    if value is None:
+        if field.optional:
+            return None
+        raise ConfigError(where, value, field.describe())
+    kind = field.kind
+    if kind == "any":
+        return value
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise ConfigError(where, value, field.describe())
+        return value
+    if kind == "choice":
+        if value not in field.choices:
+            raise ConfigError(where, value, field.describe())
+        return value
+    if kind == "float":
+        if not _is_number(value) or not _in_bounds(field, float(value)):
+            raise ConfigError(where, value, field.describe())
+        return float(value)
+    if kind == "int":
+        ok = _is_number(value) and float(value) == int(value) and _in_bounds(field, float(value))
+        if not ok:
+            raise ConfigError(where, value, field.describe())
+        return int(value)
+    if kind in ("floats", "ints"):
+        items = value if isinstance(value, (list, tuple)) else None
+        if items is None or (kind == "floats" and not items):
+            raise ConfigError(where, value, field.describe())
+        sub = Field(kind="float" if kind == "floats" else "int", low=field.low, high=field.high,
+                    low_open=field.low_open)
+        out = []
+        for i, item in enumerate(items):
+            try:
+                out.append(check_value(sub, item, f"{where}[{i}]"))
+            except ConfigError as err:
+                raise ConfigError(err.field, item, field.describe()) from None
+        return tuple(out)
+    if kind == "entity":
+        return value  # resolved by resolve_entity_array
+    raise AssertionError(f"unknown field kind {kind}")
+
+
+def resolve_entity_array(field: Field, value: Any, where: str, count: int, num_products: int) -> np.ndarray:
+    """Broadcast a scalar / per-product list / [count, P] array to float32 [count, P]."""
+    if value is None and field.optional:
+        value = field.default
+    allowed = (f"a number, a list of {num_products} numbers (one per product) or a "
+               f"[{count}, {num_products}] array"
+               + _bounds_text(field))
+    if _is_number(value):
+        arr = np.full((count, num_products), float(value))
+    elif isinstance(value, (list, tuple, np.ndarray)):
+        try:
+            arr = np.asarray(value, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise ConfigError(where, value, allowed) from None
+        if arr.dtype == object or arr.ndim not in (1, 2):
+            raise ConfigError(where, value, allowed)
+        if arr.ndim == 1:
+            if arr.shape != (num_products,):
+                raise ConfigError(where, value, allowed + f" (got shape {list(arr.shape)})")
+            arr = np.broadcast_to(arr, (count, num_products))
+        elif arr.shape != (count, num_products):
+            raise ConfigError(where, value, allowed + f" (got shape {list(arr.shape)})")
+    else:
+        raise ConfigError(where, value, allowed)
+    for x in arr.ravel():
+        if not _in_bounds(field, float(x)):
+            raise ConfigError(where, value, allowed)
+    return np.array(arr, dtype=np.float32)
+
+
+def _bounds_text(field: Field) -> str:
+    parts = []
+    if field.low is not None:
+        parts.append(f"{'>' if field.low_open else '>='} {field.low:g}")
+    if field.high is not None:
+        parts.append(f"<= {field.high:g}")
+    return (", each " + " and ".join(parts)) if parts else ", each finite"
+
+
+def check_mapping(spec: Mapping[str, Field], given: Mapping[str, Any] | None, where: str,
+                  ignore: tuple[str, ...] = ("kind",)) -> dict[str, Any]:
+    """Validate ``given`` against ``spec``: unknown keys, missing required keys and bad
+    values all raise :class:`ConfigError`. Returns defaults filled in (entity fields
+    are returned raw for the caller to resolve)."""
+    given = {} if given is None else given
+    if not isinstance(given, Mapping):
+        raise ConfigError(where, given, "a mapping of settings")
+    unknown = [k for k in given if k not in spec and k not in ignore]
+    if unknown:
+        allowed = ", ".join(sorted(spec)) or "no settings"
+        raise ConfigError(f"{where}.{unknown[0]}", given[unknown[0]], f"known keys are: {allowed}")
+    out: dict[str, Any] = {}
+    for name, field in spec.items():
+        path = f"{where}.{name}"
+        if name in given:
+            out[name] = check_value(field, given[name], path)
+        elif field.default is REQUIRED:
+            raise ConfigError(path, "<missing>", field.describe() + " (this field is required)")
+        else:
+            out[name] = field.default
+    return out

@@ -1,0 +1,93 @@
+"""The distributor contract: one signature, one registry keyed by ``kind``.
+
+A distributor allocates the queries consumers send among sellers:
+
+    allocate(key, quotes: Quotes, params: dict[str, Array], options: Mapping) -> Allocation
+
+* ``quotes`` holds everything about the market at this step (flat over groups: all
+  sellers of all seller groups stacked on the ``S`` axis, all consumers on ``C``);
+* ``params`` the distributor's numeric settings as arrays (vmappable: sweeps and domain
+  randomisation batch them);
+* ``options`` its static settings (changing them recompiles).
+
+Conservation (exact up to float rounding), for every product ``p``::
+
+    sum_s traffic[s, p] + sum_c unserved[c, p] == sum_c sent[c, p]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from jaxmarket.config.fields import Field
+
+
+@struct.dataclass
+class Quotes:
+    """What a distributor sees at one step. Shapes: ``S`` sellers, ``C`` consumers,
+    ``P`` products, all groups stacked."""
+
+    price: jax.Array          # [S, P] a seller's action: a price, or a multiplier
+    is_multiplier: jax.Array  # [S] bool: True where ``price`` is a multiplier of base_price
+    budget: jax.Array         # [C, P] most a consumer pays per query
+    queries: jax.Array        # [C, P] queries the consumer wants served this step
+    base_price: jax.Array     # [C, P] the consumer's base price (multiplier sellers quote m * base)
+    quality: jax.Array        # [S, P] logit quality a_i
+    reliability: jax.Array    # [S, P] probability a query succeeds, in [0, 1]
+    latency: jax.Array        # [S, P] response time (seconds), >= 0
+    freshness: jax.Array      # [S, P] blocks behind chain head, >= 0 (0 = fresh)
+    stake: jax.Array          # [S, P] allocated stake, >= 0
+
+    def quoted_price_dense(self) -> jax.Array:
+        """[C, S, P] the price seller s charges consumer c: m_s * base_c or p_s."""
+        mult = self.price[None, :, :] * self.base_price[:, None, :]
+        return jnp.where(self.is_multiplier[None, :, None], mult, self.price[None, :, :])
+
+    def quoted_price_shared(self) -> jax.Array:
+        """[S, P] quoted prices when base prices are the same for every consumer of a
+        product (checked at config load for the non-dense distributors)."""
+        return jnp.where(self.is_multiplier[:, None], self.price * self.base_price[0][None, :],
+                         self.price)
+
+
+@struct.dataclass
+class Allocation:
+    """The outcome of one step of distribution."""
+
+    traffic: jax.Array   # [S, P] queries each seller served
+    fees: jax.Array      # [S, P] money each seller received (auctions: the winner's payment)
+    unserved: jax.Array  # [C, P] queries sent but served by nobody
+    spend: jax.Array     # [C, P] money each consumer paid
+    sent: jax.Array      # [C, P] queries actually sent (a rule may withhold queries)
+
+
+AllocateFn = Callable[[jax.Array, Quotes, Mapping[str, jax.Array], Mapping[str, Any]], Allocation]
+
+
+@dataclass(frozen=True)
+class DistributorDef:
+    """A registry entry.
+
+    ``params``: numeric settings (become float32 arrays in MarketParams, vmappable);
+    ``options``: static settings; ``dense``: True when it materialises a
+    consumers x sellers x products array (then base prices may differ per consumer).
+    """
+
+    kind: str
+    allocate: AllocateFn
+    params: Mapping[str, Field] = field(default_factory=dict)
+    options: Mapping[str, Field] = field(default_factory=dict)
+    dense: bool = False
+
+
+DISTRIBUTORS: dict[str, DistributorDef] = {}
+
+
+def register(definition: DistributorDef) -> DistributorDef:
+    DISTRIBUTORS[definition.kind] = definition
+    return definition
