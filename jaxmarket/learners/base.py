@@ -43,6 +43,10 @@ class LearnerSpec:
     action_high: np.ndarray         # [A, P] float32
     num_policies: int | None = None  # parameter sets; None -> num_agents
     policy_index: tuple[int, ...] | None = None  # slot -> policy; None -> identity
+    # Optional one-shot payoff of a joint action, provided by the market when a learner
+    # needs it (e.g. Q-learning's initial Q): payoff(actions [A, P]) -> rewards [A],
+    # holding every other group at its reset state. Jittable.
+    payoff: Any = field(default=None, compare=False)
 
     @property
     def policies(self) -> int:
@@ -62,7 +66,7 @@ class Transition:
     action: jax.Array     # [T, A, P]
     reward: jax.Array     # [T, A]
     next_obs: jax.Array   # [T, A, D]
-    done: jax.Array       # [T] episode ended after this step (shared by the group)
+    done: jax.Array       # [T, A] episode ended after this step
     aux: Any              # dict of [T, A, ...] arrays returned by ``act``
 
 
