@@ -1,1 +1,26 @@
-"""jaxmarket: a JAX simulator of query markets."""
+"""jaxmarket: a JAX-accelerated, vectorised simulator of query markets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from jaxmarket.config.errors import ConfigError
+from jaxmarket.config.loader import load_config
+from jaxmarket.market.env import MarketEnv
+from jaxmarket.market.spec import MarketParams, MarketSpec, resolve_market, to_device
+from jaxmarket.market.state import MarketState
+
+__all__ = ["ConfigError", "MarketEnv", "MarketParams", "MarketSpec", "MarketState",
+           "load_config", "make", "resolve_market"]
+
+
+def make(source: str | Path | Mapping[str, Any],
+         overrides: Sequence[str] = ()) -> tuple[MarketEnv, MarketParams]:
+    """Build ``(env, params)`` from a scenario file (or mapping) and dotted overrides.
+
+    >>> env, params = make("configs/logit_duopoly.yaml", ["market.num_products=4"])
+    """
+    config = load_config(source, overrides)
+    spec, params = resolve_market(config["market"])
+    return MarketEnv(spec), to_device(params)

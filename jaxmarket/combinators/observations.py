@@ -1,0 +1,179 @@
+"""Observation components, concatenated in config order.
+
+Each component is ``fn(view: GroupView) -> [n, d]``; a group's ``observation:`` list
+becomes one function returning ``[n, sum d]`` (``[n, 0]`` for an empty list: a bandit)::
+
+    observation:
+      - {kind: own_price}
+      - {kind: competitor_prices, summary: [min, mean]}
+      - {kind: history, k: 1}
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from jaxmarket.combinators.view import GroupView
+from jaxmarket.config.errors import ConfigError
+from jaxmarket.config.fields import Field, check_mapping
+
+ObsFn = Callable[[GroupView], jax.Array]
+
+
+@dataclass(frozen=True)
+class ObservationDef:
+    kind: str
+    build: Callable[[Mapping[str, Any]], ObsFn]
+    fields: Mapping[str, Field] = field(default_factory=dict)
+    doc: str = ""
+
+
+OBSERVATIONS: dict[str, ObservationDef] = {}
+
+
+def _reg(kind, build, fields=None):
+    OBSERVATIONS[kind] = ObservationDef(kind, build, fields or {}, build.__doc__ or "")
+
+
+def _empty(s) -> ObsFn:
+    """[n, 0]: no observation (bandits)."""
+    return lambda v: jnp.zeros((v.action.shape[0], 0), jnp.float32)
+
+
+def _own_price(s) -> ObsFn:
+    """[n, P]: the agent's own current action value (price, multiplier or budget)."""
+    return lambda v: v.action
+
+
+def _own_traffic(s) -> ObsFn:
+    """[n, P]: queries the agent served (sellers) or got served (consumers) last step."""
+    return lambda v: v.traffic
+
+
+def _own_reward(s) -> ObsFn:
+    """[n, 1]: the agent's reward last step."""
+    return lambda v: v.last_reward[:, None]
+
+
+def _competitor_prices(s) -> ObsFn:
+    """Quoted prices of all *other* sellers (every seller group).
+
+    ``summary: all`` -> [n, (S - 1) * P], others in market order;
+    ``summary: [min, mean, max]`` -> [n, len * P] statistics over the others, computed
+    without an n x S array: min/max from the top-2 per product, mean from
+    (sum - own) / (S - 1).
+    """
+    summary = s["summary"]
+
+    def obs(v: GroupView):
+        prices, me = v.all_prices, v.self_index
+        S = prices.shape[0]
+        if S < 2:
+            raise ConfigError("observation.competitor_prices", S, "a market with >= 2 sellers")
+        own = prices[me]  # [n, P]
+        if summary == "all":
+            # row j of others: indices 0..S-1 without me (static shape S - 1)
+            idx = jnp.arange(S - 1)[None, :]
+            idx = idx + (idx >= me[:, None])
+            return prices[idx].reshape(me.shape[0], -1)
+        parts = []
+        for stat in summary:
+            if stat == "mean":
+                parts.append((prices.sum(0)[None] - own) / (S - 1))
+            else:
+                sign = 1.0 if stat == "max" else -1.0
+                top2, arg = jax.lax.top_k((sign * prices).T, 2)  # [P, 2]
+                first_is_me = arg[:, 0][None, :] == me[:, None]
+                best = jnp.where(first_is_me, top2[:, 1][None], top2[:, 0][None])
+                parts.append(sign * best)
+        return jnp.concatenate(parts, axis=-1)
+
+    return obs
+
+
+def _budgets(s) -> ObsFn:
+    """Consumers' budgets: ``summary: all`` -> [n, C * P]; ``mean`` -> [n, P]."""
+
+    def obs(v: GroupView):
+        n = v.action.shape[0]
+        b = v.budgets.reshape(-1) if s["summary"] == "all" else v.budgets.mean(0)
+        return jnp.broadcast_to(b, (n,) + b.shape)
+
+    return obs
+
+
+def _time(s) -> ObsFn:
+    """[n, 1 (+2)]: t / episode_length, and with ``period`` the phase
+    (sin 2 pi t / period, cos 2 pi t / period)."""
+
+    def obs(v: GroupView):
+        n = v.action.shape[0]
+        t = v.time.astype(jnp.float32)
+        feats = [t / jnp.maximum(v.episode_length.astype(jnp.float32), 1.0)]
+        if s["period"] is not None:
+            angle = 2 * jnp.pi * t / s["period"]
+            feats += [jnp.sin(angle), jnp.cos(angle)]
+        return jnp.broadcast_to(jnp.stack(feats), (n, len(feats)))
+
+    return obs
+
+
+def _history(s) -> ObsFn:
+    """[n, k * S * P]: the last k price profiles of all sellers (most recent first) —
+    the state of the Calvano et al. Q-learners."""
+    k = s["k"]
+
+    def obs(v: GroupView):
+        h = v.price_history[:k].reshape(-1)
+        return jnp.broadcast_to(h, (v.action.shape[0],) + h.shape)
+
+    return obs
+
+
+_reg("empty", _empty)
+_reg("own_price", _own_price)
+_reg("own_traffic", _own_traffic)
+_reg("own_reward", _own_reward)
+_reg("competitor_prices", _competitor_prices,
+     {"summary": Field("any", "all", doc="'all' or a list from min, mean, max")})
+_reg("budgets", _budgets, {"summary": Field("choice", "mean", choices=("mean", "all"))})
+_reg("time", _time, {"period": Field("float", None, low=0.0, low_open=True, optional=True)})
+_reg("history", _history, {"k": Field("int", 1, low=1)})
+
+
+def history_length(config: Sequence[Mapping[str, Any]]) -> int:
+    """Largest ``k`` of the ``history`` components (0 if none)."""
+    return max([int(c.get("k", 1)) for c in config if c.get("kind") == "history"], default=0)
+
+
+def build_observation(config: Sequence[Mapping[str, Any]], where: str) -> ObsFn:
+    """Validate an observation list and return ``obs(view) -> [n, D]``."""
+    if not isinstance(config, (list, tuple)):
+        raise ConfigError(where, config, "a list of observation components like [{kind: own_price}]")
+    fns: list[ObsFn] = []
+    for i, item in enumerate(config):
+        at = f"{where}[{i}]"
+        if not isinstance(item, Mapping) or "kind" not in item:
+            raise ConfigError(at, item, "a mapping with a 'kind' key")
+        if item["kind"] not in OBSERVATIONS:
+            raise ConfigError(f"{at}.kind", item["kind"], "one of " + ", ".join(sorted(OBSERVATIONS)))
+        d = OBSERVATIONS[item["kind"]]
+        settings = check_mapping(d.fields, item, at)
+        if item["kind"] == "competitor_prices":
+            summ = settings["summary"]
+            ok = summ == "all" or (isinstance(summ, list) and summ and
+                                   all(x in ("min", "mean", "max") for x in summ))
+            if not ok:
+                raise ConfigError(f"{at}.summary", summ, "'all' or a non-empty list from min, mean, max")
+        fns.append(d.build(settings))
+
+    def observe(view: GroupView) -> jax.Array:
+        n = view.action.shape[0]
+        parts = [f(view).astype(jnp.float32).reshape(n, -1) for f in fns]
+        return jnp.concatenate(parts, axis=-1) if parts else jnp.zeros((n, 0), jnp.float32)
+
+    return observe

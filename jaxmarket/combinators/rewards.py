@@ -1,0 +1,166 @@
+"""Reward components, composed like ``optax.chain``.
+
+A group's ``reward:`` config is a list applied in order to a running reward ``r``
+(starting at 0 per agent). *Terms* add to it, *transforms* rewrite it::
+
+    reward:
+      - {kind: profit}                 # r += sum_p (fees - cost * traffic)
+      - {kind: team, teams: [0, 0]}    # r_i = mean_{j in team(i)} r_j   (collusion)
+      - {kind: scale, factor: 10}      # r *= 10
+
+Each component is ``fn(r [n], view: GroupView) -> r' [n]``; :func:`build_reward` turns
+the validated list into one such function.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxmarket.combinators.view import GroupView
+from jaxmarket.config.errors import ConfigError
+from jaxmarket.config.fields import Field, check_mapping
+
+RewardFn = Callable[[jax.Array, GroupView], jax.Array]
+
+
+@dataclass(frozen=True)
+class RewardDef:
+    kind: str
+    build: Callable[[Mapping[str, Any], int, str], RewardFn]   # (settings, n_agents, where)
+    fields: Mapping[str, Field] = field(default_factory=dict)
+    sides: tuple[str, ...] = ("seller", "consumer")
+    doc: str = ""
+
+
+REWARDS: dict[str, RewardDef] = {}
+
+
+def _term(kind: str, fn: Callable[[GroupView], jax.Array], sides=("seller", "consumer")):
+    REWARDS[kind] = RewardDef(kind, lambda s, n, w: (lambda r, v: r + fn(v)), {}, sides,
+                              fn.__doc__ or "")
+
+
+def revenue(v: GroupView) -> jax.Array:
+    """revenue_i = sum_p fees_ip  (= sum_p price_ip * traffic_ip for posted prices)."""
+    return jnp.sum(v.fees, axis=-1)
+
+
+def profit(v: GroupView) -> jax.Array:
+    """profit_i = sum_p (fees_ip - cost_ip * traffic_ip)."""
+    return jnp.sum(v.fees - v.cost * v.traffic, axis=-1)
+
+
+def traffic(v: GroupView) -> jax.Array:
+    """traffic_i = sum_p traffic_ip (queries served; for consumers: sent - unserved)."""
+    return jnp.sum(v.traffic, axis=-1)
+
+
+def surplus(v: GroupView) -> jax.Array:
+    """surplus_i = sum_p (value_ip * traffic_ip - fees_ip): an auction bidder's gain."""
+    return jnp.sum(v.value * v.traffic - v.fees, axis=-1)
+
+
+def regret_ratio(v: GroupView) -> jax.Array:
+    """regret_i = sum_p spend_ip / sum_p budget_ip * sent_ip (0 when nothing was sent):
+    the share of its budget a paying consumer actually spent."""
+    denom = jnp.sum(v.budget * v.sent, axis=-1)
+    return jnp.where(denom > 0, jnp.sum(v.fees, axis=-1) / jnp.where(denom > 0, denom, 1.0), 0.0)
+
+
+_term("revenue", revenue, ("seller",))
+_term("profit", profit, ("seller",))
+_term("traffic", traffic)
+_term("surplus", surplus, ("seller",))
+_term("regret_ratio", regret_ratio, ("consumer",))
+
+
+def _build_team(s: Mapping[str, Any], n: int, where: str) -> RewardFn:
+    """r_i = mean_{j: team_j = team_i} r_j over the group's team assignment."""
+    teams = s["teams"]
+    if teams is None:
+        teams = (0,) * n
+    if len(teams) != n:
+        raise ConfigError(f"{where}.teams", list(teams), f"a list of {n} team ids (one per agent)")
+    ids = jnp.asarray(np.unique(np.asarray(teams), return_inverse=True)[1], jnp.int32)
+    k = int(ids.max()) + 1
+
+    def team(r, v):
+        totals = jax.ops.segment_sum(r, ids, num_segments=k)
+        counts = jax.ops.segment_sum(jnp.ones_like(r), ids, num_segments=k)
+        return (totals / counts)[ids]
+
+    return team
+
+
+def _build_scale(s, n, where) -> RewardFn:
+    """r <- factor * r."""
+    return lambda r, v: s["factor"] * r
+
+
+def _build_clip(s, n, where) -> RewardFn:
+    """r <- clip(r, low, high)."""
+    if s["low"] > s["high"]:
+        raise ConfigError(f"{where}.low", s["low"], f"a number <= high ({s['high']})")
+    return lambda r, v: jnp.clip(r, s["low"], s["high"])
+
+
+def _build_sum(s, n, where) -> RewardFn:
+    """r <- r + sum_k weight_k * chain_k(0): a weighted sum of sub-chains."""
+    terms = s["terms"]
+    if not isinstance(terms, list) or not terms:
+        raise ConfigError(f"{where}.terms", terms, "a non-empty list of reward components")
+    weights = s["weights"] or (1.0,) * len(terms)
+    if len(weights) != len(terms):
+        raise ConfigError(f"{where}.weights", list(weights), f"a list of {len(terms)} numbers")
+    fns = [build_reward([t], n, f"{where}.terms[{i}]", s["_side"]) for i, t in enumerate(terms)]
+
+    def total(r, v):
+        return r + sum(w * f(v) for w, f in zip(weights, fns))
+
+    return total
+
+
+REWARDS["team"] = RewardDef("team", _build_team, {"teams": Field("ints", None, optional=True)},
+                            doc=_build_team.__doc__)
+REWARDS["scale"] = RewardDef("scale", _build_scale, {"factor": Field("float")},
+                             doc=_build_scale.__doc__)
+REWARDS["clip"] = RewardDef("clip", _build_clip, {"low": Field("float"), "high": Field("float")},
+                            doc=_build_clip.__doc__)
+REWARDS["sum"] = RewardDef("sum", _build_sum, {"terms": Field("any"),
+                                               "weights": Field("floats", None, optional=True)},
+                           doc=_build_sum.__doc__)
+
+
+def build_reward(config: Sequence[Mapping[str, Any]], n_agents: int, where: str,
+                 side: str) -> Callable[[GroupView], jax.Array]:
+    """Validate a reward list and return ``reward(view) -> [n]``."""
+    if not isinstance(config, (list, tuple)):
+        raise ConfigError(where, config, "a list of reward components like [{kind: profit}]")
+    fns: list[RewardFn] = []
+    for i, item in enumerate(config):
+        at = f"{where}[{i}]"
+        if not isinstance(item, Mapping) or "kind" not in item:
+            raise ConfigError(at, item, "a mapping with a 'kind' key")
+        kind = item["kind"]
+        if kind not in REWARDS:
+            raise ConfigError(f"{at}.kind", kind, "one of " + ", ".join(sorted(REWARDS)))
+        d = REWARDS[kind]
+        if side not in d.sides:
+            allowed = sorted(k for k, x in REWARDS.items() if side in x.sides)
+            raise ConfigError(f"{at}.kind", kind, f"for a {side} group one of " + ", ".join(allowed))
+        settings = check_mapping(d.fields, item, at)
+        settings["_side"] = side
+        fns.append(d.build(settings, n_agents, at))
+
+    def reward(view: GroupView) -> jax.Array:
+        r = jnp.zeros(view.action.shape[0], jnp.float32)
+        for fn in fns:  # static chain over config entries, not over agents
+            r = fn(r, view)
+        return r
+
+    return reward

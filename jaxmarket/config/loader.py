@@ -1,0 +1,95 @@
+"""YAML scenario files and dotted command-line overrides.
+
+One file describes one scenario: ``market:`` (the economy), ``learners:`` (which
+learner drives each agent group) and ``train:`` (the training loop), plus ``seed``.
+Overrides are ``dotted.path=value`` strings; values are parsed as YAML
+(``market.num_products=4``, ``market.sellers[0].count=3``, ``market.sellers.0.high=[1, 2]``).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import yaml
+
+from jaxmarket.config.errors import ConfigError
+
+TOP_LEVEL = ("market", "learners", "train", "seed", "name", "description")
+_TOKEN = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
+
+
+def _split_path(path: str) -> list[str | int]:
+    parts: list[str | int] = []
+    pos = 0
+    for m in _TOKEN.finditer(path):
+        name, index = m.groups()
+        parts.append(int(index) if index is not None else (int(name) if name.isdigit() else name))
+        pos = m.end()
+    if not parts or pos != len(path) or ".." in path:
+        raise ConfigError("overrides", path, "a dotted path like market.sellers[0].count")
+    return parts
+
+
+def apply_override(config: dict, override: str) -> dict:
+    """Set one ``dotted.path=value`` (value parsed as YAML) in ``config`` (in place)."""
+    if "=" not in override:
+        raise ConfigError("overrides", override, "KEY=VALUE with a dotted KEY, e.g. market.num_products=4")
+    path, text = override.split("=", 1)
+    try:
+        value = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError:
+        value = text
+    parts = _split_path(path.strip())
+    node: Any = config
+    where = ""
+    for i, part in enumerate(parts[:-1]):
+        where += f"[{part}]" if isinstance(part, int) else (("." if where else "") + part)
+        if isinstance(part, int):
+            if not isinstance(node, list) or not 0 <= part < len(node):
+                raise ConfigError(where, part, f"an index into a list of {len(node) if isinstance(node, list) else 0} items")
+            node = node[part]
+        else:
+            if not isinstance(node, dict):
+                raise ConfigError(where, node, "a mapping to set keys in")
+            node = node.setdefault(part, {} if not isinstance(parts[i + 1], int) else [])
+    last = parts[-1]
+    if isinstance(last, int):
+        if not isinstance(node, list) or not 0 <= last < len(node):
+            raise ConfigError(path, last, "an index into an existing list")
+        node[last] = value
+    else:
+        if not isinstance(node, dict):
+            raise ConfigError(path, value, "a key inside a mapping")
+        node[last] = value
+    return config
+
+
+def load_config(source: str | Path | Mapping[str, Any], overrides: Sequence[str] = ()) -> dict:
+    """Read a scenario (a YAML path or a mapping), apply overrides, check top-level keys.
+
+    Deep validation happens in :func:`jaxmarket.market.spec.resolve_market` and the
+    learner/train resolvers; all raise :class:`ConfigError` before anything compiles.
+    """
+    if isinstance(source, Mapping):
+        config = copy.deepcopy(dict(source))
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise ConfigError("config", str(source), "an existing YAML file")
+        try:
+            config = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError("config", str(source), f"valid YAML ({err})".replace("\n", " ")) from None
+    if not isinstance(config, dict):
+        raise ConfigError("config", config, "a YAML mapping with a market: section")
+    for item in overrides:
+        apply_override(config, item)
+    for key in config:
+        if key not in TOP_LEVEL:
+            raise ConfigError(str(key), config[key], "top-level keys are " + ", ".join(TOP_LEVEL))
+    if "market" not in config:
+        raise ConfigError("market", "<missing>", "a market: section (this field is required)")
+    return config

@@ -1,0 +1,238 @@
+"""The multi-agent market environment (gymnax 1.0 style, dict-per-group API).
+
+    env, params = jaxmarket.make("configs/logit_duopoly.yaml")
+    obs, state = env.reset(key, params)
+    obs, state, rewards, terminated, truncated, info = env.step(key, state, actions, params)
+
+``obs``, ``actions`` and ``rewards`` are dicts keyed by agent-group name with a leading
+agent axis. One step: actions -> prices/multipliers/budgets (clipped to bounds) ->
+demand process -> distributor -> state -> rewards -> observations, then finished
+episodes auto-reset (``terminated`` is always False: a market has no terminal state;
+``truncated`` when ``time >= episode_length``).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from gymnax.environments import spaces
+
+from jaxmarket.combinators.observations import build_observation
+from jaxmarket.combinators.rewards import build_reward
+from jaxmarket.combinators.view import GroupView
+from jaxmarket.market.demand import DEMANDS
+from jaxmarket.market.distributors import DISTRIBUTORS, Allocation, Quotes
+from jaxmarket.market.spec import GroupSpec, MarketParams, MarketSpec, thaw
+from jaxmarket.market.state import MarketState
+
+
+class MarketEnv:
+    """Stateless environment over a static :class:`MarketSpec` (hashable, so methods
+    jit with ``self`` static)."""
+
+    def __init__(self, spec: MarketSpec):
+        self.spec = spec
+        self._reward = {g.name: build_reward(thaw(g.reward), g.count, f"{g.name}.reward", g.side)
+                        for g in spec.agent_groups}
+        self._observe = {g.name: build_observation(thaw(g.observation), f"{g.name}.observation")
+                         for g in spec.agent_groups}
+        self._distributor = DISTRIBUTORS[spec.distributor]
+        self._options = dict(thaw(spec.distributor_options) or {})
+
+    def __hash__(self) -> int:
+        return hash(self.spec)
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, MarketEnv) and other.spec == self.spec
+
+    # ------------------------------------------------------------------ info
+    @property
+    def agent_groups(self) -> tuple[str, ...]:
+        return tuple(g.name for g in self.spec.agent_groups)
+
+    def num_agents(self, group: str) -> int:
+        return self.spec.group(group).count
+
+    def _bounds(self, g: GroupSpec, params: MarketParams):
+        if g.side == "seller":
+            p = params.sellers[g.name]
+            return p.low, p.high
+        p = params.consumers[g.name]
+        return p.budget_low, p.budget_high
+
+    def action_space(self, group: str, params: MarketParams) -> spaces.Box:
+        """Box [n_agents, P] between the group's bounds (prices, multipliers or budgets)."""
+        g = self.spec.group(group)
+        if not g.agent:
+            raise ValueError(f"group {group!r} is not an agent group: {self.agent_groups}")
+        low, high = self._bounds(g, params)
+        return spaces.Box(low, high, (g.count, self.spec.num_products), jnp.float32)
+
+    def observation_space(self, group: str, params: MarketParams) -> spaces.Box:
+        """Box [n_agents, D] (unbounded)."""
+        obs = jax.eval_shape(lambda k: self.reset(k, params)[0], jax.random.key(0))[group]
+        return spaces.Box(-jnp.inf, jnp.inf, obs.shape, jnp.float32)
+
+    # ------------------------------------------------------------------ reset
+    def reset_env(self, key: jax.Array, params: MarketParams) -> tuple[dict, MarketState]:
+        spec, P = self.spec, self.spec.num_products
+        zeros = lambda g: jnp.zeros((g.count, P), jnp.float32)  # noqa: E731
+        prices = {g.name: jnp.asarray(params.sellers[g.name].initial, jnp.float32)
+                  for g in spec.sellers if g.action == "price"}
+        mults = {g.name: jnp.asarray(params.sellers[g.name].initial, jnp.float32)
+                 for g in spec.sellers if g.action == "multiplier"}
+        budgets = {}
+        for g in spec.consumers:
+            c = params.consumers[g.name]
+            b = jnp.asarray(c.budget, jnp.float32)
+            budgets[g.name] = jnp.clip(b, c.budget_low, c.budget_high) if g.agent else b
+        demand = {g.name: DEMANDS[g.demand_kind].init(params.consumers[g.name].demand, (g.count, P))
+                  for g in spec.consumers}
+        state = MarketState(
+            prices=prices, multipliers=mults, budgets=budgets,
+            queries={g.name: zeros(g) for g in spec.consumers},
+            traffic={g.name: zeros(g) for g in spec.sellers},
+            fees={g.name: zeros(g) for g in spec.sellers},
+            unserved={g.name: zeros(g) for g in spec.consumers},
+            spend={g.name: zeros(g) for g in spec.consumers},
+            demand=demand,
+            last_reward={g.name: jnp.zeros((g.count,), jnp.float32) for g in spec.agent_groups},
+            price_history=jnp.zeros((spec.history, spec.num_sellers, P), jnp.float32),
+            time=jnp.zeros((), jnp.int32),
+        )
+        hist = jnp.broadcast_to(self._quoted_prices(state, params)[None], state.price_history.shape)
+        state = state.replace(price_history=hist)
+        return self.get_obs(state, params), state
+
+    @partial(jax.jit, static_argnums=(0,))
+    def reset(self, key: jax.Array, params: MarketParams) -> tuple[dict, MarketState]:
+        return self.reset_env(key, params)
+
+    # ------------------------------------------------------------------ step
+    def _seller_action(self, state: MarketState, g: GroupSpec) -> jax.Array:
+        return state.prices[g.name] if g.action == "price" else state.multipliers[g.name]
+
+    def _quotes(self, state: MarketState, params: MarketParams, queries: dict) -> Quotes:
+        spec = self.spec
+        cat = lambda xs: jnp.concatenate(xs, axis=0)  # noqa: E731
+        sp = [params.sellers[g.name] for g in spec.sellers]
+        cp = [params.consumers[g.name] for g in spec.consumers]
+        return Quotes(
+            price=cat([self._seller_action(state, g) for g in spec.sellers]),
+            is_multiplier=jnp.asarray(np.concatenate(
+                [np.full(g.count, g.action == "multiplier") for g in spec.sellers])),
+            budget=cat([state.budgets[g.name] for g in spec.consumers]),
+            queries=cat([queries[g.name] for g in spec.consumers]),
+            base_price=cat([c.base_price for c in cp]),
+            quality=cat([s.quality for s in sp]), reliability=cat([s.reliability for s in sp]),
+            latency=cat([s.latency for s in sp]), freshness=cat([s.freshness for s in sp]),
+            stake=cat([s.stake for s in sp]),
+        )
+
+    def _quoted_prices(self, state: MarketState, params: MarketParams) -> jax.Array:
+        """[S, P] quoted prices (multipliers x the first consumer's base price)."""
+        base = params.consumers[self.spec.consumers[0].name].base_price[0]
+        return jnp.concatenate([
+            self._seller_action(state, g) * (base if g.action == "multiplier" else 1.0)
+            for g in self.spec.sellers], axis=0)
+
+    def apply_actions(self, state: MarketState, actions: dict, params: MarketParams) -> MarketState:
+        """Actions -> prices / multipliers / budgets, clipped to the group's bounds."""
+        prices, mults, budgets = dict(state.prices), dict(state.multipliers), dict(state.budgets)
+        for g in self.spec.agent_groups:
+            if g.name not in actions:
+                raise KeyError(f"actions has no entry for agent group {g.name!r}; "
+                               f"expected keys {self.agent_groups}")
+            low, high = self._bounds(g, params)
+            a = jnp.clip(jnp.asarray(actions[g.name], jnp.float32), low, high)
+            {"price": prices, "multiplier": mults, "budget": budgets}[g.action][g.name] = a
+        return state.replace(prices=prices, multipliers=mults, budgets=budgets)
+
+    def step_env(self, key: jax.Array, state: MarketState, actions: dict, params: MarketParams):
+        spec = self.spec
+        k_demand, k_dist = jax.random.split(key)
+        state = self.apply_actions(state, actions, params)
+        # demand processes
+        queries, demand = {}, {}
+        dkeys = jax.random.split(k_demand, len(spec.consumers))
+        for i, g in enumerate(spec.consumers):
+            c = params.consumers[g.name]
+            queries[g.name], demand[g.name] = DEMANDS[g.demand_kind].step(
+                dkeys[i], state.time, state.demand[g.name], c.demand, c.queries)
+        quotes = self._quotes(state, params, queries)
+        alloc: Allocation = self._distributor.allocate(k_dist, quotes, params.distributor,
+                                                       self._options)
+        split = lambda x, g: x[g.offset:g.offset + g.count]  # noqa: E731
+        new_hist = state.price_history
+        quoted = self._quoted_prices(state, params)
+        if spec.history > 0:
+            new_hist = jnp.concatenate([quoted[None], state.price_history[:-1]], axis=0)
+        state = state.replace(
+            queries={g.name: split(alloc.sent, g) for g in spec.consumers},
+            traffic={g.name: split(alloc.traffic, g) for g in spec.sellers},
+            fees={g.name: split(alloc.fees, g) for g in spec.sellers},
+            unserved={g.name: split(alloc.unserved, g) for g in spec.consumers},
+            spend={g.name: split(alloc.spend, g) for g in spec.consumers},
+            demand=demand, price_history=new_hist, time=state.time + 1,
+        )
+        rewards = {g.name: self._reward[g.name](self.view(state, params, g, quoted))
+                   for g in spec.agent_groups}
+        state = state.replace(last_reward=rewards)
+        obs = self.get_obs(state, params, quoted)
+        terminated = jnp.zeros((), bool)
+        info = {"traffic": state.traffic, "fees": state.fees, "unserved": state.unserved,
+                "spend": state.spend, "queries": state.queries,
+                "prices": {g.name: split(quoted, g) for g in spec.sellers}}
+        return obs, state, rewards, terminated, info
+
+    def is_truncated(self, state: MarketState, params: MarketParams) -> jax.Array:
+        return state.time >= params.episode_length
+
+    @partial(jax.jit, static_argnums=(0,))
+    def step(self, key: jax.Array, state: MarketState, actions: dict, params: MarketParams):
+        """One market step with auto-reset: returns
+        ``(obs, state, rewards, terminated, truncated, info)``; ``info`` holds the
+        pre-reset ``traffic``/``fees`` (sellers), ``unserved``/``spend``/``queries``
+        (consumers) and quoted ``prices`` per group."""
+        k_step, k_reset = jax.random.split(key)
+        obs_st, state_st, rewards, terminated, info = self.step_env(k_step, state, actions, params)
+        truncated = self.is_truncated(state_st, params)
+        done = jnp.logical_or(terminated, truncated)
+        obs_re, state_re = self.reset_env(k_reset, params)
+        state = jax.tree.map(lambda r, s: jax.lax.select(done, r, s), state_re, state_st)
+        obs = jax.tree.map(lambda r, s: jax.lax.select(done, r, s), obs_re, obs_st)
+        info = {**info, "final_observation": obs_st}
+        return obs, state, rewards, terminated, truncated, info
+
+    # ------------------------------------------------------------------ views
+    def view(self, state: MarketState, params: MarketParams, g: GroupSpec,
+             quoted: jax.Array | None = None) -> GroupView:
+        """What reward/observation components see of group ``g``."""
+        quoted = self._quoted_prices(state, params) if quoted is None else quoted
+        budgets = jnp.concatenate([state.budgets[c.name] for c in self.spec.consumers], axis=0)
+        zeros = jnp.zeros((g.count, self.spec.num_products), jnp.float32)
+        common = dict(all_prices=quoted, budgets=budgets, time=state.time,
+                      episode_length=params.episode_length, price_history=state.price_history,
+                      last_reward=state.last_reward.get(g.name, jnp.zeros((g.count,))),
+                      self_index=jnp.arange(g.offset, g.offset + g.count))
+        if g.side == "seller":
+            p = params.sellers[g.name]
+            return GroupView(action=self._seller_action(state, g),
+                             price=quoted[g.offset:g.offset + g.count],
+                             traffic=state.traffic[g.name], fees=state.fees[g.name],
+                             cost=p.cost, value=p.value, sent=zeros, budget=zeros, **common)
+        sent = state.queries[g.name]
+        return GroupView(action=state.budgets[g.name], price=zeros,
+                         traffic=sent - state.unserved[g.name], fees=state.spend[g.name],
+                         cost=zeros, value=zeros, sent=sent, budget=state.budgets[g.name],
+                         **{**common, "self_index": jnp.zeros((g.count,), jnp.int32)})
+
+    def get_obs(self, state: MarketState, params: MarketParams,
+                quoted: jax.Array | None = None) -> dict:
+        quoted = self._quoted_prices(state, params) if quoted is None else quoted
+        return {g.name: self._observe[g.name](self.view(state, params, g, quoted))
+                for g in self.spec.agent_groups}
