@@ -1,0 +1,101 @@
+"""The controller: which learner drives which agent group.
+
+``learners:`` maps every agent group of the market to a learner config
+(``{kind: ppo_bandit, learning_rate: 0.01, ...}``); :func:`build_controller` checks the
+group names against the market and builds one :class:`Learner` per group.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxmarket.config.errors import ConfigError
+from jaxmarket.config.fields import check_mapping
+from jaxmarket.learners.base import LEARNERS, Learner, LearnerSpec
+from jaxmarket.market.env import MarketEnv
+from jaxmarket.market.spec import MarketParams
+
+
+def _ensure_registered() -> None:
+    # importing the modules registers their kinds
+    import jaxmarket.learners.registry  # noqa: F401
+
+
+def group_learner_spec(env: MarketEnv, params: MarketParams, group: str,
+                       num_policies: int | None = None,
+                       policy_index: tuple[int, ...] | None = None) -> LearnerSpec:
+    """The :class:`LearnerSpec` of one agent group (bounds, observation size, payoff)."""
+    g = env.spec.group(group)
+    space = env.action_space(group, params)
+    obs_dim = env.observation_space(group, params).shape[-1]
+    return LearnerSpec(num_agents=g.count, obs_dim=int(obs_dim),
+                       num_products=env.spec.num_products,
+                       action_low=np.asarray(space.low, np.float32),
+                       action_high=np.asarray(space.high, np.float32),
+                       num_policies=num_policies, policy_index=policy_index,
+                       payoff=one_shot_payoff(env, params, group))
+
+
+def one_shot_payoff(env: MarketEnv, params: MarketParams, group: str):
+    """``payoff(actions [A, P]) -> rewards [A]`` of ``group`` for one step from the reset
+    state, every other agent group holding its reset action (deterministic key)."""
+
+    def payoff(actions: jax.Array) -> jax.Array:
+        _, state = env.reset_env(jax.random.key(0), params)
+        acts = hold_actions(env, state)
+        acts[group] = actions
+        _, _, rewards, _, _ = env.step_env(jax.random.key(0), state, acts, params)
+        return rewards[group]
+
+    return payoff
+
+
+def hold_actions(env: MarketEnv, state) -> dict:
+    """Every agent group's current action (prices, multipliers or budgets)."""
+    out = {}
+    for g in env.spec.agent_groups:
+        src = {"price": state.prices, "multiplier": state.multipliers, "budget": state.budgets}
+        out[g.name] = src[g.action][g.name]
+    return out
+
+
+def resolve_learner(config: Any, where: str) -> tuple[str, dict]:
+    """Validate one learner config; returns (kind, hyper with defaults)."""
+    _ensure_registered()
+    if not isinstance(config, Mapping) or "kind" not in config:
+        raise ConfigError(where, config, "a mapping with a 'kind' key, e.g. {kind: ppo_bandit}")
+    kind = config["kind"]
+    if kind not in LEARNERS:
+        raise ConfigError(f"{where}.kind", kind, "one of " + ", ".join(sorted(LEARNERS)))
+    hyper = check_mapping(LEARNERS[kind].hyper_fields, config, where)
+    return kind, hyper
+
+
+def build_learner(config: Any, spec: LearnerSpec, where: str) -> Learner:
+    kind, hyper = resolve_learner(config, where)
+    return LEARNERS[kind].make(hyper, spec)
+
+
+def build_controller(env: MarketEnv, params: MarketParams, learners: Any,
+                     where: str = "learners") -> dict[str, Learner]:
+    """One learner per agent group; every agent group needs one, unknown names fail."""
+    groups = env.agent_groups
+    if not isinstance(learners, Mapping):
+        raise ConfigError(where, learners, "a mapping from agent group name to learner config; "
+                          f"agent groups: {', '.join(groups)}")
+    for name in learners:
+        if name not in groups:
+            raise ConfigError(f"{where}.{name}", learners[name],
+                              "a learner for one of the agent groups " + ", ".join(groups))
+    for name in groups:
+        if name not in learners:
+            raise ConfigError(f"{where}.{name}", "<missing>",
+                              f"a learner config (every agent group needs one: {', '.join(groups)})")
+    return {name: build_learner(learners[name], group_learner_spec(env, params, name),
+                                f"{where}.{name}") for name in groups}
+
+
