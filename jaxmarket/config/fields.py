@@ -135,7 +135,7 @@ def resolve_entity_array(field: Field, value: Any, where: str, count: int, num_p
     if value is None and field.optional:
         value = field.default
     allowed = (f"a number, a list of {num_products} numbers (one per product) or a "
-               f"[{count}, {num_products}] array"
+               f"[{count}, {num_products}] array (or a [{count}, 1] column)"
                + _bounds_text(field))
     if _is_number(value):
         arr = np.full((count, num_products), float(value))
@@ -150,6 +150,8 @@ def resolve_entity_array(field: Field, value: Any, where: str, count: int, num_p
             if arr.shape != (num_products,):
                 raise ConfigError(where, value, allowed + f" (got shape {list(arr.shape)})")
             arr = np.broadcast_to(arr, (count, num_products))
+        elif arr.shape == (count, 1):
+            arr = np.broadcast_to(arr, (count, num_products))  # one value per entity
         elif arr.shape != (count, num_products):
             raise ConfigError(where, value, allowed + f" (got shape {list(arr.shape)})")
     else:
