@@ -185,7 +185,7 @@ class MarketEnv:
         obs = self.get_obs(state, params, quoted)
         terminated = jnp.zeros((), bool)
         info = {"traffic": state.traffic, "fees": state.fees, "unserved": state.unserved,
-                "spend": state.spend, "queries": state.queries,
+                "spend": state.spend, "queries": state.queries, "budgets": state.budgets,
                 "prices": {g.name: split(quoted, g) for g in spec.sellers}}
         return obs, state, rewards, terminated, info
 

@@ -1,0 +1,117 @@
+"""Experiment tracking: files in the run directory (always), plus optionally sacred
+(FileStorageObserver in ``RUN_DIR/sacred`` or a MongoObserver for a ``mongodb://`` URL)
+or TensorBoard (tensorboardX event files in ``RUN_DIR/tensorboard``)."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any, Callable
+
+
+class CsvMetrics:
+    """``metrics.csv``: one row per iteration, appended as training goes."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def truncate_after(self, iteration: int) -> None:
+        """Drop rows past ``iteration`` (work lost with an interrupted chunk)."""
+        if not self.path.exists():
+            return
+        with self.path.open() as f:
+            rows = list(csv.reader(f))
+        if not rows:
+            return
+        keep = [rows[0]] + [r for r in rows[1:] if int(r[0]) <= iteration]
+        tmp = self.path.with_suffix(".tmp")
+        with tmp.open("w", newline="") as f:
+            csv.writer(f).writerows(keep)
+        tmp.replace(self.path)
+
+    def append(self, rows: list[dict[str, float]]) -> None:
+        if not rows:
+            return
+        new = not self.path.exists() or self.path.stat().st_size == 0
+        with self.path.open("a", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            if new:
+                writer.writeheader()
+            writer.writerows(rows)
+            f.flush()
+
+
+def read_metrics(path: Path) -> tuple[list[str], Any]:
+    import numpy as np
+    with Path(path).open() as f:
+        rows = list(csv.reader(f))
+    header, data = rows[0], np.asarray(rows[1:], dtype=np.float64).reshape(-1, len(rows[0]))
+    return header, data
+
+
+class Tracker:
+    """No-op base: files only."""
+
+    def log(self, iteration: int, metrics: dict[str, float]) -> None:
+        pass
+
+    def artifact(self, path: Path) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class TensorboardTracker(Tracker):
+    def __init__(self, run_dir: Path):
+        from tensorboardX import SummaryWriter
+        self.writer = SummaryWriter(str(run_dir / "tensorboard"))
+
+    def log(self, iteration, metrics):
+        for name, value in metrics.items():
+            self.writer.add_scalar(name, value, iteration)
+
+    def close(self):
+        self.writer.flush()
+        self.writer.close()
+
+
+class SacredTracker(Tracker):
+    def __init__(self, run):
+        self.run = run
+
+    def log(self, iteration, metrics):
+        for name, value in metrics.items():
+            self.run.log_scalar(name, float(value), iteration)
+
+    def artifact(self, path):
+        self.run.add_artifact(str(path))
+
+
+def with_tracker(kind: str, run_dir: Path, config: dict, body: Callable[[Tracker], Any],
+                 mongo_url: str | None = None) -> Any:
+    """Run ``body(tracker)`` inside the chosen tracker's context."""
+    if kind == "files":
+        return body(Tracker())
+    if kind == "tensorboard":
+        tracker = TensorboardTracker(run_dir)
+        try:
+            return body(tracker)
+        finally:
+            tracker.close()
+    if kind == "sacred":
+        from sacred import Experiment
+        from sacred.observers import FileStorageObserver, MongoObserver
+        ex = Experiment("jaxmarket", save_git_info=False)
+        ex.add_config({"scenario": config})
+        ex.observers.append(MongoObserver(url=mongo_url) if mongo_url
+                            else FileStorageObserver(str(run_dir / "sacred")))
+        result = {}
+
+        @ex.main
+        def _main(_run):
+            result["value"] = body(SacredTracker(_run))
+
+        ex.run(options={"--loglevel": "ERROR"})
+        return result.get("value")
+    raise ValueError(f"unknown tracker {kind!r}: files, sacred, tensorboard")
