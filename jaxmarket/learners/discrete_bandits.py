@@ -1,0 +1,215 @@
+"""Discrete-price bandits over a price grid: ``epsilon_greedy``, ``ucb1``, ``thompson`` and
+``exp3``.
+
+Arms. Each product ``p`` has its own ``G`` arms: the grid ``linspace(action_low,
+action_high, grid_size)`` of the slot's bounds, or the explicit ``grid`` list (the same
+prices for every product; they must lie within the action bounds). ``act`` picks one arm
+per slot and product independently and returns ``action[a, p] = grid[a, p, arm]`` with
+``aux["action_index"] = arm`` (int32 ``[A, P]``; ``exp3`` adds ``aux["prob"]``, the
+probability with which the chosen arm was drawn). The joint reward ``r`` of a slot is
+credited to the chosen arm of *every* product (independent per-product bandits).
+
+Statistics are kept per policy, ``[num_policies, P, G]``: ``n`` (pulls), ``s`` (reward
+sums) and, for ``exp3``, log-weights. Slots sharing a policy pool their statistics
+(``update`` is a ``segment_sum`` over ``policy_index``, vectorised over the whole
+``[T, A, P]`` batch). With ``N = sum_g n_g`` the pulls of the product so far and
+``q_g = s_g / n_g`` the sample mean:
+
+* ``epsilon_greedy``: with probability ``eps_N = max(epsilon_min, epsilon *
+  epsilon_decay ** N)`` a uniformly random arm, else ``argmax_g q_g`` (``q_g =
+  initial_value`` for an unpulled arm).
+* ``ucb1``: an unpulled arm if any, else ``argmax_g q_g + c * sqrt(2 ln N / n_g)``.
+* ``thompson``: Gaussian Thompson sampling with a Normal prior ``N(prior_mean,
+  prior_var)`` on each arm's mean reward and Gaussian noise of known variance
+  ``noise_var``; the conjugate posterior is ``N(m_g, 1 / lambda_g)`` with
+  ``lambda_g = 1 / prior_var + n_g / noise_var`` and
+  ``m_g = (prior_mean / prior_var + s_g / noise_var) / lambda_g``; draw
+  ``theta_g`` from it and play ``argmax_g theta_g``.
+* ``exp3``: ``pi_g = (1 - gamma) * w_g / sum_h w_h + gamma / G``; draw an arm from ``pi``;
+  with ``x = clip((r - reward_low) / (reward_high - reward_low), 0, 1)`` the update is
+  ``w_g <- w_g * exp(gamma * x / (pi_g * G))`` for the chosen arm (``pi_g`` the
+  probability stored at ``act`` time), i.e. ``log w_g += gamma * x / (pi_g G)``.
+
+Ties in an ``argmax`` are broken uniformly at random (from ``act``'s key).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from jaxmarket.config.errors import ConfigError
+from jaxmarket.config.fields import Field
+from jaxmarket.learners.base import Learner, LearnerDef, LearnerSpec, Transition, register
+from jaxmarket.learners.fixed import bounds, resolve_hyper
+
+_GRID_FIELDS = {
+    "grid_size": Field(kind="int", default=11, low=2,
+                       doc="arms per product, evenly spanning action_low..action_high"),
+    "grid": Field(kind="floats", default=None, optional=True,
+                  doc="explicit arm prices (overrides grid_size), the same for every product"),
+}
+
+EPSILON_GREEDY_FIELDS = {
+    **_GRID_FIELDS,
+    "epsilon": Field(kind="float", default=0.1, low=0.0, high=1.0),
+    "epsilon_decay": Field(kind="float", default=1.0, low=0.0, high=1.0,
+                           doc="eps_N = max(epsilon_min, epsilon * epsilon_decay**N)"),
+    "epsilon_min": Field(kind="float", default=0.0, low=0.0, high=1.0),
+    "initial_value": Field(kind="float", default=0.0, doc="value estimate of an unpulled arm"),
+}
+UCB1_FIELDS = {
+    **_GRID_FIELDS,
+    "c": Field(kind="float", default=1.0, low=0.0, doc="exploration scale"),
+}
+THOMPSON_FIELDS = {
+    **_GRID_FIELDS,
+    "prior_mean": Field(kind="float", default=0.0),
+    "prior_var": Field(kind="float", default=1.0, low=0.0, low_open=True),
+    "noise_var": Field(kind="float", default=1.0, low=0.0, low_open=True),
+}
+EXP3_FIELDS = {
+    **_GRID_FIELDS,
+    "gamma": Field(kind="float", default=0.1, low=0.0, low_open=True, high=1.0),
+    "reward_low": Field(kind="float", default=0.0),
+    "reward_high": Field(kind="float", default=1.0),
+}
+
+
+@struct.dataclass
+class DiscreteBanditState:
+    counts: jax.Array       # [N, P, G] pulls per arm
+    sums: jax.Array         # [N, P, G] reward sums per arm
+    log_weights: jax.Array  # [N, P, G] exp3 log-weights (zeros for the others)
+
+
+def argmax_random(values: jax.Array, key: jax.Array) -> jax.Array:
+    """``argmax`` over the last axis with ties broken uniformly at random."""
+    best = values >= values.max(-1, keepdims=True)
+    noise = jax.random.uniform(key, values.shape)
+    return jnp.argmax(jnp.where(best, noise, -1.0), axis=-1).astype(jnp.int32)
+
+
+def make_grid(h: Mapping[str, Any], spec: LearnerSpec, kind: str) -> np.ndarray:
+    """The arms ``[A, P, G]``."""
+    low, high = bounds(spec)
+    if h["grid"] is not None:
+        grid = np.asarray(h["grid"], dtype=np.float32)
+        if np.any(grid < low[..., None]) or np.any(grid > high[..., None]):
+            raise ConfigError(f"learners.{kind}.grid", list(h["grid"]),
+                              "prices within every slot's action bounds "
+                              f"[{float(low.max()):g}, {float(high.min()):g}]")
+        return np.broadcast_to(grid, low.shape + grid.shape).astype(np.float32)
+    if not (np.all(np.isfinite(low)) and np.all(np.isfinite(high))):
+        raise ConfigError(f"learners.{kind}.grid", None,
+                          "an explicit grid (the action bounds are infinite)")
+    frac = np.linspace(0.0, 1.0, h["grid_size"], dtype=np.float32)
+    return (low[..., None] + (high - low)[..., None] * frac).astype(np.float32)
+
+
+def _make(kind: str, fields: Mapping[str, Field]):
+    def make(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
+        h = resolve_hyper(fields, hyper, kind)
+        grid = jnp.asarray(make_grid(h, spec, kind))          # [A, P, G]
+        num_arms = grid.shape[-1]
+        num_policies, num_products = spec.policies, spec.num_products
+        index = spec.index()
+        if kind == "exp3" and not h["reward_high"] > h["reward_low"]:
+            raise ConfigError("learners.exp3.reward_high", h["reward_high"],
+                              f"a number > reward_low ({h['reward_low']:g})")
+
+        def init(key, spec_=None):
+            del key, spec_
+            zeros = jnp.zeros((num_policies, num_products, num_arms), jnp.float32)
+            return DiscreteBanditState(counts=zeros, sums=zeros, log_weights=zeros)
+
+        def choose(state, key):
+            n = state.counts[index]                            # [A, P, G]
+            s = state.sums[index]
+            pulls = n.sum(-1)                                  # [A, P]
+            k_tie, k_draw, k_explore = jax.random.split(key, 3)
+            aux = {}
+            if kind == "epsilon_greedy":
+                q = jnp.where(n > 0, s / jnp.maximum(n, 1.0), h["initial_value"])
+                greedy = argmax_random(q, k_tie)
+                eps = jnp.maximum(h["epsilon_min"], h["epsilon"] * h["epsilon_decay"] ** pulls)
+                explore = jax.random.randint(k_explore, pulls.shape, 0, num_arms, jnp.int32)
+                arm = jnp.where(jax.random.uniform(k_draw, pulls.shape) < eps, explore, greedy)
+            elif kind == "ucb1":
+                q = s / jnp.maximum(n, 1.0)
+                bonus = h["c"] * jnp.sqrt(2.0 * jnp.log(jnp.maximum(pulls, 1.0))[..., None]
+                                          / jnp.maximum(n, 1.0))
+                arm = argmax_random(jnp.where(n > 0, q + bonus, jnp.inf), k_tie)
+            elif kind == "thompson":
+                mean, var = thompson_posterior(n, s, h["prior_mean"], h["prior_var"],
+                                               h["noise_var"])
+                theta = mean + jax.random.normal(k_draw, mean.shape) * jnp.sqrt(var)
+                arm = argmax_random(theta, k_tie)
+            else:  # exp3
+                probs = exp3_probs(state.log_weights[index], h["gamma"])
+                arm = jax.random.categorical(k_draw, jnp.log(probs), axis=-1).astype(jnp.int32)
+                aux["prob"] = jnp.take_along_axis(probs, arm[..., None], -1)[..., 0]
+            aux["action_index"] = arm
+            return arm, aux
+
+        def act(state, obs, key):
+            del obs
+            arm, aux = choose(state, key)
+            action = jnp.take_along_axis(grid, arm[..., None], -1)[..., 0]
+            return action, aux
+
+        def update(state, batch: Transition):
+            arm = jnp.asarray(batch.aux["action_index"], jnp.int32)      # [T, A, P]
+            reward = jnp.broadcast_to(jnp.asarray(batch.reward, jnp.float32)[..., None],
+                                      arm.shape)
+            policy = jnp.broadcast_to(index[None, :, None], arm.shape)
+            product = jnp.broadcast_to(jnp.arange(num_products)[None, None, :], arm.shape)
+            segment = ((policy * num_products + product) * num_arms + arm).reshape(-1)
+            size = num_policies * num_products * num_arms
+            shape = (num_policies, num_products, num_arms)
+
+            def scatter(x):
+                return jax.ops.segment_sum(x.reshape(-1), segment, num_segments=size).reshape(shape)
+
+            counts = state.counts + scatter(jnp.ones_like(reward))
+            sums = state.sums + scatter(reward)
+            log_w = state.log_weights
+            if kind == "exp3":
+                x = jnp.clip((reward - h["reward_low"]) / (h["reward_high"] - h["reward_low"]),
+                             0.0, 1.0)
+                prob = jnp.asarray(batch.aux["prob"], jnp.float32)
+                log_w = log_w + scatter(h["gamma"] * x / (prob * num_arms))
+                log_w = log_w - log_w.max(-1, keepdims=True)
+            metrics = {"reward": jnp.mean(batch.reward)}
+            return DiscreteBanditState(counts=counts, sums=sums, log_weights=log_w), metrics
+
+        return Learner(init, act, update)
+
+    return make
+
+
+def thompson_posterior(counts, sums, prior_mean, prior_var, noise_var):
+    """Normal-Normal conjugate posterior ``(mean, var)`` of each arm's mean reward after
+    ``counts`` observations summing to ``sums``: ``var = 1 / (1 / prior_var + n /
+    noise_var)``, ``mean = var * (prior_mean / prior_var + s / noise_var)``."""
+    precision = 1.0 / prior_var + counts / noise_var
+    return (prior_mean / prior_var + sums / noise_var) / precision, 1.0 / precision
+
+
+def exp3_probs(log_weights: jax.Array, gamma: float) -> jax.Array:
+    """``(1 - gamma) * softmax(log_w) + gamma / G`` over the last axis."""
+    return (1.0 - gamma) * jax.nn.softmax(log_weights, axis=-1) + gamma / log_weights.shape[-1]
+
+
+for _kind, _fields, _doc in (
+    ("epsilon_greedy", EPSILON_GREEDY_FIELDS, "epsilon-greedy over a price grid per product"),
+    ("ucb1", UCB1_FIELDS, "UCB1 over a price grid per product"),
+    ("thompson", THOMPSON_FIELDS, "Gaussian Thompson sampling over a price grid per product"),
+    ("exp3", EXP3_FIELDS, "EXP3 over a price grid per product"),
+):
+    register(LearnerDef(_kind, _make(_kind, _fields), _fields, doc=_doc))

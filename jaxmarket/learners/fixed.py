@@ -1,0 +1,216 @@
+"""Fixed policies as learners: ``constant``, ``schedule``, ``undercut`` and ``random``.
+
+They follow the learner protocol (``init``/``act``/``update``) so that fixed agents sit in
+a group like any learner, but nothing is trained: ``update`` is a no-op, except that the
+learner state counts time steps (``state["t"]``, incremented by the number of
+transitions ``T`` of each batch) for ``schedule``.
+
+* ``constant``  -- ``action[a, p] = value[a, p]`` (``value``: a number, one per product or
+  ``[A, P]``; must lie within the action bounds).
+* ``schedule``  -- ``action = values[k]`` with ``k`` the last index such that
+  ``timestamps[k] <= t`` (before the first timestamp the first value is used); ``t`` is
+  the number of transitions passed to ``update`` so far, so when the training loop calls
+  ``update`` after every step, ``act`` at step ``t`` sees ``t``.
+* ``undercut``  -- ``action = clip(min_competitor_price - amount, action_low, action_high)``.
+  The competitors' minimum price per product is read from ``obs[:, :P]``: **the group's
+  observation must start with the ``competitor_prices`` summary ``min``** (the learner
+  checks ``obs_dim >= P`` but cannot check which feature comes first).
+* ``random``    -- ``action ~ Uniform(action_low, action_high)`` independently per slot and
+  product (the legacy random traffic generator, e.g. for consumer groups whose action is a
+  budget); the bounds must be finite.
+
+``aux`` is empty for every fixed policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxmarket.config.errors import ConfigError
+from jaxmarket.config.fields import Field, check_mapping, resolve_entity_array
+from jaxmarket.learners.base import Learner, LearnerDef, LearnerSpec, Transition, register
+
+# ----------------------------------------------------------------------------- helpers
+# (shared with the bandit modules)
+
+
+def resolve_hyper(fields: Mapping[str, Field], hyper: Mapping[str, Any] | None,
+                  kind: str) -> dict[str, Any]:
+    """Validate ``hyper`` against ``fields`` and fill defaults (idempotent, so a mapping
+    already validated by the group loader passes through unchanged)."""
+    return check_mapping(fields, hyper, f"learners.{kind}")
+
+
+def entity_per_slot(field: Field, value: Any, where: str, spec: LearnerSpec) -> np.ndarray:
+    """An ``entity`` hyper-parameter (number / per-product list / ``[A, P]``) as float32
+    ``[A, P]``."""
+    return resolve_entity_array(field, value, where, spec.num_agents, spec.num_products)
+
+
+def entity_per_policy(field: Field, value: Any, where: str, spec: LearnerSpec) -> np.ndarray:
+    """An ``entity`` hyper-parameter as float32 ``[num_policies, P]``: each policy takes
+    the row of the first slot mapped to it (row 0 for a policy with no slot)."""
+    per_slot = entity_per_slot(field, value, where, spec)
+    index = np.asarray(spec.index())
+    rows = np.zeros(spec.policies, dtype=np.int64)
+    for slot in range(spec.num_agents - 1, -1, -1):  # static, config time only
+        rows[index[slot]] = slot
+    return per_slot[rows]
+
+
+def bounds(spec: LearnerSpec) -> tuple[np.ndarray, np.ndarray]:
+    low = np.asarray(spec.action_low, dtype=np.float32).reshape(spec.num_agents, spec.num_products)
+    high = np.asarray(spec.action_high, dtype=np.float32).reshape(spec.num_agents,
+                                                                 spec.num_products)
+    return low, high
+
+
+def _check_within(where: str, value: Any, arr: np.ndarray, spec: LearnerSpec) -> None:
+    low, high = bounds(spec)
+    if np.any(arr < low) or np.any(arr > high):
+        raise ConfigError(where, value, "values within the group's action bounds "
+                          f"[{float(low.min()):g}, {float(high.max()):g}]")
+
+
+def _init_counter(key: jax.Array, spec: LearnerSpec) -> dict:
+    del key, spec
+    return {"t": jnp.zeros((), jnp.int32)}
+
+
+def _count_steps(state: dict, batch: Transition) -> tuple[dict, dict]:
+    steps = batch.reward.shape[0]
+    return {"t": state["t"] + jnp.int32(steps)}, {}
+
+
+# ----------------------------------------------------------------------------- constant
+
+CONSTANT_FIELDS = {
+    "value": Field(kind="entity", doc="the action: a number, one per product, or [A, P]"),
+}
+
+
+def make_constant(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
+    h = resolve_hyper(CONSTANT_FIELDS, hyper, "constant")
+    where = "learners.constant.value"
+    value = entity_per_slot(CONSTANT_FIELDS["value"], h["value"], where, spec)
+    _check_within(where, h["value"], value, spec)
+    action = jnp.asarray(value)
+
+    def act(state, obs, key):
+        del state, obs, key
+        return action, {}
+
+    return Learner(_init_counter, act, _count_steps)
+
+
+# ----------------------------------------------------------------------------- schedule
+
+SCHEDULE_FIELDS = {
+    "timestamps": Field(kind="ints", low=0, doc="strictly increasing step numbers"),
+    "values": Field(kind="any", doc="one action per timestamp: a number, a per-product "
+                                    "list or an [A, P] array each"),
+}
+
+
+def make_schedule(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
+    h = resolve_hyper(SCHEDULE_FIELDS, hyper, "schedule")
+    stamps = np.asarray(h["timestamps"], dtype=np.int64)
+    values = h["values"]
+    if stamps.size == 0:
+        raise ConfigError("learners.schedule.timestamps", h["timestamps"], "a non-empty list")
+    if np.any(np.diff(stamps) <= 0):
+        raise ConfigError("learners.schedule.timestamps", h["timestamps"],
+                          "strictly increasing integers")
+    if not isinstance(values, (list, tuple)) or len(values) != stamps.size:
+        raise ConfigError("learners.schedule.values", values,
+                          f"a list of {stamps.size} values (one per timestamp)")
+    entity = Field(kind="entity")
+    table = []
+    for k, v in enumerate(values):
+        where = f"learners.schedule.values[{k}]"
+        arr = entity_per_slot(entity, v, where, spec)
+        _check_within(where, v, arr, spec)
+        table.append(arr)
+    table = jnp.asarray(np.stack(table))            # [K, A, P]
+    stamps_j = jnp.asarray(stamps, dtype=jnp.int32)
+
+    def act(state, obs, key):
+        del obs, key
+        k = jnp.searchsorted(stamps_j, state["t"], side="right") - 1
+        return table[jnp.maximum(k, 0)], {}
+
+    return Learner(_init_counter, act, _count_steps)
+
+
+# ----------------------------------------------------------------------------- undercut
+
+UNDERCUT_FIELDS = {
+    "amount": Field(kind="entity", default=0.01,
+                    doc="how far below the competitors' minimum price to quote"),
+}
+
+
+def make_undercut(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
+    h = resolve_hyper(UNDERCUT_FIELDS, hyper, "undercut")
+    num_products = spec.num_products
+    if spec.obs_dim < num_products:
+        raise ConfigError("learners.undercut", f"obs_dim={spec.obs_dim}",
+                          f"an observation whose first {num_products} features are the "
+                          "competitor_prices summary 'min' (obs_dim >= num_products)")
+    amount = jnp.asarray(entity_per_slot(UNDERCUT_FIELDS["amount"], h["amount"],
+                                         "learners.undercut.amount", spec))
+    low, high = (jnp.asarray(b) for b in bounds(spec))
+
+    def act(state, obs, key):
+        del state, key
+        competitor_min = obs[:, :num_products]
+        return jnp.clip(competitor_min - amount, low, high), {}
+
+    return Learner(_init_counter, act, _count_steps)
+
+
+# ----------------------------------------------------------------------------- random
+
+RANDOM_FIELDS: dict[str, Field] = {}
+
+
+def make_random(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
+    resolve_hyper(RANDOM_FIELDS, hyper, "random")
+    low_np, high_np = bounds(spec)
+    if not (np.all(np.isfinite(low_np)) and np.all(np.isfinite(high_np))):
+        raise ConfigError("learners.random", "infinite action bounds",
+                          "finite action_low and action_high for every slot and product")
+    low, high = jnp.asarray(low_np), jnp.asarray(high_np)
+
+    def act(state, obs, key):
+        del state, obs
+        return jax.random.uniform(key, low.shape, minval=low, maxval=high), {}
+
+    return Learner(_init_counter, act, _count_steps)
+
+
+register(LearnerDef("constant", make_constant, CONSTANT_FIELDS,
+                    doc="a constant action per slot and product"))
+register(LearnerDef("schedule", make_schedule, SCHEDULE_FIELDS,
+                    doc="piecewise-constant actions switched at given steps"))
+register(LearnerDef("undercut", make_undercut, UNDERCUT_FIELDS,
+                    doc="quote the competitors' minimum price minus an amount "
+                        "(observation must start with competitor_prices min)"))
+register(LearnerDef("random", make_random, RANDOM_FIELDS,
+                    doc="uniform random actions within the action bounds"))
+
+__all__ = [
+    "bounds",
+    "entity_per_policy",
+    "entity_per_slot",
+    "make_constant",
+    "make_random",
+    "make_schedule",
+    "make_undercut",
+    "resolve_hyper",
+]

@@ -1,0 +1,342 @@
+"""Gaussian-policy bandits over continuous actions (prices or multipliers).
+
+Kinds: ``vpg_bandit``, ``ppo_bandit`` and ``rolling_ppo_bandit``.
+
+Policy. Each policy holds, per product ``p``, a mean ``mu_p`` and a log-stddev
+``log_sigma_p`` (parameters stacked ``[num_policies, P]``; slot ``a`` uses policy
+``policy_index[a]``). ``act`` draws ``z_p ~ Normal(mu_p, sigma_p)`` independently per
+product and returns
+
+    action_p = clip(z_p, low_p, high_p)           (scaled: false)
+    action_p = clip(exp(z_p), low_p, high_p)      (scaled: true, a log-space Gaussian)
+
+together with ``aux = {"sample": z [A, P], "log_prob": sum_p log N(z_p; mu_p, sigma_p) [A]}``.
+The log-probability is the behaviour log-probability of the exact pre-clip sample that
+produced the returned action (clipping and ``exp`` do not depend on the parameters, so
+their Jacobian drops out of every gradient and ratio below). With ``scaled`` the mean,
+its bounds and the stddev live in log-action space.
+
+Buffer. Per slot the learner keeps the last samples ``(z, log_prob_old, reward)`` of the
+transitions passed to ``update`` -- and only those: ``act`` never writes to the state, so
+an environment reset's action (which never went through ``act``/``update``) cannot enter
+it. ``update`` consumes a time-major batch step by step (``lax.scan`` over ``T``):
+
+* ``vpg_bandit`` / ``ppo_bandit``: append; once ``buffer_length`` samples are stored,
+  update on the whole buffer and clear it.
+* ``rolling_ppo_bandit``: the buffer is a FIFO window of the last ``buffer_length``
+  samples; after every appended step the policy is updated on the whole window (while
+  it fills, on the samples stored so far).
+
+Update. With ``n`` the samples in a slot's buffer, the advantage is the reward
+standardised within that slot's buffer,
+
+    adv_i = (r_i - mean(r)) / (std(r) + 1e-8)        (population std over the buffer),
+
+``logp_i = sum_p log N(z_ip; mu_p, sigma_p)`` under the current parameters, and per slot
+
+    VPG:  L = -mean_i(adv_i * logp_i)
+    PPO:  L = -mean_i(min(rho_i * adv_i, clip(rho_i, 1 - eps, 1 + eps) * adv_i)),
+          rho_i = exp(logp_i - logp_old_i)            (logp_old stored from ``act``)
+    both: L += -entropy_coef * sum_p (log sigma_p + 0.5 log(2 pi e))
+              + pullback_coef * sum_p (mu_p - initial_mean_p)^2
+
+The per-slot losses are averaged over the slots of each policy and summed over policies;
+one optax step (``adam`` or ``sgd``, ``learning_rate``) is taken per update for VPG and
+``update_epochs`` full-buffer steps for PPO. After each step the parameters are projected:
+``mu`` is clipped to ``[mean_low, mean_high]`` (a non-finite mean is reset to
+``initial_mean``); a stddev that is non-finite or below ``stddev_low`` is reset to
+``stddev_fallback`` when given (exactly that value, independent of ``pullback_coef``),
+otherwise raised to ``stddev_low`` (non-finite: reset to ``initial_stddev``); finally
+``sigma <= stddev_high``.
+
+Defaults. ``initial_mean``: the middle of the action bounds (scaled: ``log`` of it);
+``initial_stddev``: a quarter of the action range (scaled: 0.5); ``mean_low``/``mean_high``:
+the action bounds (scaled: their logs, the lower bound floored at ``1e-6 * max(high, 1)``).
+The defaults need finite action bounds; give the values explicitly otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import struct
+
+from jaxmarket.config.errors import ConfigError
+from jaxmarket.config.fields import Field
+from jaxmarket.learners.base import Learner, LearnerDef, LearnerSpec, Transition, register
+from jaxmarket.learners.fixed import bounds, entity_per_policy, resolve_hyper
+
+_LOG_2PI = math.log(2.0 * math.pi)
+_ADV_EPS = 1e-8
+
+
+def _common_fields(buffer_length: int, learning_rate: float) -> dict[str, Field]:
+    return {
+        "learning_rate": Field(kind="float", default=learning_rate, low=0.0, low_open=True),
+        "optimizer": Field(kind="choice", default="adam", choices=("adam", "sgd")),
+        "buffer_length": Field(kind="int", default=buffer_length, low=1,
+                               doc="samples per slot kept; the update uses the whole buffer"),
+        "initial_mean": Field(kind="entity", default=None, optional=True,
+                              doc="initial policy mean (log-space when scaled)"),
+        "initial_stddev": Field(kind="entity", default=None, optional=True, low=0.0,
+                                low_open=True, doc="initial policy stddev"),
+        "mean_low": Field(kind="entity", default=None, optional=True,
+                          doc="lower bound on the mean (default: action_low)"),
+        "mean_high": Field(kind="entity", default=None, optional=True,
+                           doc="upper bound on the mean (default: action_high)"),
+        "stddev_low": Field(kind="float", default=1e-3, low=0.0, low_open=True),
+        "stddev_high": Field(kind="float", default=None, optional=True, low=0.0,
+                             low_open=True),
+        "stddev_fallback": Field(kind="float", default=None, optional=True, low=0.0,
+                                 low_open=True,
+                                 doc="stddev to reset to when it collapses or is non-finite"),
+        "scaled": Field(kind="bool", default=False, doc="log-space Gaussian: action = exp(z)"),
+        "entropy_coef": Field(kind="float", default=0.0, low=0.0),
+        "pullback_coef": Field(kind="float", default=0.0, low=0.0,
+                               doc="weight of (mean - initial_mean)^2 in the loss"),
+    }
+
+
+_PPO_EXTRA = {
+    "clip_eps": Field(kind="float", default=0.2, low=0.0, low_open=True, high=1.0),
+    "update_epochs": Field(kind="int", default=4, low=1),
+}
+
+VPG_FIELDS = _common_fields(buffer_length=32, learning_rate=0.005)
+PPO_FIELDS = {**_common_fields(buffer_length=32, learning_rate=0.005), **_PPO_EXTRA}
+ROLLING_PPO_FIELDS = {**_common_fields(buffer_length=64, learning_rate=0.002), **_PPO_EXTRA}
+
+
+@struct.dataclass
+class GaussianBanditState:
+    params: dict            # {"mean": [N, P], "log_std": [N, P]}  (N = num_policies)
+    opt_state: Any
+    initial_mean: jax.Array  # [N, P] pull-back target and reset value
+    buf_sample: jax.Array   # [L, A, P] pre-clip samples z
+    buf_logp: jax.Array     # [L, A] behaviour log-probabilities from ``act``
+    buf_reward: jax.Array   # [L, A]
+    count: jax.Array        # () int32: valid samples in the buffer (same for every slot)
+    steps: jax.Array        # () int32: transitions received so far
+    updates: jax.Array      # () int32: parameter updates performed so far
+
+
+def normal_log_prob(x: jax.Array, mean: jax.Array, log_std: jax.Array) -> jax.Array:
+    """Elementwise ``log N(x; mean, exp(log_std))``."""
+    return -0.5 * jnp.square((x - mean) * jnp.exp(-log_std)) - log_std - 0.5 * _LOG_2PI
+
+
+def standardised(reward: jax.Array, mask: jax.Array) -> jax.Array:
+    """``(r - mean) / (std + 1e-8)`` over the valid (``mask``) entries of axis 0; zero
+    where invalid. ``reward``, ``mask``: ``[L, A]``."""
+    n = jnp.maximum(mask.sum(0), 1.0)
+    mean = (reward * mask).sum(0) / n
+    var = (jnp.square(reward - mean) * mask).sum(0) / n
+    return mask * (reward - mean) / (jnp.sqrt(var) + _ADV_EPS)
+
+
+def _make(kind: str, fields: Mapping[str, Field], algo: str, rolling: bool):
+    def make(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
+        h = resolve_hyper(fields, hyper, kind)
+        where = f"learners.{kind}"
+        num_agents, num_products, num_policies = spec.num_agents, spec.num_products, spec.policies
+        low_np, high_np = bounds(spec)
+        scaled = h["scaled"]
+        length = h["buffer_length"]
+        index_np = np.asarray(spec.index())
+        first_slot = np.zeros(num_policies, dtype=np.int64)
+        for slot in range(num_agents - 1, -1, -1):
+            first_slot[index_np[slot]] = slot
+        pol_low, pol_high = low_np[first_slot], high_np[first_slot]   # [N, P]
+        finite = bool(np.all(np.isfinite(pol_low)) and np.all(np.isfinite(pol_high)))
+
+        def entity(name):
+            return entity_per_policy(fields[name], h[name], f"{where}.{name}", spec)
+
+        if scaled:
+            floor = 1e-6 * np.maximum(pol_high, 1.0)
+            with np.errstate(divide="ignore"):
+                default_mlo = np.log(np.maximum(pol_low, floor))
+                default_mhi = np.log(pol_high)
+        else:
+            default_mlo, default_mhi = pol_low, pol_high
+        mean_low = default_mlo if h["mean_low"] is None else entity("mean_low")
+        mean_high = default_mhi if h["mean_high"] is None else entity("mean_high")
+        if np.any(mean_low > mean_high):
+            raise ConfigError(f"{where}.mean_low", h["mean_low"], "values <= mean_high")
+
+        if h["initial_mean"] is None:
+            if not finite:
+                raise ConfigError(f"{where}.initial_mean", None,
+                                  "a value (the action bounds are infinite, so no default)")
+            mid = 0.5 * (pol_low + pol_high)
+            init_mean = np.log(np.maximum(mid, 1e-6 * np.maximum(pol_high, 1.0))) if scaled \
+                else mid
+        else:
+            init_mean = entity("initial_mean")
+        init_mean = np.clip(init_mean, mean_low, mean_high).astype(np.float32)
+
+        if h["initial_stddev"] is None:
+            if scaled:
+                init_std = np.full((num_policies, num_products), 0.5, np.float32)
+            else:
+                if not finite:
+                    raise ConfigError(f"{where}.initial_stddev", None,
+                                      "a value (the action bounds are infinite, so no default)")
+                init_std = 0.25 * (pol_high - pol_low)
+        else:
+            init_std = entity("initial_stddev")
+        std_low = h["stddev_low"]
+        std_high = np.inf if h["stddev_high"] is None else h["stddev_high"]
+        if std_high < std_low:
+            raise ConfigError(f"{where}.stddev_high", h["stddev_high"],
+                              f">= stddev_low ({std_low:g})")
+        fallback = h["stddev_fallback"]
+        if fallback is not None and not std_low <= fallback <= std_high:
+            raise ConfigError(f"{where}.stddev_fallback", fallback,
+                              "a value within [stddev_low, stddev_high] = "
+                              f"[{std_low:g}, {std_high:g}]")
+        init_std = np.clip(init_std, std_low, std_high).astype(np.float32)
+
+        mean_low_j = jnp.asarray(mean_low, jnp.float32)
+        mean_high_j = jnp.asarray(mean_high, jnp.float32)
+        init_log_std_j = jnp.asarray(np.log(init_std), jnp.float32)
+        low_j, high_j = jnp.asarray(low_np), jnp.asarray(high_np)
+        index = spec.index()
+        slot_weight = 1.0 / jnp.asarray(np.bincount(index_np, minlength=num_policies),
+                                        jnp.float32)[index]          # [A]
+        opt = (optax.adam if h["optimizer"] == "adam" else optax.sgd)(h["learning_rate"])
+        ent_coef, pull_coef = h["entropy_coef"], h["pullback_coef"]
+        clip_eps = h.get("clip_eps", 0.2)
+        epochs = h.get("update_epochs", 1) if algo == "ppo" else 1
+
+        def init(key, spec_=None):
+            del key, spec_
+            params = {"mean": jnp.asarray(init_mean), "log_std": init_log_std_j}
+            return GaussianBanditState(
+                params=params,
+                opt_state=opt.init(params),
+                initial_mean=jnp.asarray(init_mean),
+                buf_sample=jnp.zeros((length, num_agents, num_products), jnp.float32),
+                buf_logp=jnp.zeros((length, num_agents), jnp.float32),
+                buf_reward=jnp.zeros((length, num_agents), jnp.float32),
+                count=jnp.zeros((), jnp.int32),
+                steps=jnp.zeros((), jnp.int32),
+                updates=jnp.zeros((), jnp.int32),
+            )
+
+        def act(state, obs, key):
+            del obs
+            mean = state.params["mean"][index]                       # [A, P]
+            log_std = state.params["log_std"][index]
+            z = mean + jnp.exp(log_std) * jax.random.normal(key, mean.shape, mean.dtype)
+            log_prob = normal_log_prob(z, mean, log_std).sum(-1)     # [A]
+            value = jnp.exp(z) if scaled else z
+            action = jnp.clip(value, low_j, high_j)
+            return action, {"sample": z, "log_prob": log_prob}
+
+        def loss_fn(params, state, mask):
+            mean = params["mean"][index]                              # [A, P]
+            log_std = params["log_std"][index]
+            logp = normal_log_prob(state.buf_sample, mean, log_std).sum(-1)   # [L, A]
+            adv = standardised(state.buf_reward, mask)
+            n = jnp.maximum(mask.sum(0), 1.0)
+            if algo == "vpg":
+                surrogate = adv * logp
+            else:
+                ratio = jnp.exp(logp - state.buf_logp)
+                surrogate = jnp.minimum(ratio * adv,
+                                        jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv)
+            pg = -(surrogate * mask).sum(0) / n                       # [A]
+            entropy = (log_std + 0.5 * (_LOG_2PI + 1.0)).sum(-1)      # [A]
+            pull = jnp.square(mean - state.initial_mean[index]).sum(-1)
+            per_slot = pg - ent_coef * entropy + pull_coef * pull
+            return (slot_weight * per_slot).sum()
+
+        def project(params, initial_mean):
+            mean = params["mean"]
+            mean = jnp.where(jnp.isfinite(mean), jnp.clip(mean, mean_low_j, mean_high_j),
+                             initial_mean)
+            std = jnp.exp(params["log_std"])
+            bad = ~jnp.isfinite(std) | (std < std_low)
+            if fallback is not None:
+                std = jnp.where(bad, jnp.float32(fallback), std)
+            else:
+                std = jnp.where(jnp.isfinite(std), jnp.maximum(std, std_low),
+                                jnp.exp(init_log_std_j))
+            std = jnp.minimum(std, std_high)
+            return {"mean": mean, "log_std": jnp.log(std)}
+
+        def do_update(state):
+            mask = (jnp.arange(length) < state.count).astype(jnp.float32)[:, None]
+            mask = jnp.broadcast_to(mask, (length, num_agents))
+
+            def epoch(carry, _):
+                params, opt_state = carry
+                loss, grads = jax.value_and_grad(loss_fn)(params, state, mask)
+                updates, opt_state = opt.update(grads, opt_state, params)
+                params = project(optax.apply_updates(params, updates), state.initial_mean)
+                return (params, opt_state), loss
+
+            (params, opt_state), losses = jax.lax.scan(
+                epoch, (state.params, state.opt_state), None, length=epochs)
+            return state.replace(params=params, opt_state=opt_state,
+                                 updates=state.updates + 1), losses[-1]
+
+        def step(carry, x):
+            state, loss, n_updates = carry
+            sample, logp, reward = x
+            pos = state.steps % length if rolling else state.count
+            state = state.replace(
+                buf_sample=state.buf_sample.at[pos].set(sample),
+                buf_logp=state.buf_logp.at[pos].set(logp),
+                buf_reward=state.buf_reward.at[pos].set(reward),
+                count=jnp.minimum(state.count + 1, length),
+                steps=state.steps + 1,
+            )
+            if rolling:
+                state, loss = do_update(state)
+                return (state, loss, n_updates + 1), None
+            full = state.count >= length
+
+            def yes(s):
+                s, l = do_update(s)
+                return s.replace(count=jnp.zeros((), jnp.int32)), l
+
+            state, loss = jax.lax.cond(full, yes, lambda s: (s, loss), state)
+            return (state, loss, n_updates + full.astype(jnp.int32)), None
+
+        def update(state, batch: Transition):
+            aux = batch.aux
+            if "sample" not in aux or "log_prob" not in aux:
+                raise KeyError(f"{kind}.update needs batch.aux['sample'] and "
+                               "batch.aux['log_prob'] as returned by act")
+            xs = (jnp.asarray(aux["sample"], jnp.float32),
+                  jnp.asarray(aux["log_prob"], jnp.float32),
+                  jnp.asarray(batch.reward, jnp.float32))
+            carry = (state, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32))
+            (state, loss, n_updates), _ = jax.lax.scan(step, carry, xs)
+            std = jnp.exp(state.params["log_std"])
+            # loss: of the last update in this batch (0 when the batch triggered none)
+            metrics = {"loss": loss, "num_updates": n_updates,
+                       "mean": state.params["mean"].mean(), "stddev": std.mean()}
+            return state, metrics
+
+        return Learner(init, act, update)
+
+    return make
+
+
+register(LearnerDef("vpg_bandit", _make("vpg_bandit", VPG_FIELDS, "vpg", rolling=False),
+                    VPG_FIELDS, doc="Gaussian-policy bandit, vanilla policy gradient"))
+register(LearnerDef("ppo_bandit", _make("ppo_bandit", PPO_FIELDS, "ppo", rolling=False),
+                    PPO_FIELDS, doc="Gaussian-policy bandit, PPO clipped surrogate"))
+register(LearnerDef("rolling_ppo_bandit",
+                    _make("rolling_ppo_bandit", ROLLING_PPO_FIELDS, "ppo", rolling=True),
+                    ROLLING_PPO_FIELDS,
+                    doc="Gaussian-policy bandit, PPO on a rolling window updated every step"))
