@@ -1,5 +1,18 @@
-"""Query distributors (registry keyed by ``kind``); see ``base.py`` for the contract."""
+"""Query distributors (registry keyed by ``kind``); see ``base.py`` for the contract.
 
+Importing this package registers every kind in :data:`DISTRIBUTORS`: ``logit``,
+``proportional``, ``cheapest``, ``first_price``, ``second_price``, ``isa_2022``,
+``isa_greedy`` (see ``docs/distributors.md``).
+"""
+
+from jaxmarket.market.distributors import (  # noqa: F401  (registration side effects)
+    auctions,
+    cheapest,
+    isa,
+    isa_greedy,
+    logit,
+    proportional,
+)
 from jaxmarket.market.distributors.base import (  # noqa: F401
     DISTRIBUTORS,
     Allocation,

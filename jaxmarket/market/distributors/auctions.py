@@ -1,0 +1,100 @@
+"""``first_price`` and ``second_price``: sealed-bid auctions of each product's queries."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxmarket.config.fields import Field
+from jaxmarket.market.distributors.base import Allocation, DistributorDef, Quotes, register
+from jaxmarket.market.distributors.prefix_softmax import (
+    QUERY_MAX,
+    clean_nonneg,
+    clean_price,
+    f32,
+    money,
+    resolve_options,
+    with_defaults,
+)
+
+PARAMS = {
+    "reserve": Field(kind="float", default=0.0, low=0.0,
+                     doc="reserve price: bids below it are not eligible; the second-price "
+                         "payment is at least this"),
+}
+OPTIONS: dict = {}
+
+
+@partial(jax.jit, static_argnames=("second",))
+def _auction(quotes: Quotes, prm: Mapping[str, jax.Array], second: bool) -> Allocation:
+    reserve = jnp.maximum(f32(prm["reserve"]), 0.0)
+    bid = clean_price(quotes.quoted_price_shared())                    # [S, P]
+    queries = clean_nonneg(quotes.queries, QUERY_MAX)                  # [C, P]
+    eligible = bid >= reserve
+    masked = jnp.where(eligible, bid, -jnp.inf)
+    top = jnp.max(masked, axis=0)                                      # [P], -inf: no bid
+    any_bid = top > -jnp.inf
+    winner = eligible & (bid == top[None, :])                          # [S, P]
+    n_win = jnp.maximum(jnp.sum(winner, axis=0), 1).astype(bid.dtype)
+    top = jnp.where(any_bid, top, 0.0)
+    if second:
+        runner_up = jnp.max(jnp.where(eligible & ~winner, bid, -jnp.inf), axis=0)
+        pay = jnp.where(n_win > 1, top, jnp.maximum(runner_up, reserve))
+    else:
+        pay = top
+    pay = jnp.where(any_bid, pay, 0.0)                                 # [P] per query
+    total = jnp.sum(queries, axis=0)                                   # [P]
+    traffic = jnp.where(winner, (total / n_win)[None, :], 0.0)
+    fees = money(traffic * pay[None, :])
+    spend = money(jnp.where(any_bid[None, :], queries * pay[None, :], 0.0))
+    unserved = jnp.where(any_bid[None, :], 0.0, queries)
+    return Allocation(traffic=traffic, fees=fees, unserved=unserved, spend=spend, sent=queries)
+
+
+def allocate_first_price(key: jax.Array, quotes: Quotes, params: Mapping[str, jax.Array],
+                         options: Mapping[str, Any]) -> Allocation:
+    """First-price sealed-bid auction per product.
+
+    A seller's quoted price is its bid per query. Eligible bids: ``bid >= reserve``. The
+    highest eligible bid ``B`` wins all consumers' queries for the product (exact ties
+    split them equally); with no eligible bid every query goes unserved. Each winner pays
+    its own bid per query::
+
+        traffic_s = [s wins] sum_c q_c / #winners,   fees_s = B traffic_s,   spend_c = B q_c
+
+    ``fees`` is the money the auction raises from the winner (the auctioneer's revenue).
+    Budgets are not used (the bid is the price; consumers never refuse). ``O(C + S)``.
+    """
+    del key
+    resolve_options(OPTIONS, options, "first_price")
+    return _auction(quotes, with_defaults(PARAMS, params), second=False)
+
+
+def allocate_second_price(key: jax.Array, quotes: Quotes, params: Mapping[str, jax.Array],
+                          options: Mapping[str, Any]) -> Allocation:
+    """Second-price (Vickrey) sealed-bid auction per product.
+
+    As ``first_price`` (eligible bids ``>= reserve``, highest eligible bid wins all
+    queries, exact ties split equally, no eligible bid: unserved), but the price per
+    query is ``max(highest losing eligible bid, reserve)``; with a tie at the top the
+    price is the tied bid::
+
+        pay = B                               if two or more bids tie at B
+        pay = max(second eligible bid, reserve) otherwise (reserve if no other eligible bid)
+        fees_s = pay traffic_s,   spend_c = pay q_c
+
+    Budgets are not used. ``O(C + S)``.
+    """
+    del key
+    resolve_options(OPTIONS, options, "second_price")
+    return _auction(quotes, with_defaults(PARAMS, params), second=True)
+
+
+FIRST_PRICE = register(DistributorDef(kind="first_price", allocate=allocate_first_price,
+                                      params=PARAMS, options=OPTIONS, dense=False))
+SECOND_PRICE = register(DistributorDef(kind="second_price", allocate=allocate_second_price,
+                                       params=PARAMS, options=OPTIONS, dense=False))

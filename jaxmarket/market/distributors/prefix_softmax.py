@@ -1,0 +1,236 @@
+"""Shared kernel of the budget-constrained softmax distributors (``logit``, ``proportional``)
+and the numeric guards every distributor uses.
+
+Problem, for every product ``p`` independently: consumer ``c`` (budget ``b_c``, queries
+``q_c``) splits its queries among the sellers it can afford (quoted price ``p_s <= b_c``,
+the *eligible* sellers) with weights ``exp(u_s)``, plus an optional outside option of
+weight ``exp(o)`` whose share goes unserved::
+
+    share_cs = [p_s <= b_c] exp(u_s) / D_c,   D_c = sum_{j: p_j <= b_c} exp(u_j) + exp(o)
+
+    traffic_s = sum_c q_c share_cs,   spend_c = q_c sum_s share_cs p_s
+
+Computing ``share`` densely costs ``C x S`` memory per product. Here the eligible set of a
+consumer is a *prefix* of the sellers sorted by price, and the consumers a seller serves
+are a *suffix* of the consumers sorted by budget, so everything is prefix sums in log
+space:
+
+1. sort sellers by price; ``L[k] = logsumexp(u_(1..k))`` (``L[0] = -inf``), likewise
+   ``M[k] = logsumexp(u + log p)`` for money;
+2. ``k_c = searchsorted(sorted prices, b_c, side='right')`` (ties all included),
+   ``log D_c = logaddexp(L[k_c], o)``;
+3. sort consumers by budget; ``R[j] = logsumexp(log q - log D)`` over the consumers from
+   position ``j`` on (the richest ones); seller ``s`` serves the suffix starting at
+   ``j_s = searchsorted(sorted budgets, p_s, side='left')`` so
+   ``traffic_s = exp(u_s + R[j_s])`` (every term ``q_c exp(u_s - log D_c) <= q_c``);
+4. ``unserved_c = q_c exp(o - log D_c)``, ``served_c = q_c exp(L[k_c] - log D_c)``,
+   ``spend_c = q_c exp(M[k_c] - log D_c)``.
+
+Implementation: both searchsorted lookups come from *one* stable sort of the
+concatenation ``[prices, budgets]`` (a price sorts before an equal budget). A cumulative
+log-sum-exp along that merged order, with ``-inf`` at the budget entries, read at a
+budget's position is ``L[k_c]``. The reverse cumulative log-sum-exp of
+``log q - log D`` (``-inf`` at the price entries), read at a price's position, is
+``R[j_s]``. So the kernel is one argsort, two (two-channel) ``lax.cumlogsumexp`` scans
+and a few gathers.
+
+Cost ``O((C + S) log(C + S))`` per product, memory ``O(C + S)``; products are vmapped.
+Finally the per-seller traffic is rescaled by ``sum_c served_c / sum_s traffic_s`` (1 up
+to rounding), which makes conservation exact to float rounding even where huge utilities
+(``|u| >~ 1e6``) cost float32 precision in the log-space differences.
+
+Precision: like any float32 softmax, the shares are accurate to about ``|u| * 2**-24``
+in the exponent. Utilities are clipped to ``+-UTILITY_MAX``; money (fees, spend)
+saturates at ``MONEY_MAX``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jaxmarket.config.fields import REQUIRED, Field, check_mapping
+from jaxmarket.market.distributors.base import Allocation
+
+PRICE_MAX = 1e38     # prices (and budgets) are clipped into [0, PRICE_MAX]; NaN -> PRICE_MAX
+QUERY_MAX = 1e35     # queries are clipped into [0, QUERY_MAX]
+UTILITY_MAX = 1e30   # utilities are clipped into [-UTILITY_MAX, UTILITY_MAX]
+MONEY_MAX = 1e36     # fees and spend saturate here (q * p can exceed float32's range)
+LOG_MONEY_MAX = 82.89  # log(MONEY_MAX) rounded down
+
+NO_ELIGIBLE = Field(
+    kind="choice", choices=("unserved", "withhold"), default="unserved",
+    doc="a consumer with no eligible seller for a product (and no outside option): "
+        "'unserved' sends its queries and they go unserved; 'withhold' sends nothing "
+        "(sent = 0 there)")
+
+
+# --------------------------------------------------------------------------- guards
+
+def resolve_options(spec: Mapping[str, Field], given: Mapping[str, Any] | None,
+                    kind: str) -> dict:
+    """Validate static ``options`` against ``spec`` (ConfigError on unknown keys or bad
+    values) and fill in defaults."""
+    return check_mapping(spec, given, f"distributor({kind})")
+
+
+def with_defaults(spec: Mapping[str, Field], given: Mapping[str, Any] | None) -> dict:
+    """``given`` with any missing key of ``spec`` filled by its default."""
+    given = {} if given is None else given
+    out = {}
+    for name, field in spec.items():
+        if name in given:
+            out[name] = given[name]
+        elif field.default is not REQUIRED:
+            out[name] = field.default
+        else:  # pragma: no cover - every distributor field has a default
+            raise KeyError(name)
+    return out
+
+
+def f32(x) -> jax.Array:
+    """``x`` as a floating array: float32 normally; float64 inputs stay float64 (x64 mode)."""
+    x = jnp.asarray(x)
+    if jnp.issubdtype(x.dtype, jnp.floating):
+        return x
+    return x.astype(jnp.float32)
+
+
+def clean_price(x) -> jax.Array:
+    """Prices and budgets: NaN and +inf -> PRICE_MAX, negatives -> 0."""
+    x = f32(x)
+    x = jnp.where(jnp.isnan(x), PRICE_MAX, x)
+    x = jnp.clip(x, 0.0, PRICE_MAX)
+    return jnp.where(x == 0, jnp.zeros_like(x), x)     # -0.0 -> 0.0 (sorts as equal)
+
+
+def clean_nonneg(x, high: float) -> jax.Array:
+    """Queries, stake, latency...: NaN -> 0, clipped into [0, high]."""
+    x = f32(x)
+    x = jnp.where(jnp.isnan(x), 0.0, x)
+    return jnp.clip(x, 0.0, high)
+
+
+def clip_utility(u) -> jax.Array:
+    u = f32(u)
+    u = jnp.where(jnp.isnan(u), -UTILITY_MAX, u)
+    return jnp.clip(u, -UTILITY_MAX, UTILITY_MAX)
+
+
+def safe_log(x) -> jax.Array:
+    """log(x) for x > 0, -inf for x <= 0 (no NaN, finite gradients where x > 0)."""
+    pos = x > 0
+    return jnp.where(pos, jnp.log(jnp.where(pos, x, 1.0)), -jnp.inf)
+
+
+def safe_exp_diff(a, b) -> jax.Array:
+    """exp(a - b), 0 where a = -inf (``b`` finite or -inf: -inf - -inf gives 0, not NaN)."""
+    ok = a > -jnp.inf
+    return jnp.where(ok, jnp.exp(jnp.where(ok, a - jnp.where(ok, b, 0.0), -jnp.inf)), 0.0)
+
+
+def money(x) -> jax.Array:
+    """Saturate a nonnegative money amount at MONEY_MAX (inf -> MONEY_MAX)."""
+    return jnp.minimum(x, MONEY_MAX)
+
+
+def _cumlse(x: jax.Array, reverse: bool = False) -> jax.Array:
+    """Cumulative log-sum-exp along axis 0 (``-inf`` entries allowed)."""
+    return lax.cumlogsumexp(x, axis=0, reverse=reverse)
+
+
+# --------------------------------------------------------------------------- kernel
+
+def _one_product(u, price, budget, queries, log_outside, outside, withhold):
+    """The kernel for one product: u, price [S]; budget, queries [C]; log_outside [];
+    ``outside``/``withhold``: bool scalars (traced, so every option shares one compile)."""
+    S, C = price.shape[0], budget.shape[0]
+    neg_s = jnp.full((S,), -jnp.inf, u.dtype)
+    neg_c = jnp.full((C,), -jnp.inf, u.dtype)
+
+    # One stable sort of prices and budgets together; a price sorts before an equal
+    # budget, so "at or before a budget" = "p_s <= b_c" and "after a price" = "b_c >= p_s".
+    order = jnp.argsort(jnp.concatenate([price, budget]), stable=True)     # [N]
+    position = jnp.argsort(order)                                          # inverse
+    pos_s, pos_c = position[:S], position[S:]
+
+    # 1-2. prefix log-sum-exps over the sellers at or below each budget:
+    #      L = logsumexp(u), M = logsumexp(u + log p) over the eligible sellers
+    fwd = jnp.stack([jnp.concatenate([u, neg_c]),
+                     jnp.concatenate([u + safe_log(price), neg_c])], axis=1)[order]
+    fwd = _cumlse(fwd)                                                    # [N, 2]
+    lse_elig, lse_money = fwd[pos_c, 0], fwd[pos_c, 1]                    # [C]
+    has_seller = lse_elig > -jnp.inf                                      # u is finite
+    # with the outside option: log D = logaddexp(L, o) (finite), its share goes unserved;
+    # without: log D = L where some seller is eligible (0 is a placeholder elsewhere)
+    log_d = jnp.where(outside, jnp.logaddexp(lse_elig, log_outside),
+                      jnp.where(has_seller, lse_elig, 0.0))
+    has_any = has_seller | outside
+    unserved_share = jnp.where(outside, jnp.minimum(jnp.exp(log_outside - log_d), 1.0),
+                               jnp.where(has_seller, 0.0, 1.0))
+    sent = jnp.where(withhold & ~has_any, 0.0, queries)
+    log_q = safe_log(sent)
+    served_c = sent * jnp.minimum(safe_exp_diff(lse_elig, log_d), 1.0)    # 0 if no seller
+    unserved = sent * unserved_share
+
+    # spend_c = q_c exp(M - log D_c) <= q_c b_c
+    live = has_seller & (sent > 0)
+    spend_arg = jnp.minimum(log_q + lse_money - log_d, log_q + safe_log(budget))
+    spend_arg = jnp.minimum(jnp.where(live, spend_arg, -jnp.inf), LOG_MONEY_MAX)
+    spend = jnp.where(live, jnp.exp(spend_arg), 0.0)
+
+    # 3. suffix log-sum-exps over the consumers whose budget is >= each price:
+    #    R = logsumexp(log q - log D), Q = logsumexp(log q)
+    w = jnp.where(live, log_q - log_d, -jnp.inf)
+    bwd = jnp.stack([jnp.concatenate([neg_s, w]),
+                     jnp.concatenate([neg_s, log_q])], axis=1)[order]
+    bwd = _cumlse(bwd, reverse=True)                                      # [N, 2]
+    r, rq = bwd[pos_s, 0], bwd[pos_s, 1]                                  # [S]
+    # u_s + R_s <= log(queries of the consumers s can serve), up to rounding: cap there
+    t_arg = jnp.minimum(u + r, rq)
+    alive = t_arg > -jnp.inf
+    traffic = jnp.where(alive, jnp.exp(jnp.where(alive, t_arg, 0.0)), 0.0)
+
+    # 4. rescale so that sum_s traffic == sum_c served (conservation to float rounding)
+    total_t = jnp.sum(traffic)
+    ok = total_t > 0
+    traffic = traffic * jnp.where(ok, jnp.sum(served_c) / jnp.where(ok, total_t, 1.0), 0.0)
+    # nothing reached any seller (e.g. every share underflowed): all of it is unserved
+    unserved = jnp.where(ok, unserved, sent)
+    spend = jnp.where(ok, spend, 0.0)
+    fees = money(traffic * price)
+    return traffic, fees, unserved, money(spend), sent
+
+
+@jax.jit
+def _prefix_softmax(u, price, budget, queries, log_outside, outside, withhold):
+    price = clean_price(price)
+    budget = clean_price(budget)
+    queries = clean_nonneg(queries, QUERY_MAX)
+    u = clip_utility(u)
+    P = price.shape[1]
+    lo = clip_utility(jnp.broadcast_to(f32(log_outside), (P,)))
+    outside = jnp.asarray(outside, bool)
+    withhold = jnp.asarray(withhold, bool)
+    fn = jax.vmap(_one_product, in_axes=(1, 1, 1, 1, 0, None, None), out_axes=1)
+    traffic, fees, unserved, spend, sent = fn(u, price, budget, queries, lo, outside, withhold)
+    return Allocation(traffic=traffic, fees=fees, unserved=unserved, spend=spend, sent=sent)
+
+
+def prefix_softmax(u, price, budget, queries, log_outside=None, withhold=False) -> Allocation:
+    """Budget-constrained softmax allocation without any consumer x seller array.
+
+    u, price: [S, P] utilities and quoted prices; budget, queries: [C, P];
+    log_outside: scalar or [P] log-weight of the outside option, ``None`` for none;
+    ``withhold`` (bool, may be traced): consumers with no eligible seller and no outside
+    option send nothing (else their queries are counted unserved). Jitted; the flags are
+    traced, so all option combinations share one compilation per shape.
+    """
+    outside = log_outside is not None
+    return _prefix_softmax(u, price, budget, queries, 0.0 if log_outside is None else log_outside,
+                           np.bool_(outside), withhold)
