@@ -1,0 +1,204 @@
+"""Training throughput: market steps per second *including learning*, inside the jitted chunk.
+
+Every seller of the market (bench_b: 32 sellers, 8 products, 10 consumers, logit) is a
+``ppo_bandit`` (one Gaussian policy per seller; the ``num_envs`` markets of a seed share
+the 32 policies), trained by the library's loop: ``jaxmarket.train.loop.make_train``,
+``jit(vmap(run_chunk))`` over seeds exactly as ``jaxmarket.train.run.Trainer`` does. An
+iteration collects ``rollout_length`` vmapped market steps (every seller acting through its
+learner) and then calls the learner's ``update``.
+
+The first call of the chunk (trace + compile + one run) is timed as ``compile_s``; then
+``--repeats`` further calls are timed and the median gives
+
+    env_steps_per_s = iterations x rollout_length x num_envs x num_seeds / seconds
+
+    python benchmarks/train_throughput.py --config configs/bench_b.yaml --json
+    python benchmarks/train_throughput.py --num-envs 4096 --iterations 50
+    python benchmarks/train_throughput.py --profile      # what dominates an iteration
+
+``--profile`` times the same chunk with the learners swapped for cheaper ones (``random``:
+the loop and the market only; ``ppo_bandit`` with a buffer longer than the chunk: act +
+buffer writes, never an update; ``update_epochs: 1``), the same learners compiled without
+the vmap over seeds (one seed holding all the markets), and the market step alone with
+random actions.
+With ``--json`` the last printed line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from throughput import machine, peak_rss_mb
+
+from jaxmarket.config.loader import load_config
+from jaxmarket.train.loop import make_train
+from jaxmarket.train.run import prepare
+
+TARGET_ENV_STEPS_PER_S = 200_000
+
+#: the learner every seller group gets unless the config has a ``learners:`` section
+#: (or ``--learner-override`` is used)
+PPO = {"kind": "ppo_bandit", "learning_rate": 0.005, "buffer_length": 32, "update_epochs": 4}
+
+
+def with_learners(config: dict, learner: dict, force: bool) -> dict:
+    """``config`` with ``learner`` for every seller group (and every agent consumer
+    group: ``random``) unless it already has a ``learners:`` section (``force``: replace)."""
+    config = copy.deepcopy(config)
+    if "learners" in config and not force:
+        return config
+    market = config["market"]
+    learners = {s["name"]: dict(learner) for s in market["sellers"]}
+    for c in market["consumers"]:
+        if c.get("agent"):
+            learners[c["name"]] = {"kind": "random"}
+    config["learners"] = learners
+    return config
+
+
+def time_chunk(config: dict, num_envs: int, num_seeds: int, iterations: int, rollout: int,
+               repeats: int, seed: int = 0, vmap_seeds: bool = True) -> dict:
+    """Time ``run_chunk`` as the Trainer compiles it: ``jit(vmap(run_chunk))`` over seeds
+    (``vmap_seeds=False``, one seed only: ``jit(run_chunk)``, for the profile)."""
+    config = copy.deepcopy(config)
+    config["train"] = {"num_iterations": iterations, "rollout_length": rollout,
+                       "num_envs": num_envs, "num_seeds": num_seeds, "chunk_size": iterations}
+    env, params, learners, specs, tcfg = prepare(config)
+    init, run_chunk = make_train(env, params, learners, specs, tcfg)
+    if vmap_seeds:
+        init_j = jax.jit(jax.vmap(init))
+        chunk = jax.jit(jax.vmap(lambda r: run_chunk(r, iterations)))
+        runner = init_j(jax.random.split(jax.random.key(seed), num_seeds))
+    else:
+        assert num_seeds == 1
+        chunk = jax.jit(lambda r: run_chunk(r, iterations))
+        runner = jax.jit(init)(jax.random.key(seed))
+    runner = jax.block_until_ready(runner)
+
+    t0 = time.perf_counter()
+    runner, metrics = jax.block_until_ready(chunk(runner))
+    compile_s = time.perf_counter() - t0
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        runner, metrics = jax.block_until_ready(chunk(runner))
+        times.append(time.perf_counter() - t0)
+    med, best = statistics.median(times), min(times)
+    steps = iterations * rollout * num_envs * num_seeds
+    groups = {g: env.num_agents(g) for g in env.agent_groups}
+    if not vmap_seeds:
+        metrics = jax.tree.map(lambda x: x[None], metrics)
+    last = {k: float(jnp.mean(v[:, -1])) for k, v in metrics.items()
+            if k.startswith(("reward/", "learner/")) and jnp.ndim(v[:, -1]) <= 1}
+    return {
+        "num_envs": num_envs, "num_seeds": num_seeds, "markets": num_envs * num_seeds,
+        "iterations": iterations, "rollout_length": rollout, "agents": groups,
+        "compile_s": round(compile_s, 3), "run_s": round(med, 4), "run_s_best": round(best, 4),
+        "env_steps_per_s": round(steps / med, 1), "env_steps_per_s_best": round(steps / best, 1),
+        "agent_steps_per_s": round(steps * sum(groups.values()) / med, 1),
+        "iterations_per_s": round(iterations / med, 2),
+        "us_per_iteration": round(1e6 * med / iterations, 1),
+        "last_metrics": last,
+    }
+
+
+def market_only(config: dict, num_envs: int, steps: int, repeats: int) -> dict:
+    """The market step alone (random actions), the same count of markets."""
+    from throughput import measure
+
+    import jaxmarket
+    env, params = jaxmarket.make({"market": config["market"]})
+    return measure(env, params, num_envs, steps, repeats)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default=str(ROOT / "configs" / "bench_b.yaml"))
+    ap.add_argument("overrides", nargs="*", help="dotted key=value overrides of --config")
+    ap.add_argument("--num-envs", type=int, default=1024, help="markets per seed")
+    ap.add_argument("--num-seeds", type=int, default=1, help="independent runs, vmapped")
+    ap.add_argument("--iterations", type=int, default=20, help="iterations per timed chunk")
+    ap.add_argument("--rollout-length", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=2, help="timed calls after the first")
+    ap.add_argument("--learner-override", action="store_true",
+                    help="use the built-in ppo_bandit even if the config has learners:")
+    ap.add_argument("--profile", action="store_true",
+                    help="also time cheaper learners and the market alone")
+    ap.add_argument("--json", action="store_true", help="last line: JSON result")
+    args = ap.parse_args(argv)
+    log = (lambda s: print(s, flush=True))
+    info = machine()
+    base = load_config(args.config, args.overrides)
+    config = with_learners(base, PPO, args.learner_override)
+
+    r = time_chunk(config, args.num_envs, args.num_seeds, args.iterations,
+                   args.rollout_length, args.repeats)
+    r.update(config=args.config, learners=config["learners"], machine=info,
+             peak_rss_mb=round(peak_rss_mb(), 1),
+             target_env_steps_per_s=TARGET_ENV_STEPS_PER_S,
+             target_met=bool(r["env_steps_per_s"] >= TARGET_ENV_STEPS_PER_S))
+    m = base["market"]
+    log(f"{args.config}: agents {r['agents']}, {m['num_products']} products; learners "
+        + ", ".join(f"{g}={c['kind']}" for g, c in config["learners"].items()))
+    log(f"machine: {info['cpu']}, {info['nproc']} cores, load {info['load_avg']}, "
+        f"jax {info['jax']} ({info['backend']})")
+    log(f"{r['num_seeds']} seed(s) x {r['num_envs']} markets, {r['iterations']} iterations x "
+        f"{r['rollout_length']} step(s): compile (first call) {r['compile_s']:.1f}s, run "
+        f"{r['run_s']:.3f}s (median of {args.repeats}, best {r['run_s_best']:.3f}s)")
+    log(f"  env steps/s (with learning) {r['env_steps_per_s']:>14,.0f}  "
+        f"(best {r['env_steps_per_s_best']:,.0f}); {r['us_per_iteration']:,.0f} us/iteration")
+    log(f"  agent steps/s               {r['agent_steps_per_s']:>14,.0f}")
+    log(f"  target >= {TARGET_ENV_STEPS_PER_S:,} env steps/s: "
+        f"{'met' if r['target_met'] else 'NOT met'}")
+
+    if args.profile:
+        rows = []
+        variants = [
+            ("ppo_bandit (as above)", None),
+            ("ppo_bandit, one seed holding all markets, no vmap over seeds", "novmap"),
+            ("ppo_bandit, buffer > chunk (no update ever)",
+             {**PPO, "buffer_length": 10 * args.iterations * args.rollout_length}),
+            ("ppo_bandit, update_epochs 1", {**PPO, "update_epochs": 1}),
+            ("random (loop + market, no learning)", {"kind": "random"}),
+        ]
+        for name, learner in variants:
+            if learner is None:
+                row = r
+            elif learner == "novmap":
+                row = time_chunk(config, args.num_envs * args.num_seeds, 1, args.iterations,
+                                 args.rollout_length, args.repeats, vmap_seeds=False)
+            else:
+                row = time_chunk(with_learners(base, learner, True), args.num_envs,
+                                 args.num_seeds, args.iterations, args.rollout_length,
+                                 args.repeats)
+            rows.append({"variant": name, "us_per_iteration": row["us_per_iteration"],
+                         "env_steps_per_s": row["env_steps_per_s"]})
+        mk = market_only(base, args.num_envs * args.num_seeds,
+                         args.iterations * args.rollout_length, args.repeats)
+        rows.append({"variant": "market step alone (random actions, benchmarks/throughput.py)",
+                     "us_per_iteration": round(mk["run_s"] * 1e6 / args.iterations, 1),
+                     "env_steps_per_s": mk["env_steps_per_s"]})
+        r["profile"] = rows
+        log("profile (same chunk, learners swapped):")
+        for row in rows:
+            log(f"  {row['variant']:<62} {row['us_per_iteration']:>12,.0f} us/it "
+                f"{row['env_steps_per_s']:>14,.0f} env-steps/s")
+    if args.json:
+        print(json.dumps(r))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
