@@ -26,6 +26,7 @@ from conftest import CONFIGS
 
 from jaxmarket import economics
 from jaxmarket.config.loader import load_config
+from jaxmarket.train.loop import per_seed
 from jaxmarket.train.run import final_learner_state, start_run
 
 # Learner settings for the legacy default market that converge without overshooting the
@@ -50,10 +51,13 @@ def train(name: str, run_dir: Path, overrides: list[str]):
     return config, summary, final_learner_state(run_dir)
 
 
-def policy(runner, group: str) -> tuple[np.ndarray, np.ndarray]:
-    """(mean, stddev) of a Gaussian bandit group, ``[seeds, policies, products]``."""
+def policy(runner, group: str, config: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, stddev) of a Gaussian bandit group, ``[seeds, policies, products]`` (the
+    loop folds seeds into the policy axis: ``[seeds * policies, products]``)."""
+    seeds = int(config["train"]["num_seeds"])
     params = runner.learners[group].params
-    return np.asarray(params["mean"], np.float64), np.exp(np.asarray(params["log_std"], np.float64))
+    mean = np.asarray(per_seed(params["mean"], seeds), np.float64)
+    return mean, np.exp(np.asarray(per_seed(params["log_std"], seeds), np.float64))
 
 
 def logit_economy(config: dict) -> dict:
@@ -78,7 +82,7 @@ def check_summary_agrees(summary: dict, group: str, mean: np.ndarray, std: np.nd
 def legacy_case(run_dir: Path, extra: list[str], tol: float) -> None:
     config, summary, runner = train("legacy_default", run_dir, extra)
     budget = float(config["market"]["consumers"][0]["budget"])
-    mean, std = policy(runner, "seller")
+    mean, std = policy(runner, "seller", config)
     learned = mean.mean()
     assert abs(learned - budget) <= tol * budget, (learned, budget, mean.ravel())
     # no seed stranded above the cliff (it would earn nothing there)
@@ -116,7 +120,7 @@ def test_legacy_default_full(tmp_path):
 def monopoly_case(run_dir: Path, extra: list[str], tol: float) -> None:
     config, summary, runner = train("logit_monopoly", run_dir, extra)
     target = economics.monopoly_price(**logit_economy(config))
-    mean, std = policy(runner, "seller")
+    mean, std = policy(runner, "seller", config)
     assert abs(mean.mean() - target) <= tol * target, (mean.ravel(), target)
     assert np.all(np.abs(mean - target) <= 2 * tol * target), (mean.ravel(), target)
     check_summary_agrees(summary, "seller", mean, std)
@@ -151,7 +155,7 @@ def duopoly_check(config, summary, runner, team: bool, tol_gap: float) -> float:
     p_nash, p_mono = duopoly_targets(config)
     gap = p_mono - p_nash
     target = p_mono if team else p_nash
-    mean, std = policy(runner, "sellers")          # [seeds, 2, 1]
+    mean, std = policy(runner, "sellers", config)          # [seeds, 2, 1]
     per_seller = mean.mean(0).ravel()               # seed average, each seller
     assert np.all(np.abs(per_seller - target) <= tol_gap * gap), (per_seller, target, gap)
     assert np.all(np.abs(mean - target) <= 2 * tol_gap * gap), (mean.ravel(), target, gap)
@@ -203,8 +207,8 @@ def test_logit_duopoly_team_price_clearly_above_independent(duopoly_runs):
     config, s_ind, r_ind = duopoly_runs(False)
     _, s_team, r_team = duopoly_runs(True)
     p_nash, p_mono = duopoly_targets(config)
-    independent = policy(r_ind, "sellers")[0].mean()
-    team = policy(r_team, "sellers")[0].mean()
+    independent = policy(r_ind, "sellers", config)[0].mean()
+    team = policy(r_team, "sellers", config)[0].mean()
     assert team - independent > 0.8 * (p_mono - p_nash), (independent, team)
     econ = logit_economy(config)
     pi_n, pi_m = (economics.logit_profits([p, p], econ["quality"], econ["cost"],
@@ -239,7 +243,7 @@ def second_price_case(run_dir: Path, extra: list[str], tol: float, seed_tol: flo
     bidder = next(s for s in config["market"]["sellers"] if s["name"] == "bidder")
     value = float(bidder["value"])
     assert config["market"]["distributor"]["kind"] == "second_price"
-    mean, _ = policy(runner, "bidder")
+    mean, _ = policy(runner, "bidder", config)
     assert abs(mean.mean() - value) <= tol, (mean.ravel(), value)
     assert np.all(np.abs(mean - value) <= seed_tol), (mean.ravel(), value)
     # the bids actually played (time- and seed-averaged) agree too

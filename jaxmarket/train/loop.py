@@ -2,16 +2,21 @@
 
 ``make_train(env, params, learners, specs, tcfg)`` returns ``(init, run_chunk)``:
 
-* ``init(key) -> Runner``: reset ``num_envs`` markets, init every group's learner;
+* ``init(key) -> Runner``: reset ``num_seeds x num_envs`` markets, init every group's
+  learner;
 * ``run_chunk(runner, length) -> (runner, metrics)``: ``length`` iterations in one
   ``lax.scan``; an iteration collects ``rollout_length`` market steps (every agent group
   acts through its learner, the vmapped market steps, auto-resets) and then calls each
   learner's ``update`` on its group's time-major batch.
 
-Both are pure; the caller ``vmap``s them over seeds and ``jit``s them. With ``num_envs``
-markets per seed, a group of ``A`` agents is seen by its learner as ``E * A`` slots
-whose ``policy_index`` repeats the per-market mapping, so the agents at the same
-position in every market share parameters (data, not a code path).
+Both are pure; the caller ``jit``s them. Seeds are not a ``vmap`` over the whole
+program: they are folded into the agent axis. With ``S`` seeds of ``E`` markets each, a
+group of ``A`` agents driven by ``K`` parameter sets is seen by its learner as
+``S * E * A`` slots and ``S * K`` policies, ``policy_index[(s * E + e) * A + a] =
+s * K + index[a]``: the markets of one seed share that seed's parameters, and seeds
+never share anything (data, not a code path). This keeps learner-internal control flow
+(``lax.cond`` on a buffer counter, say) a real branch: under a ``vmap`` over seeds its
+predicate would be batched and both branches would run every step.
 """
 
 from __future__ import annotations
@@ -39,21 +44,31 @@ class Runner:
     iteration: jax.Array  # int32
 
 
-def tile_spec(spec: LearnerSpec, num_envs: int) -> LearnerSpec:
-    """A group's spec seen across ``num_envs`` markets (slots = E x A)."""
-    if num_envs == 1:
+def tile_spec(spec: LearnerSpec, num_envs: int, num_seeds: int = 1) -> LearnerSpec:
+    """A group's spec seen across ``num_seeds x num_envs`` markets: slots
+    ``S * E * A``, policies ``S * K``, seed ``s`` owning policies ``s*K .. s*K + K - 1``."""
+    if num_envs == 1 and num_seeds == 1:
         return spec
-    index = np.tile(np.asarray(spec.index()), num_envs)
+    base = np.asarray(spec.index())
+    per_seed = np.tile(base, num_envs)                                   # [E * A]
+    index = (np.arange(num_seeds)[:, None] * spec.policies + per_seed[None]).ravel()
+    markets = num_envs * num_seeds
     return dataclasses.replace(
-        spec, num_agents=spec.num_agents * num_envs, num_policies=spec.policies,
+        spec, num_agents=spec.num_agents * markets, num_policies=spec.policies * num_seeds,
         policy_index=tuple(int(i) for i in index),
-        action_low=np.tile(spec.action_low, (num_envs, 1)),
-        action_high=np.tile(spec.action_high, (num_envs, 1)))
+        action_low=np.tile(spec.action_low, (markets, 1)),
+        action_high=np.tile(spec.action_high, (markets, 1)))
+
+
+def per_seed(x: jax.Array, num_seeds: int) -> jax.Array:
+    """Policy-stacked leaf ``[S * K, ...]`` -> ``[S, K, ...]``."""
+    x = jnp.asarray(x)
+    return x.reshape((num_seeds, x.shape[0] // num_seeds) + x.shape[1:])
 
 
 def make_train(env: MarketEnv, params: MarketParams, learners: dict[str, Learner],
                specs: dict[str, LearnerSpec], tcfg: TrainConfig):
-    E, T = tcfg.num_envs, tcfg.rollout_length
+    E, T = tcfg.num_envs * tcfg.num_seeds, tcfg.rollout_length   # E: all markets
     groups = env.agent_groups
     sizes = {g: env.num_agents(g) for g in groups}
     seller_groups = {g.name for g in env.spec.sellers}

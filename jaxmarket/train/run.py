@@ -1,7 +1,7 @@
 """Host side of training: chunks, progress, metrics, checkpoints, early stop, resume.
 
-Brax-style split: the compiled ``run_chunk`` does many iterations (vmapped over
-seeds); between chunks the host appends ``metrics.csv``, moves the progress bar, logs to
+Brax-style split: the compiled ``run_chunk`` does many iterations (all seeds and
+markets in one program); between chunks the host appends ``metrics.csv``, moves the progress bar, logs to
 the tracker, writes an orbax checkpoint every ``checkpoint_every`` chunks (orbax writes
 to a temporary directory and renames it: atomic) and checks the stop conditions.
 ``resume(run_dir)`` restores the last checkpoint and replays nothing: chunk boundaries
@@ -27,7 +27,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from jaxmarket import make
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.loader import load_config
-from jaxmarket.learners.controller import build_controller, group_learner_spec
+from jaxmarket.learners.controller import build_controller, build_learner, group_learner_spec
 from jaxmarket.train.config import TrainConfig, resolve_train, resolve_training
 from jaxmarket.train.loop import Runner, make_train, tile_spec
 from jaxmarket.train.summary import write_summary
@@ -42,12 +42,10 @@ def prepare(config: dict):
                           "to a learner config")
     env, params = make(config)
     base_specs = {g: group_learner_spec(env, params, g) for g in env.agent_groups}
-    specs = {g: tile_spec(s, tcfg.num_envs) for g, s in base_specs.items()}
-    learners = build_controller(env, params, config["learners"])
-    if tcfg.num_envs > 1:  # rebuild for E x A slots
-        from jaxmarket.learners.controller import build_learner
-        learners = {g: build_learner(config["learners"][g], specs[g], f"learners.{g}")
-                    for g in env.agent_groups}
+    specs = {g: tile_spec(s, tcfg.num_envs, tcfg.num_seeds) for g, s in base_specs.items()}
+    build_controller(env, params, config["learners"])  # names and hyper-parameters
+    learners = {g: build_learner(config["learners"][g], specs[g], f"learners.{g}")
+                for g in env.agent_groups}
     return env, params, learners, specs, tcfg
 
 
@@ -64,11 +62,11 @@ def _unsaveable(saved: dict, target: Any) -> Any:
 
 
 def _flatten_metrics(metrics: dict[str, np.ndarray], start: int) -> list[dict[str, float]]:
-    """[seeds, chunk, ...] arrays -> one row per iteration (mean over seeds; per-product
-    vectors expand to name/p{j})."""
+    """[chunk, ...] arrays (already means over seeds, markets and agents) -> one row per
+    iteration; per-product vectors expand to name/p{j}."""
     columns: dict[str, np.ndarray] = {}
     for name, value in metrics.items():
-        v = np.asarray(value, np.float64).mean(0)  # over seeds
+        v = np.asarray(value, np.float64)
         if v.ndim == 1:
             columns[name] = v
         else:
@@ -84,7 +82,7 @@ class Trainer:
         self.config, self.run_dir = config, Path(run_dir)
         self.env, self.params, self.learners, self.specs, self.tcfg = prepare(config)
         init, run_chunk = make_train(self.env, self.params, self.learners, self.specs, self.tcfg)
-        self._init = jax.jit(jax.vmap(init))
+        self._init = jax.jit(init)
         self._chunks: dict[int, Any] = {}
         self._run_chunk = run_chunk
         self.metrics = CsvMetrics(self.run_dir / "metrics.csv")
@@ -95,13 +93,11 @@ class Trainer:
 
     def chunk_fn(self, length: int):
         if length not in self._chunks:
-            self._chunks[length] = jax.jit(jax.vmap(lambda r: self._run_chunk(r, length)))
+            self._chunks[length] = jax.jit(lambda r: self._run_chunk(r, length))
         return self._chunks[length]
 
     def initial_runner(self) -> Runner:
-        seed = int(self.config.get("seed", 0))
-        keys = jax.random.split(jax.random.key(seed), self.tcfg.num_seeds)
-        return self._init(keys)
+        return self._init(jax.random.key(int(self.config.get("seed", 0))))
 
     def restore(self) -> tuple[Runner, int]:
         step = self.ckpt.latest_step()
