@@ -517,7 +517,7 @@ def _all_shapes(jaxpr):
     return list(walk(jaxpr))
 
 
-def _jaxpr_of(kind, C=7, S=11, P=3):
+def _jaxpr_of(kind, C=37, S=41, P=3):
     rng = np.random.default_rng(0)
     q = make_quotes(rng.uniform(0, 2, (S, P)), rng.uniform(0, 2, (C, P)), 1.0)
     d = DISTRIBUTORS[kind]
@@ -532,14 +532,42 @@ def test_no_consumer_by_seller_array(kind):
     assert not DISTRIBUTORS[kind].dense
     shapes = _all_shapes(_jaxpr_of(kind))
     assert len(shapes) > 20
-    bad = [s for s in shapes if 7 in s and 11 in s]
+    bad = [s for s in shapes if 37 in s and 41 in s]
     assert not bad, f"{kind} materialises {bad}"
+
+
+@pytest.mark.parametrize("outside, withhold", [(True, False), (False, False), (False, True)])
+def test_small_market_mask_path_equals_sorted_kernel(outside, withhold, monkeypatch):
+    """Markets with C * S <= DENSE_MAX_PAIRS use the [C, S] mask; it must give the same
+    allocation as the sorted prefix kernel (forced by setting the limit to 0)."""
+    from jaxmarket.market.distributors import prefix_softmax as ps
+    rng = np.random.default_rng(3)
+    C, S, P = 6, 9, 4
+    price = rng.choice([0.0, 0.5, 1.0, 1.5, 2.5], (S, P)).astype(np.float32)
+    budget = rng.choice([0.0, 0.5, 1.2, 2.0, 3.0], (C, P)).astype(np.float32)
+    u = rng.normal(0, 3, (S, P)).astype(np.float32)
+    queries = rng.uniform(0, 5, (C, P)).astype(np.float32)
+    args = (u, price, budget, queries, 0.3 if outside else None, withhold)
+    assert C * S <= ps.DENSE_MAX_PAIRS
+    small = ps.prefix_softmax(*args)
+    shapes = _all_shapes(jax.make_jaxpr(lambda: ps.prefix_softmax(*args))())
+    assert any(C in s and S in s for s in shapes)           # the mask path ran
+    monkeypatch.setattr(ps, "DENSE_MAX_PAIRS", 0)
+    ps._prefix_softmax.clear_cache()
+    try:
+        big = ps.prefix_softmax(*args)
+        shapes = _all_shapes(jax.make_jaxpr(lambda: ps.prefix_softmax(*args))())
+        assert not any(C in s and S in s for s in shapes)   # the sorted kernel ran
+    finally:
+        ps._prefix_softmax.clear_cache()
+    for a, b in zip(jax.tree.leaves(small), jax.tree.leaves(big)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_dense_detector_flags_dense_kinds():
     # positive control: the walker does see the [C, S, P] arrays of the dense kinds
     for kind in ("isa_2022", "isa_greedy"):
-        assert any(7 in s and 11 in s for s in _all_shapes(_jaxpr_of(kind)))
+        assert any(37 in s and 41 in s for s in _all_shapes(_jaxpr_of(kind)))
 
 
 def test_walker_enters_sub_jaxprs():
