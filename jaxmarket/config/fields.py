@@ -86,8 +86,22 @@ def _in_bounds(field: Field, x: float) -> bool:
     return True
 
 
+def _numeric_string(value: Any) -> Any:
+    """YAML 1.1 reads ``1e-4`` (no dot) as a string; take it as the number it spells."""
+    if isinstance(value, str):
+        try:
+            return float(value) if not value.strip().lstrip("+-").isdigit() else int(value)
+        except ValueError:
+            return value
+    return value
+
+
 def check_value(field: Field, value: Any, where: str) -> Any:
     """Validate one value (not ``"entity"`` fields, which need shapes)."""
+    if field.kind in ("float", "int"):
+        value = _numeric_string(value)
+    elif field.kind in ("floats", "ints") and isinstance(value, (list, tuple)):
+        value = [_numeric_string(v) for v in value]
     if value is None:
         if field.optional:
             return None
@@ -134,6 +148,10 @@ def resolve_entity_array(field: Field, value: Any, where: str, count: int, num_p
     """Broadcast a scalar / per-product list / [count, P] array to float32 [count, P]."""
     if value is None and field.optional:
         value = field.default
+    value = _numeric_string(value)
+    if isinstance(value, (list, tuple)):
+        value = [[_numeric_string(x) for x in v] if isinstance(v, (list, tuple))
+                 else _numeric_string(v) for v in value]
     allowed = (f"a number, a list of {num_products} numbers (one per product) or a "
                f"[{count}, {num_products}] array (or a [{count}, 1] column)"
                + _bounds_text(field))

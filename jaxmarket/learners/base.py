@@ -43,10 +43,23 @@ class LearnerSpec:
     action_high: np.ndarray         # [A, P] float32
     num_policies: int | None = None  # parameter sets; None -> num_agents
     policy_index: tuple[int, ...] | None = None  # slot -> policy; None -> identity
-    # Optional one-shot payoff of a joint action, provided by the market when a learner
-    # needs it (e.g. Q-learning's initial Q): payoff(actions [A, P]) -> rewards [A],
-    # holding every other group at its reset state. Jittable.
+    # Optional one-shot payoff of a joint action *in one market*, provided by the market
+    # when a learner needs it (e.g. Q-learning's initial Q):
+    # payoff(actions [agents_per_market, P]) -> rewards [agents_per_market], holding every
+    # other group at its reset state. Jittable.
     payoff: Any = field(default=None, compare=False)
+    # The training loop folds independent runs ("sessions", i.e. seeds) and markets into
+    # the slot and policy axes: slots = num_markets * agents_per_market, ordered market by
+    # market; the markets of session s are s*M/S .. (s+1)*M/S - 1 and its policies
+    # s*K .. s*K + K - 1 (K = policies // num_sessions). Nothing may be shared across
+    # sessions: learners that keep statistics over several policies (a convergence
+    # counter, say) keep them per session.
+    num_markets: int = 1
+    num_sessions: int = 1
+
+    @property
+    def agents_per_market(self) -> int:
+        return self.num_agents // self.num_markets
 
     @property
     def policies(self) -> int:

@@ -55,7 +55,7 @@ def tile_spec(spec: LearnerSpec, num_envs: int, num_seeds: int = 1) -> LearnerSp
     markets = num_envs * num_seeds
     return dataclasses.replace(
         spec, num_agents=spec.num_agents * markets, num_policies=spec.policies * num_seeds,
-        policy_index=tuple(int(i) for i in index),
+        policy_index=tuple(int(i) for i in index), num_markets=markets, num_sessions=num_seeds,
         action_low=np.tile(spec.action_low, (markets, 1)),
         action_high=np.tile(spec.action_high, (markets, 1)))
 
