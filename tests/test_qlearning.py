@@ -1,5 +1,6 @@
 """Tabular Q-learning (``kind: q_learning``): the update rule by hand, exploration,
-greedy play, Calvano's convergence rule, the random-rival initial Q, and a reduced
+greedy play, Calvano's convergence rule (per session), the random-rival initial Q (per
+market), sessions folded into the slot axis as the training loop does, and a reduced
 reproduction of Calvano et al. (2020)."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from jaxmarket import economics
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.learners.base import LEARNERS, LearnerSpec, Transition
 from jaxmarket.learners.qlearning import make, make_grid
+from jaxmarket.train.loop import tile_spec
 
 M = 5                      # grid 0.0, 0.1, ..., 0.4
 GRID = np.linspace(0.0, 0.4, M)
@@ -278,6 +280,145 @@ def test_zero_initial_q():
     _, state = make_learner(q_init="zero")
     assert not np.asarray(state.q).any()
     assert int(state.step) == 0 and not bool(state.converged)
+
+
+def test_random_rival_initial_q_is_per_market_and_tiled_over_markets():
+    """2 sessions x 2 markets x 2 sellers: the joint grid is one market's (payoff [2, 1]
+    -> [2]), and slot i gets the row of seller i % 2 (policies: 2 per session)."""
+    spec = tile_spec(make_spec(), num_envs=2, num_seeds=2)
+    assert (spec.num_agents, spec.policies, spec.agents_per_market) == (8, 4, 2)
+    _, state = make_learner(spec, q_init="random_rival")
+    _, single = make_learner(q_init="random_rival")
+    per_seller = np.asarray(single.q)[:, 0]  # [2, M], checked by hand above
+    assert state.q.shape == (4, M * M, M)
+    np.testing.assert_allclose(np.asarray(state.q)[:, 0], per_seller[[0, 1, 0, 1]], rtol=1e-6)
+    np.testing.assert_array_equal(state.policy_index, [0, 1, 0, 1, 2, 3, 2, 3])
+
+
+# -- sessions --------------------------------------------------------------------------
+
+def slots_transition(obs, actions, rewards, next_obs):
+    """One-period batch with a price profile per slot: obs/next_obs [A, D]."""
+    actions = np.asarray(actions, np.int32)
+    return Transition(obs=jnp.asarray(obs, jnp.float32)[None],
+                      action=jnp.asarray(GRID[actions], jnp.float32)[None, :, None],
+                      reward=jnp.asarray(rewards, jnp.float32)[None],
+                      next_obs=jnp.asarray(next_obs, jnp.float32)[None],
+                      done=jnp.zeros((1, len(actions)), bool),
+                      aux={"action_index": jnp.asarray(actions)[None]})
+
+
+def two_sessions(**hyper):
+    """Two sessions of the toy duopoly, one market each: slots/policies 0, 1 are session
+    0's, 2, 3 session 1's (the training loop's layout)."""
+    spec = tile_spec(make_spec(), num_envs=1, num_seeds=2)
+    assert (spec.num_sessions, spec.num_markets, spec.num_agents) == (2, 2, 4)
+    return make_learner(spec, **{"q_init": "zero", **hyper})
+
+
+def test_per_session_state_has_one_entry_per_session():
+    learner, state = two_sessions()
+    assert state.q.shape == (4, M * M, M)
+    assert state.step.shape == state.stable_periods.shape == state.converged.shape == (2,)
+    batch = slots_transition([[0.1, 0.1]] * 4, [1, 1, 1, 1], [0.1] * 4, [[0.1, 0.1]] * 4)
+    state, metrics = jax.jit(learner.update)(state, batch)
+    assert state.step.shape == state.stable_periods.shape == state.converged.shape == (2,)
+    assert metrics["converged"].shape == metrics["epsilon"].shape == (2,)
+    prices, aux = jax.jit(learner.act)(state, jnp.zeros((4, 2)), jax.random.key(0))
+    assert prices.shape == (4, 1) and aux["action_index"].shape == (4,)
+
+
+def test_sessions_learn_exactly_as_separate_learners():
+    """Folding two sessions into one state changes nothing: each session's tables and
+    counters evolve as a one-session learner's on that session's data."""
+    rng = np.random.default_rng(11)
+    learner, state = two_sessions(convergence_window=3)
+    single, single_state = make_learner(q_init="zero", convergence_window=3)
+    q = rng.normal(size=state.q.shape).astype(np.float32)
+    state = with_q(state, q)
+    separate = [with_q(single_state, q[2 * s:2 * s + 2]) for s in range(2)]
+    for _ in range(4):
+        obs = GRID[rng.integers(0, M, (4, 2))]
+        nxt = GRID[rng.integers(0, M, (4, 2))]
+        actions = rng.integers(0, M, 4)
+        rewards = rng.normal(size=4)
+        batch = slots_transition(obs, actions, rewards, nxt)
+        state, _ = learner.update(state, batch)
+        for s in range(2):
+            part = jax.tree.map(lambda x, s=s: x[:, 2 * s:2 * s + 2], batch)
+            separate[s], _ = single.update(separate[s], part)
+    for s in range(2):
+        np.testing.assert_allclose(np.asarray(state.q)[2 * s:2 * s + 2], separate[s].q,
+                                   rtol=1e-6, atol=1e-6)
+        np.testing.assert_array_equal(np.asarray(state.greedy)[2 * s:2 * s + 2],
+                                      separate[s].greedy)
+        assert int(state.step[s]) == int(separate[s].step)
+        assert int(state.stable_periods[s]) == int(separate[s].stable_periods)
+        assert bool(state.converged[s]) == bool(separate[s].converged)
+
+
+def test_convergence_counter_is_per_session():
+    learner, state = two_sessions(convergence_window=3)
+    state = confident_state(learner, state)
+    same = [[0.1, 0.1]] * 4
+    quiet = slots_transition(same, [1, 1, 1, 1], [0.1] * 4, same)
+    state, _ = learner.update(state, quiet)
+    np.testing.assert_array_equal(state.stable_periods, [1, 1])
+    # session 1's second seller flips its greedy price: only session 1's counter restarts
+    flip = slots_transition(same, [1, 1, 1, 1], [0.1, 0.1, 0.1, 1000.0], same)
+    state, metrics = learner.update(state, flip)
+    np.testing.assert_array_equal(state.stable_periods, [2, 0])
+    assert int(metrics["greedy_changes"]) == 1
+    state, _ = learner.update(state, quiet)  # session 0 reaches the window alone
+    np.testing.assert_array_equal(state.stable_periods, [3, 1])
+    np.testing.assert_array_equal(state.converged, [True, False])
+    np.testing.assert_array_equal(state.step, [3, 3])
+
+
+def test_a_converged_session_stops_while_the_other_learns():
+    """Built by hand: session 0 converged (at period 7), session 1 still learning. A
+    period with large rewards everywhere leaves session 0's tables, step and counter
+    untouched and updates session 1's; session 0 then acts greedily while session 1
+    (eps = 1) explores."""
+    learner, state = two_sessions(convergence_window=5, exploration_decay=0.0)
+    state = confident_state(learner, state).replace(
+        converged=jnp.asarray([True, False]), step=jnp.asarray([7, 7], jnp.int32),
+        stable_periods=jnp.asarray([5, 2], jnp.int32))
+    before = np.asarray(state.q).copy()
+    same = [[0.1, 0.1]] * 4
+    s = state_of([0.1, 0.1])
+    new_state, metrics = jax.jit(learner.update)(
+        state, slots_transition(same, [1, 1, 1, 1], [1000.0] * 4, same))
+
+    q = np.asarray(new_state.q)
+    np.testing.assert_array_equal(q[:2], before[:2])                  # session 0 frozen
+    np.testing.assert_array_equal(new_state.greedy[:2], state.greedy[:2])
+    expected = (1 - ALPHA) * 0.0 + ALPHA * (1000.0 + DELTA * 10.0)    # session 1 learns
+    np.testing.assert_allclose(q[2:, s, 1], expected, rtol=1e-6)
+    np.testing.assert_array_equal(new_state.greedy[2:, s], [1, 1])    # and flips greedy
+    np.testing.assert_array_equal(new_state.step, [7, 8])
+    np.testing.assert_array_equal(new_state.stable_periods, [5, 0])
+    np.testing.assert_array_equal(new_state.converged, [True, False])
+    assert int(metrics["greedy_changes"]) == 2
+    assert float(metrics["epsilon"][0]) == 0.0 and float(metrics["epsilon"][1]) == 1.0
+
+    keys = jax.random.split(jax.random.key(12), 300)
+    _, aux = jax.vmap(learner.act, in_axes=(None, None, 0))(
+        new_state, jnp.asarray(same, jnp.float32), keys)
+    actions = np.asarray(aux["action_index"])  # [300, 4]
+    assert (actions[:, :2] == 0).all()          # session 0: greedy, no exploration
+    for slot in (2, 3):                         # session 1: uniformly random prices
+        assert len(np.unique(actions[:, slot])) == M
+
+
+def test_sessions_must_not_share_policies():
+    spec = make_spec(num_agents=4, num_policies=2, policy_index=(0, 0, 1, 1),
+                     num_markets=2, num_sessions=2)
+    make_learner(spec, q_init="zero")  # each session drives its own policy: fine
+    bad = make_spec(num_agents=4, num_policies=2, policy_index=(0, 1, 0, 1),
+                    num_markets=2, num_sessions=2)
+    with pytest.raises(ValueError, match="sessions must not share"):
+        make_learner(bad, q_init="zero")
 
 
 # -- observations and validation -------------------------------------------------------

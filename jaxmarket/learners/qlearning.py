@@ -17,18 +17,28 @@ has learnt from. One uniform ``u`` per agent and period decides both: explore wh
 ``u < eps_t``, and then play price ``floor(m u / eps_t)`` (``u / eps_t`` is uniform on
 [0, 1) given ``u < eps_t``).
 
-Convergence (Calvano's rule): after each period, an agent's greedy strategy changed if
-the argmax of the Q row it just updated changed. ``stable_periods`` counts consecutive
-periods in which no agent's greedy strategy changed; once it reaches
-``convergence_window`` the group is ``converged``: it stops learning (``update`` leaves
-Q, ``t`` and the counter unchanged) and ``act`` is greedy.
+Sessions: the training loop folds ``S = spec.num_sessions`` independent runs into the
+slot and policy axes (session ``s`` owns slots ``s*A/S .. (s+1)*A/S - 1`` and policies
+``s*K .. s*K + K - 1``). Everything that is not a Q table is kept per session: ``step``,
+``stable_periods`` and ``converged`` have shape ``[S]`` (shape ``[]`` for a one-session
+spec, as ``benchmarks/calvano.py`` uses under its own ``vmap`` over sessions).
+
+Convergence (Calvano's rule, per session): after each period, an agent's greedy strategy
+changed if the argmax of the Q row it just updated changed. A session's
+``stable_periods`` counts consecutive periods in which no agent of that session changed
+its greedy strategy; once it reaches ``convergence_window`` the session is
+``converged``: it stops learning (``update`` leaves its Q tables, its ``t`` and its
+counter unchanged, so its ``step`` is its period of convergence) and its agents act
+greedily. The other sessions go on.
 
 Initial Q (``q_init="random_rival"``): the discounted payoff of each price against
-uniformly random rivals, the same in every state::
+uniformly random rivals of the same market, the same in every state::
 
     Q0[s, a] = E_{a_-i ~ U(grid)} [ payoff_i(a, a_-i) ] / (1 - delta)
 
-computed from ``LearnerSpec.payoff`` on all ``m^A`` joint grid actions with ``vmap``.
+computed from the per-market ``LearnerSpec.payoff`` on all ``m^n`` joint grid actions
+of one market's ``n = agents_per_market`` agents with ``vmap``; slot ``i`` gets the row
+of agent ``i % n`` of its market, averaged onto policies.
 
 Parameters are stacked per policy (``q [num_policies, m^D, m]``); agents sharing a
 policy apply their updates of one period together (their increments add up). Next to
@@ -82,15 +92,16 @@ HYPER_FIELDS: dict[str, Field] = {
 
 @struct.dataclass
 class QLearningState:
-    """Learner state of one group (one market)."""
+    """Learner state of one group across its sessions and markets. ``[S]`` below is
+    ``[]`` when ``spec.num_sessions == 1``."""
 
     q: jax.Array               # [num_policies, num_states, m] float32
     greedy: jax.Array          # [num_policies, num_states] int32: argmax_a q, kept in sync
     value: jax.Array           # [num_policies, num_states] float32: max_a q, kept in sync
     policy_index: jax.Array    # [A] int32 agent slot -> policy
-    step: jax.Array            # [] int32 periods learnt from (t of eps_t)
-    stable_periods: jax.Array  # [] int32 consecutive periods without a greedy change
-    converged: jax.Array       # [] bool
+    step: jax.Array            # [S] int32 periods learnt from (t of eps_t)
+    stable_periods: jax.Array  # [S] int32 consecutive periods without a greedy change
+    converged: jax.Array       # [S] bool
 
 
 @struct.dataclass
@@ -160,20 +171,47 @@ def make_grid(hyper: Mapping[str, Any], spec: LearnerSpec) -> PriceGrid:
     return PriceGrid(prices=prices, low=low, spacing=(high - low) / (m - 1), radix=radix)
 
 
-def random_rival_q(payoff: Any, grid: jax.Array, num_agents: int, discount: float) -> jax.Array:
-    """``[A, m]``: each agent's mean payoff of each grid price against uniformly random
-    grid prices of the other agents, divided by ``1 - discount``."""
+def _check_joint_actions(m: int, agents_per_market: int) -> None:
+    if m ** agents_per_market > _MAX_JOINT_ACTIONS:
+        raise ValueError(f"q_learning: q_init='random_rival' evaluates all "
+                         f"{m}^{agents_per_market} joint prices of a market; too many, use "
+                         f"q_init='zero'")
+
+
+def random_rival_q(payoff: Any, grid: jax.Array, agents_per_market: int,
+                   discount: float) -> jax.Array:
+    """``[n, m]`` (``n = agents_per_market``): each agent's mean payoff of each grid price
+    against uniformly random grid prices of the other agents of its market, divided by
+    ``1 - discount``. ``payoff`` is the per-market one-shot payoff ``[n, 1] -> [n]``."""
     m = int(grid.shape[0])
-    num_joint = m ** num_agents
-    if num_joint > _MAX_JOINT_ACTIONS:
-        raise ValueError(f"q_learning: q_init='random_rival' evaluates all {m}^{num_agents} "
-                         f"joint prices; too many, use q_init='zero'")
-    joint = np.indices((m,) * num_agents).reshape(num_agents, -1).T  # [J, A]
+    n = agents_per_market
+    _check_joint_actions(m, n)
+    num_joint = m ** n
+    joint = np.indices((m,) * n).reshape(n, -1).T  # [J, n]
     joint = jnp.asarray(joint, dtype=jnp.int32)
-    rewards = jax.vmap(payoff)(grid[joint][..., None])  # [J, A]
-    own_price = jax.nn.one_hot(joint, m, dtype=rewards.dtype)  # [J, A, m]
+    rewards = jax.vmap(payoff)(grid[joint][..., None])  # [J, n]
+    own_price = jax.nn.one_hot(joint, m, dtype=rewards.dtype)  # [J, n, m]
     mean_payoff = jnp.einsum("ja,jam->am", rewards, own_price) / (num_joint // m)
     return mean_payoff / (1.0 - discount)
+
+
+def session_layout(spec: LearnerSpec) -> tuple[int, int]:
+    """``(slots per session, policies per session)``, checking that ``spec`` folds its
+    sessions as the training loop does: contiguous slot blocks, contiguous policy blocks,
+    and no slot driven by another session's policy."""
+    sessions, slots, policies = spec.num_sessions, spec.num_agents, spec.policies
+    if sessions < 1 or slots % sessions or policies % sessions:
+        raise ValueError(f"q_learning: {slots} agent slots and {policies} policies do not "
+                         f"split into num_sessions={sessions} equal sessions")
+    if spec.num_markets < 1 or slots % spec.num_markets:
+        raise ValueError(f"q_learning: {slots} agent slots do not split into "
+                         f"num_markets={spec.num_markets} equal markets")
+    slots_per_session, policies_per_session = slots // sessions, policies // sessions
+    index = np.asarray(spec.index())
+    if np.any(index // policies_per_session != np.arange(slots) // slots_per_session):
+        raise ValueError("q_learning: policy_index lets a session drive another session's "
+                         "policies; sessions must not share parameters")
+    return slots_per_session, policies_per_session
 
 
 def make(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
@@ -187,19 +225,48 @@ def make(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
     window = hyper["convergence_window"]
     slots = spec.index().tolist()
     exclusive_policies = len(set(slots)) == len(slots)  # no two agents share a Q table
+    num_sessions, num_slots = spec.num_sessions, spec.num_agents
+    slots_per_session, _ = session_layout(spec)
+    # Per-session quantities: shape [S], or [] for one session (the benchmark's vmapped
+    # path, which then runs exactly the single-session code).
+    session_shape = () if num_sessions == 1 else (num_sessions,)
+
+    def per_slot(x: jax.Array) -> jax.Array:
+        """A per-session array ``[S]`` -> per slot ``[A]`` (slots are contiguous per session)."""
+        if num_sessions == 1:
+            return x  # a scalar broadcasts
+        return jnp.repeat(x, slots_per_session, total_repeat_length=num_slots)
+
+    def any_per_session(x: jax.Array) -> jax.Array:
+        """``[A]`` bool -> ``[S]``: whether any slot of each session is set."""
+        if num_sessions == 1:
+            return jnp.any(x)
+        return jnp.any(x.reshape(num_sessions, slots_per_session), axis=-1)
+
+    def epsilon(state: QLearningState) -> jax.Array:
+        """``[S]`` exploration probability of each session (0 once converged)."""
+        return jnp.where(state.converged, 0.0, jnp.exp(-beta * state.step.astype(jnp.float32)))
+
     if hyper["q_init"] == "random_rival":
         if spec.payoff is None:
             raise ValueError("q_learning: q_init='random_rival' needs LearnerSpec.payoff; "
                              "use q_init='zero' or a market that provides it")
         if delta >= 1.0:
             raise ValueError("q_learning: q_init='random_rival' needs discount < 1")
+        _check_joint_actions(m, spec.agents_per_market)
 
     def init(key: jax.Array, spec: LearnerSpec = spec) -> QLearningState:
         del key  # the initial Q is deterministic
+        if (spec.num_sessions, spec.num_agents) != (num_sessions, num_slots):
+            raise ValueError(f"q_learning: init got a spec with {spec.num_agents} slots in "
+                             f"{spec.num_sessions} sessions; the learner was made for "
+                             f"{num_slots} slots in {num_sessions}")
         index = spec.index()
         if hyper["q_init"] == "random_rival":
-            per_agent = random_rival_q(spec.payoff, grid.prices, spec.num_agents, delta)
-            per_policy = scatter_mean(per_agent, index, spec.policies)
+            n = spec.agents_per_market
+            per_market = random_rival_q(spec.payoff, grid.prices, n, delta)   # [n, m]
+            per_slot_rows = jnp.tile(per_market, (spec.num_agents // n, 1))   # slot i: i % n
+            per_policy = scatter_mean(per_slot_rows, index, spec.policies)
         else:
             per_policy = jnp.zeros((spec.policies, m), jnp.float32)
         q = jnp.broadcast_to(per_policy.astype(jnp.float32)[:, None, :],
@@ -207,15 +274,15 @@ def make(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
         q = jnp.array(q)
         return QLearningState(q=q, greedy=jnp.argmax(q, axis=-1).astype(jnp.int32),
                               value=jnp.max(q, axis=-1), policy_index=index,
-                              step=jnp.zeros((), jnp.int32),
-                              stable_periods=jnp.zeros((), jnp.int32),
-                              converged=jnp.zeros((), bool))
+                              step=jnp.zeros(session_shape, jnp.int32),
+                              stable_periods=jnp.zeros(session_shape, jnp.int32),
+                              converged=jnp.zeros(session_shape, bool))
 
     def act(state: QLearningState, obs: jax.Array, key: jax.Array):
         num_agents = obs.shape[0]
         s = grid.state_index(obs)                               # [A]
         greedy = state.greedy[state.policy_index, s]
-        eps = jnp.where(state.converged, 0.0, jnp.exp(-beta * state.step.astype(jnp.float32)))
+        eps = per_slot(epsilon(state))                          # [A] (or [] for one session)
         # One uniform per agent decides both whether to explore (u < eps) and, given that
         # it does, which price: u / eps is then uniform on [0, 1).
         u = jax.random.bits(key, (num_agents,), jnp.uint32).astype(jnp.float32) * 2.0**-32
@@ -227,7 +294,8 @@ def make(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
     def learn_one_period(state: QLearningState, period):
         s, a, r, s_next, done = period                          # each [A]
         policy = state.policy_index
-        learning = ~state.converged
+        learning_session = ~state.converged                     # [S]
+        learning = per_slot(learning_session)                   # [A]
         row = state.q[policy, s]                                # [A, m]
         old_greedy = state.greedy[policy, s]
         target = r + delta * jnp.where(done, 0.0, state.value[policy, s_next])
@@ -247,9 +315,10 @@ def make(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
         # the reads of the table above (so XLA updates it in place)
         greedy = state.greedy.at[policy, s].set(jnp.where(learning, new_greedy, old_greedy))
         value = state.value.at[policy, s].set(new_value)
-        stable = jnp.where(jnp.any(changed), 0, state.stable_periods + 1)
-        stable = jnp.where(learning, stable, state.stable_periods)
-        step = jnp.where(learning & (state.step < _INT32_MAX), state.step + 1, state.step)
+        stable = jnp.where(any_per_session(changed), 0, state.stable_periods + 1)
+        stable = jnp.where(learning_session, stable, state.stable_periods)
+        step = jnp.where(learning_session & (state.step < _INT32_MAX), state.step + 1,
+                         state.step)
         converged = state.converged | (stable >= window)
         new_state = state.replace(q=q, greedy=greedy, value=value, step=step,
                                   stable_periods=stable, converged=converged)
@@ -269,8 +338,7 @@ def make(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
             state, changes = jax.lax.scan(learn_one_period, state, periods)
         metrics = {"greedy_changes": jnp.sum(changes), "stable_periods": state.stable_periods,
                    "converged": state.converged,
-                   "epsilon": jnp.where(state.converged, 0.0,
-                                        jnp.exp(-beta * state.step.astype(jnp.float32)))}
+                   "epsilon": epsilon(state)}
         return state, metrics
 
     return Learner(init=init, act=act, update=update)
