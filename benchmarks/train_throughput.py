@@ -3,7 +3,8 @@
 Every seller of the market (bench_b: 32 sellers, 8 products, 10 consumers, logit) is a
 ``ppo_bandit`` (one Gaussian policy per seller; the ``num_envs`` markets of a seed share
 the 32 policies), trained by the library's loop: ``jaxmarket.train.loop.make_train``,
-``jit(vmap(run_chunk))`` over seeds exactly as ``jaxmarket.train.run.Trainer`` does. An
+``jit(run_chunk)`` with seeds folded into the policy axis, exactly as
+``jaxmarket.train.run.Trainer`` does. An
 iteration collects ``rollout_length`` vmapped market steps (every seller acting through its
 learner) and then calls the learner's ``update``.
 
@@ -19,7 +20,7 @@ The first call of the chunk (trace + compile + one run) is timed as ``compile_s`
 ``--profile`` times the same chunk with the learners swapped for cheaper ones (``random``:
 the loop and the market only; ``ppo_bandit`` with a buffer longer than the chunk: act +
 buffer writes, never an update; ``update_epochs: 1``), the same learners compiled without
-the vmap over seeds (one seed holding all the markets), and the market step alone with
+one seed holding all the markets, and the market step alone with
 random actions.
 With ``--json`` the last printed line is JSON.
 """
@@ -70,22 +71,15 @@ def with_learners(config: dict, learner: dict, force: bool) -> dict:
 
 def time_chunk(config: dict, num_envs: int, num_seeds: int, iterations: int, rollout: int,
                repeats: int, seed: int = 0, vmap_seeds: bool = True) -> dict:
-    """Time ``run_chunk`` as the Trainer compiles it: ``jit(vmap(run_chunk))`` over seeds
-    (``vmap_seeds=False``, one seed only: ``jit(run_chunk)``, for the profile)."""
+    """Time ``run_chunk`` as the Trainer compiles it: ``jit(run_chunk)``, all seeds and
+    markets in one program (``vmap_seeds`` is kept for the command line and ignored)."""
     config = copy.deepcopy(config)
     config["train"] = {"num_iterations": iterations, "rollout_length": rollout,
                        "num_envs": num_envs, "num_seeds": num_seeds, "chunk_size": iterations}
     env, params, learners, specs, tcfg = prepare(config)
     init, run_chunk = make_train(env, params, learners, specs, tcfg)
-    if vmap_seeds:
-        init_j = jax.jit(jax.vmap(init))
-        chunk = jax.jit(jax.vmap(lambda r: run_chunk(r, iterations)))
-        runner = init_j(jax.random.split(jax.random.key(seed), num_seeds))
-    else:
-        assert num_seeds == 1
-        chunk = jax.jit(lambda r: run_chunk(r, iterations))
-        runner = jax.jit(init)(jax.random.key(seed))
-    runner = jax.block_until_ready(runner)
+    chunk = jax.jit(lambda r: run_chunk(r, iterations))
+    runner = jax.block_until_ready(jax.jit(init)(jax.random.key(seed)))
 
     t0 = time.perf_counter()
     runner, metrics = jax.block_until_ready(chunk(runner))
@@ -98,8 +92,7 @@ def time_chunk(config: dict, num_envs: int, num_seeds: int, iterations: int, rol
     med, best = statistics.median(times), min(times)
     steps = iterations * rollout * num_envs * num_seeds
     groups = {g: env.num_agents(g) for g in env.agent_groups}
-    if not vmap_seeds:
-        metrics = jax.tree.map(lambda x: x[None], metrics)
+    metrics = jax.tree.map(lambda x: x[None], metrics)
     last = {k: float(jnp.mean(v[:, -1])) for k, v in metrics.items()
             if k.startswith(("reward/", "learner/")) and jnp.ndim(v[:, -1]) <= 1}
     return {

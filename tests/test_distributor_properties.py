@@ -214,3 +214,32 @@ def test_second_price_never_raises_more_than_first_price(data):
     second = allocate("second_price", {}, params, key, quotes)
     np.testing.assert_array_equal(np.asarray(first.traffic), np.asarray(second.traffic))
     assert np.all(np.asarray(second.fees) <= np.asarray(first.fees) * (1 + 1e-6))
+
+
+@pytest.mark.parametrize("kernel", ["sorted", "mask"])
+@SETTINGS
+@given(data=st.data())
+def test_both_softmax_kernels_conserve_and_respect_budgets(kernel, data):
+    """The sorted prefix kernel (markets with C * S > DENSE_MAX_PAIRS) and the [C, S]
+    mask kernel, called directly so that both see the extreme values."""
+    from jaxmarket.market.distributors import prefix_softmax as ps
+    values = [0.0, 1e-30, 1e-3, 0.5, 1.0, 3.0, 1e30]
+    n_c, n_s = 3, 4
+    pick = lambda n: np.asarray(data.draw(st.lists(st.sampled_from(values), min_size=n,  # noqa: E731
+                                                   max_size=n)), np.float32)
+    price, budget, queries = pick(n_s), pick(n_c), pick(n_c)
+    u = np.asarray(data.draw(st.lists(st.sampled_from([-1e30, -50.0, 0.0, 2.0, 80.0, 1e30]),
+                                       min_size=n_s, max_size=n_s)), np.float32)
+    outside = data.draw(st.booleans())
+    withhold = data.draw(st.booleans())
+    fn = ps._one_product if kernel == "sorted" else ps._dense_one_product
+    clean = (ps.clip_utility(u), ps.clean_price(price), ps.clean_price(budget),
+             ps.clean_nonneg(queries, ps.QUERY_MAX))
+    traffic, fees, unserved, spend, sent = (np.asarray(x, np.float64) for x in jax.jit(
+        fn, static_argnums=())(*clean, np.float32(0.0), np.bool_(outside), np.bool_(withhold)))
+    for x in (traffic, fees, unserved, spend, sent):
+        assert np.all(np.isfinite(x)) and np.all(x >= 0)
+    np.testing.assert_allclose(traffic.sum() + unserved.sum(), sent.sum(), rtol=1e-5, atol=1e-30)
+    # a seller priced above every budget serves nobody
+    above = np.asarray(clean[1]) > np.asarray(clean[2]).max()
+    assert np.all(traffic[above] == 0)

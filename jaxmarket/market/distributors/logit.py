@@ -59,8 +59,10 @@ def allocate(key: jax.Array, quotes: Quotes, params: Mapping[str, jax.Array],
     ``no_eligible="withhold"``.
 
     Needs a base price shared by all consumers of a product (``quoted_price_shared``).
-    Never builds a consumer x seller array: ``O((C + S) log(C + S) P)`` via
-    :func:`~jaxmarket.market.distributors.prefix_softmax.prefix_softmax`.
+    Builds no consumer x seller array once ``C * S > DENSE_MAX_PAIRS`` (1024):
+    ``O((C + S) log(C + S) P)`` via
+    :func:`~jaxmarket.market.distributors.prefix_softmax.prefix_softmax`; smaller markets
+    use the (faster there) ``[C, S]`` eligibility mask of each product.
     """
     del key
     opt = resolve_options(OPTIONS, options, "logit")

@@ -41,7 +41,7 @@ def allocate(key: jax.Array, quotes: Quotes, params: Mapping[str, jax.Array],
     (``r`` = ``exponent``). Free sellers (price 0) count as priced 1e-30, so they take
     practically everything. ``traffic``/``fees``/``spend`` as in ``logit``; consumers
     with no eligible seller follow ``no_eligible`` ("unserved" or "withhold").
-    Never builds a consumer x seller array.
+    Same kernel as ``logit``: no consumer x seller array once ``C * S > 1024``.
     """
     del key
     opt = resolve_options(OPTIONS, options, "proportional")
