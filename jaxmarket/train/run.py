@@ -10,7 +10,6 @@ are the same, so on CPU the result is bit-identical to an uninterrupted run.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
@@ -215,4 +214,4 @@ def final_learner_state(run_dir: str | Path) -> Any:
     return runner
 
 
-__all__ = ["start_run", "resume_run", "final_learner_state", "Trainer", "TrainConfig", "jnp"]
+__all__ = ["start_run", "resume_run", "final_learner_state", "Trainer", "TrainConfig"]
