@@ -14,7 +14,10 @@ parameters and vmaps the network over slots. ``update`` runs, in order:
    parameters, so gradients flow back to the right policy through the gather), weights
    each sample by ``1 / (number of samples of its policy in the minibatch)`` so that every
    policy's loss is the mean over its own samples, and applies one Adam step per policy
-   (``vmap`` over the policy axis, so gradient-norm clipping is per policy too).
+   (``vmap`` over the policy axis, so gradient-norm clipping is per policy too; a policy
+   with no sample in the minibatch keeps its parameters and optimiser state).
+
+With a single policy the gather is skipped and the network runs batched (same numbers).
 
 Action heads
 ------------
@@ -38,7 +41,8 @@ comes from ``aux`` (``raw_action`` or ``action_index``).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import distrax
 import flax.linen as nn
@@ -324,8 +328,10 @@ def make_ppo(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
 
         log_ratio = log_prob - mb["log_prob"]
         ratio = jnp.exp(log_ratio)
+
         def avg(x):  # mean over policies of each policy's sample mean
             return jnp.sum(weight * x) / jnp.maximum(active, 1)
+
         metrics = {
             "total_loss": avg(per_sample),
             "policy_loss": avg(pg),

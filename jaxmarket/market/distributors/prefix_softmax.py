@@ -31,7 +31,7 @@ concatenation ``[prices, budgets]`` (a price sorts before an equal budget). A cu
 log-sum-exp along that merged order, with ``-inf`` at the budget entries, read at a
 budget's position is ``L[k_c]``. The reverse cumulative log-sum-exp of
 ``log q - log D`` (``-inf`` at the price entries), read at a price's position, is
-``R[j_s]``. So the kernel is one argsort, two (two-channel) log-sum-exp ``associative_scan``\ s
+``R[j_s]``. So the kernel is one argsort, two (two-channel) log-sum-exp associative scans
 and a few gathers (the inverse permutation is a scatter, not a second sort).
 
 Cost ``O((C + S) log(C + S))`` per product, memory ``O(C + S)``; products are vmapped.
