@@ -19,7 +19,7 @@ import jax.numpy as jnp
 
 from jaxmarket.combinators.view import GroupView
 from jaxmarket.config.errors import ConfigError
-from jaxmarket.config.fields import Field, check_mapping
+from jaxmarket.config.fields import Field, check_mapping, lookup_kind
 
 ObsFn = Callable[[GroupView], jax.Array]
 
@@ -157,11 +157,7 @@ def build_observation(config: Sequence[Mapping[str, Any]], where: str) -> ObsFn:
     fns: list[ObsFn] = []
     for i, item in enumerate(config):
         at = f"{where}[{i}]"
-        if not isinstance(item, Mapping) or "kind" not in item:
-            raise ConfigError(at, item, "a mapping with a 'kind' key")
-        if item["kind"] not in OBSERVATIONS:
-            raise ConfigError(f"{at}.kind", item["kind"], "one of " + ", ".join(sorted(OBSERVATIONS)))
-        d = OBSERVATIONS[item["kind"]]
+        _, d = lookup_kind(item, OBSERVATIONS, at)
         settings = check_mapping(d.fields, item, at)
         if item["kind"] == "competitor_prices":
             summ = settings["summary"]

@@ -23,7 +23,7 @@ import numpy as np
 
 from jaxmarket.combinators.view import GroupView
 from jaxmarket.config.errors import ConfigError
-from jaxmarket.config.fields import Field, check_mapping
+from jaxmarket.config.fields import Field, check_mapping, lookup_kind
 
 RewardFn = Callable[[jax.Array, GroupView], jax.Array]
 
@@ -144,12 +144,7 @@ def build_reward(config: Sequence[Mapping[str, Any]], n_agents: int, where: str,
     fns: list[RewardFn] = []
     for i, item in enumerate(config):
         at = f"{where}[{i}]"
-        if not isinstance(item, Mapping) or "kind" not in item:
-            raise ConfigError(at, item, "a mapping with a 'kind' key")
-        kind = item["kind"]
-        if kind not in REWARDS:
-            raise ConfigError(f"{at}.kind", kind, "one of " + ", ".join(sorted(REWARDS)))
-        d = REWARDS[kind]
+        kind, d = lookup_kind(item, REWARDS, at)
         if side not in d.sides:
             allowed = sorted(k for k, x in REWARDS.items() if side in x.sides)
             raise ConfigError(f"{at}.kind", kind, f"for a {side} group one of " + ", ".join(allowed))

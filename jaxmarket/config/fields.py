@@ -211,3 +211,15 @@ def check_mapping(spec: Mapping[str, Field], given: Mapping[str, Any] | None, wh
         else:
             out[name] = field.default
     return out
+
+
+def lookup_kind(raw: Any, registry: Mapping[str, Any], where: str,
+                what: str = "a mapping with a 'kind' key") -> tuple[str, Any]:
+    """``raw`` must be a mapping whose ``kind`` is a key of ``registry``; returns
+    ``(kind, registry[kind])`` or raises a :class:`ConfigError` naming the field."""
+    if not isinstance(raw, Mapping) or "kind" not in raw:
+        raise ConfigError(where, raw, what)
+    kind = raw["kind"]
+    if kind not in registry:
+        raise ConfigError(f"{where}.kind", kind, "one of " + ", ".join(sorted(registry)))
+    return kind, registry[kind]

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 from jaxmarket.config.errors import ConfigError
-from jaxmarket.config.fields import check_mapping
+from jaxmarket.config.fields import check_mapping, lookup_kind
 from jaxmarket.learners.base import LEARNERS, Learner, LearnerSpec
 from jaxmarket.market.env import MarketEnv
 from jaxmarket.market.spec import MarketParams
@@ -65,12 +65,9 @@ def hold_actions(env: MarketEnv, state) -> dict:
 def resolve_learner(config: Any, where: str) -> tuple[str, dict]:
     """Validate one learner config; returns (kind, hyper with defaults)."""
     _ensure_registered()
-    if not isinstance(config, Mapping) or "kind" not in config:
-        raise ConfigError(where, config, "a mapping with a 'kind' key, e.g. {kind: ppo_bandit}")
-    kind = config["kind"]
-    if kind not in LEARNERS:
-        raise ConfigError(f"{where}.kind", kind, "one of " + ", ".join(sorted(LEARNERS)))
-    hyper = check_mapping(LEARNERS[kind].hyper_fields, config, where)
+    kind, definition = lookup_kind(config, LEARNERS, where,
+                                   "a mapping with a 'kind' key, e.g. {kind: ppo_bandit}")
+    hyper = check_mapping(definition.hyper_fields, config, where)
     return kind, hyper
 
 
@@ -80,8 +77,11 @@ def build_learner(config: Any, spec: LearnerSpec, where: str) -> Learner:
 
 
 def build_controller(env: MarketEnv, params: MarketParams, learners: Any,
-                     where: str = "learners") -> dict[str, Learner]:
-    """One learner per agent group; every agent group needs one, unknown names fail."""
+                     where: str = "learners",
+                     specs: Mapping[str, LearnerSpec] | None = None) -> dict[str, Learner]:
+    """One learner per agent group; every agent group needs one, unknown names fail.
+    ``specs`` (default: each group's own spec) lets the training loop pass the specs
+    of its folded seeds and markets."""
     groups = env.agent_groups
     if not isinstance(learners, Mapping):
         raise ConfigError(where, learners, "a mapping from agent group name to learner config; "
@@ -94,7 +94,8 @@ def build_controller(env: MarketEnv, params: MarketParams, learners: Any,
         if name not in learners:
             raise ConfigError(f"{where}.{name}", "<missing>",
                               f"a learner config (every agent group needs one: {', '.join(groups)})")
-    return {name: build_learner(learners[name], group_learner_spec(env, params, name),
-                                f"{where}.{name}") for name in groups}
+    specs = specs or {name: group_learner_spec(env, params, name) for name in groups}
+    return {name: build_learner(learners[name], specs[name], f"{where}.{name}")
+            for name in groups}
 
 

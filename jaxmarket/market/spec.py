@@ -18,7 +18,7 @@ from flax import struct
 from jaxmarket.combinators.observations import build_observation, history_length
 from jaxmarket.combinators.rewards import build_reward
 from jaxmarket.config.errors import ConfigError
-from jaxmarket.config.fields import Field, check_mapping, resolve_entity_array
+from jaxmarket.config.fields import Field, check_mapping, lookup_kind, resolve_entity_array
 from jaxmarket.market.demand import DEMANDS
 from jaxmarket.market.distributors import DISTRIBUTORS
 
@@ -236,12 +236,7 @@ def _resolve_groups(items: list, side: str, table: dict, P: int, where: str, tak
 
 def _resolve_demand(raw: Any, where: str) -> tuple[str, dict]:
     raw = {"kind": "constant"} if raw is None else raw
-    if not isinstance(raw, Mapping) or "kind" not in raw:
-        raise ConfigError(where, raw, "a mapping with a 'kind' key")
-    kind = raw["kind"]
-    if kind not in DEMANDS:
-        raise ConfigError(f"{where}.kind", kind, "one of " + ", ".join(sorted(DEMANDS)))
-    d = DEMANDS[kind]
+    kind, d = lookup_kind(raw, DEMANDS, where)
     vals = check_mapping(d.params, raw, where)
     if d.check is not None:
         d.check(vals, where)
@@ -249,12 +244,7 @@ def _resolve_demand(raw: Any, where: str) -> tuple[str, dict]:
 
 
 def _resolve_distributor(raw: Any, where: str) -> tuple[str, Any, dict]:
-    if not isinstance(raw, Mapping) or "kind" not in raw:
-        raise ConfigError(where, raw, "a mapping with a 'kind' key")
-    kind = raw["kind"]
-    if kind not in DISTRIBUTORS:
-        raise ConfigError(f"{where}.kind", kind, "one of " + ", ".join(sorted(DISTRIBUTORS)))
-    d = DISTRIBUTORS[kind]
+    kind, d = lookup_kind(raw, DISTRIBUTORS, where)
     vals = check_mapping({**d.params, **d.options}, raw, where)
     params = {k: np.asarray(vals[k], np.float32) for k in d.params}
     options = {k: vals[k] for k in d.options}

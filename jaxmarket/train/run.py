@@ -26,7 +26,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from jaxmarket import make
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.loader import load_config
-from jaxmarket.learners.controller import build_controller, build_learner, group_learner_spec
+from jaxmarket.learners.controller import build_controller, group_learner_spec
 from jaxmarket.train.config import TrainConfig, resolve_train, resolve_training
 from jaxmarket.train.loop import Runner, make_train, tile_spec
 from jaxmarket.train.summary import write_summary
@@ -42,9 +42,7 @@ def prepare(config: dict):
     env, params = make(config)
     base_specs = {g: group_learner_spec(env, params, g) for g in env.agent_groups}
     specs = {g: tile_spec(s, tcfg.num_envs, tcfg.num_seeds) for g, s in base_specs.items()}
-    build_controller(env, params, config["learners"])  # names and hyper-parameters
-    learners = {g: build_learner(config["learners"][g], specs[g], f"learners.{g}")
-                for g in env.agent_groups}
+    learners = build_controller(env, params, config["learners"], specs=specs)
     return env, params, learners, specs, tcfg
 
 
