@@ -36,13 +36,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
 
+if __name__ == "__main__" and "jax" not in sys.modules:
+    # One XLA CPU device per core, so that the sessions run on every core (below). Set
+    # before JAX starts; an explicit device count in XLA_FLAGS wins.
+    _flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_force_host_platform_device_count" not in _flags:
+        os.environ["XLA_FLAGS"] = (f"{_flags} --xla_force_host_platform_device_count="
+                                   f"{os.cpu_count() or 1}").strip()
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, PartitionSpec
 
 from jaxmarket import economics
 from jaxmarket.learners import qlearning  # noqa: F401  (registers "q_learning")
@@ -95,9 +105,14 @@ def _observe(prices: jax.Array) -> jax.Array:
     return jnp.broadcast_to(prices[:, 0][None, :], (2, 2))
 
 
-def make_chunk(setup: CalvanoSetup, length: int):
+def make_chunk(setup: CalvanoSetup, length: int, devices: int = 1):
     """Jitted ``(carry, first_period) -> carry`` running ``length`` periods of every
-    session; ``carry = (learner_state, obs, session_key)``, vmapped over sessions."""
+    session; ``carry = (learner_state, obs, session_key)``, vmapped over sessions.
+
+    With ``devices > 1`` the sessions are split into that many equal blocks, one per
+    device (``jax.shard_map`` over the first ``devices`` of ``jax.devices()``): with
+    ``--xla_force_host_platform_device_count`` set to the number of cores, each core runs
+    its own block in its own thread. Sessions are independent, so no result changes."""
     learner, table = setup.learner, setup.profit_table
 
     def period(carry, t):
@@ -118,7 +133,13 @@ def make_chunk(setup: CalvanoSetup, length: int):
         carry, _ = jax.lax.scan(period, carry, periods)
         return carry
 
-    return jax.jit(jax.vmap(one_session, in_axes=(0, None)), donate_argnums=0)
+    chunk = jax.vmap(one_session, in_axes=(0, None))
+    if devices > 1:
+        mesh = Mesh(np.asarray(jax.devices()[:devices]), ("sessions",))
+        chunk = jax.shard_map(chunk, mesh=mesh, in_specs=(PartitionSpec("sessions"),
+                                                          PartitionSpec()),
+                              out_specs=PartitionSpec("sessions"))
+    return jax.jit(chunk, donate_argnums=0)
 
 
 def init_sessions(setup: CalvanoSetup, key: jax.Array, sessions: int):
@@ -173,14 +194,15 @@ def _bucket(active: int, sessions: int, granularity: int = 64) -> int:
 
 def run(sessions: int = 1000, beta: float = 4e-6, window: int = 100_000,
         max_periods: int = 10_000_000, chunk: int = 20_000, seed: int = 0,
-        progress: bool = True, compact: bool = True) -> dict:
+        progress: bool = True, compact: bool = True, devices: int | None = None) -> dict:
     """Run every session until all have converged or ``max_periods``; return a summary.
 
     Sessions run in lockstep in a batch; once at most 3/4 of the batch is still learning,
     the batch is compacted to the learning sessions (padded to a multiple of 64 with a
     converged session, which no longer learns), so converged sessions stop costing
     time. A session's randomness depends only on its own key and the period number, so
-    compaction does not change any session's trajectory.
+    compaction does not change any session's trajectory. ``devices`` (default: all of
+    ``jax.devices()``) splits the batch across devices (see :func:`make_chunk`).
     """
     start = time.perf_counter()
     # The non-partitionable threefry draws two 32-bit words per hash instead of one: half
@@ -188,7 +210,17 @@ def run(sessions: int = 1000, beta: float = 4e-6, window: int = 100_000,
     with jax.threefry_partitionable(False):
         setup = make_setup(beta=beta, window=window)
         full_state, full_obs, keys = init_sessions(setup, jax.random.key(seed), sessions)
-        run_chunk = make_chunk(setup, chunk)
+        devices = len(jax.devices()) if devices is None else devices
+        chunks: dict[int, object] = {}
+
+        def run_chunk(carry, first_period):
+            """One chunk on as many devices as divide the batch."""
+            size = int(carry[2].shape[0])
+            use = max(d for d in range(1, devices + 1) if size % d == 0)
+            if use not in chunks:
+                chunks[use] = make_chunk(setup, chunk, use)
+            return chunks[use](carry, first_period)
+
         batch = np.arange(sessions)        # sessions in the running batch (padding last)
         real = sessions                    # how many of them are not padding
         carry = (_take(full_state, batch), _take(full_obs, batch), keys[batch])
@@ -232,6 +264,7 @@ def run(sessions: int = 1000, beta: float = 4e-6, window: int = 100_000,
         "periods_simulated": periods,
         "session_periods": session_periods,
         "sessions": sessions,
+        "devices": devices,
         "beta": beta,
         "convergence_window": window,
         "wall_s": time.perf_counter() - start,
@@ -248,11 +281,15 @@ def main(argv: list[str] | None = None) -> dict:
                              "1e7 keeps a stuck session from eating the time budget)")
     parser.add_argument("--chunk", type=int, default=20_000, help="periods per jitted chunk")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--devices", type=int, default=None,
+                        help="split the sessions over this many devices (default: all; the "
+                             "script makes one XLA CPU device per core)")
     parser.add_argument("--json", action="store_true", help="print a JSON summary last")
     args = parser.parse_args(argv)
     print(f"Calvano et al. (2020) reproduction: {args.sessions} sessions, beta={args.beta:g}, "
           f"window={args.window:,d}, backend={jax.default_backend()}", flush=True)
-    result = run(args.sessions, args.beta, args.window, args.max_periods, args.chunk, args.seed)
+    result = run(args.sessions, args.beta, args.window, args.max_periods, args.chunk, args.seed,
+                 devices=args.devices)
     print(f"profit gain        {result['profit_gain']:.4f} (sd {result['profit_gain_sd']:.3f}; "
           f"published {PUBLISHED_PROFIT_GAIN})")
     print(f"converged share    {result['converged_share']:.3f}")

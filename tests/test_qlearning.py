@@ -52,10 +52,8 @@ def make_learner(spec=None, **hyper):
 
 
 def with_q(state, q):
-    """The learner state holding ``q`` (keeping its greedy/value caches in sync)."""
-    q = jnp.asarray(q, jnp.float32)
-    return state.replace(q=q, greedy=jnp.argmax(q, -1).astype(state.greedy.dtype),
-                         value=jnp.max(q, -1))
+    """The learner state holding ``q`` (its cached greedy column recomputed)."""
+    return state.with_q(q)
 
 
 def state_of(prices):

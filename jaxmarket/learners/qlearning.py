@@ -40,11 +40,16 @@ computed from the per-market ``LearnerSpec.payoff`` on all ``m^n`` joint grid ac
 of one market's ``n = agents_per_market`` agents with ``vmap``; slot ``i`` gets the row
 of agent ``i % n`` of its market, averaged onto policies.
 
-Parameters are stacked per policy (``q [num_policies, m^D, m]``); agents sharing a
-policy apply their updates of one period together (their increments add up). Next to
-``q`` the state caches, per policy and state, ``greedy = argmax_a q`` and
-``value = max_a q``, updated with the one row that changes each period: acting is then
-one lookup, and the bootstrap ``max_a' Q[s', a']`` another.
+Parameters are stacked per policy; agents sharing a policy apply their updates of one
+period together (their increments add up). The state keeps one packed table
+``rows [num_policies, m^D, m + 1]``: columns ``0 .. m-1`` are ``Q[s, .]`` and column
+``m`` caches ``greedy = argmax_a Q[s, a]`` (an integer below 2^24, stored exactly as
+float32), rewritten with the one row that changes each period. Acting reads the cached
+greedy index, updating reads the same row, so one period touches one memory row per
+agent for ``s`` (and one for the bootstrap ``max_a' Q[s', a']``, which is next period's
+``s``): the whole run is bound by memory latency, and this layout measured about 30%
+faster than separate ``q``, ``greedy`` and ``value`` arrays. ``state.q``,
+``state.greedy`` and ``state.value`` give the usual views.
 """
 
 from __future__ import annotations
@@ -95,13 +100,36 @@ class QLearningState:
     """Learner state of one group across its sessions and markets. ``[S]`` below is
     ``[]`` when ``spec.num_sessions == 1``."""
 
-    q: jax.Array               # [num_policies, num_states, m] float32
-    greedy: jax.Array          # [num_policies, num_states] int32: argmax_a q, kept in sync
-    value: jax.Array           # [num_policies, num_states] float32: max_a q, kept in sync
+    rows: jax.Array            # [num_policies, num_states, m + 1] float32: Q | greedy
     policy_index: jax.Array    # [A] int32 agent slot -> policy
     step: jax.Array            # [S] int32 periods learnt from (t of eps_t)
     stable_periods: jax.Array  # [S] int32 consecutive periods without a greedy change
     converged: jax.Array       # [S] bool
+
+    @property
+    def q(self) -> jax.Array:
+        """``[num_policies, num_states, m]`` action values."""
+        return self.rows[..., :-1]
+
+    @property
+    def greedy(self) -> jax.Array:
+        """``[num_policies, num_states]`` int32 ``argmax_a q`` (first index on ties)."""
+        return self.rows[..., -1].astype(jnp.int32)
+
+    @property
+    def value(self) -> jax.Array:
+        """``[num_policies, num_states]`` ``max_a q``."""
+        return jnp.max(self.q, axis=-1)
+
+    def with_q(self, q: jax.Array) -> QLearningState:
+        """This state holding action values ``q`` (its greedy column recomputed)."""
+        return self.replace(rows=pack_rows(jnp.asarray(q, jnp.float32)))
+
+
+def pack_rows(q: jax.Array) -> jax.Array:
+    """``q [..., m]`` -> ``[..., m + 1]``: the values and their first argmax as float32."""
+    greedy = jnp.argmax(q, axis=-1).astype(q.dtype)
+    return jnp.concatenate([q, greedy[..., None]], axis=-1)
 
 
 @struct.dataclass
@@ -269,11 +297,9 @@ def make(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
             per_policy = scatter_mean(per_slot_rows, index, spec.policies)
         else:
             per_policy = jnp.zeros((spec.policies, m), jnp.float32)
-        q = jnp.broadcast_to(per_policy.astype(jnp.float32)[:, None, :],
-                             (spec.policies, num_states, m))
-        q = jnp.array(q)
-        return QLearningState(q=q, greedy=jnp.argmax(q, axis=-1).astype(jnp.int32),
-                              value=jnp.max(q, axis=-1), policy_index=index,
+        row = pack_rows(per_policy.astype(jnp.float32))                   # [K, m + 1]
+        rows = jnp.array(jnp.broadcast_to(row[:, None, :], (spec.policies, num_states, m + 1)))
+        return QLearningState(rows=rows, policy_index=index,
                               step=jnp.zeros(session_shape, jnp.int32),
                               stable_periods=jnp.zeros(session_shape, jnp.int32),
                               converged=jnp.zeros(session_shape, bool))
@@ -281,7 +307,7 @@ def make(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
     def act(state: QLearningState, obs: jax.Array, key: jax.Array):
         num_agents = obs.shape[0]
         s = grid.state_index(obs)                               # [A]
-        greedy = state.greedy[state.policy_index, s]
+        greedy = state.rows[state.policy_index, s, m].astype(jnp.int32)
         eps = per_slot(epsilon(state))                          # [A] (or [] for one session)
         # One uniform per agent decides both whether to explore (u < eps) and, given that
         # it does, which price: u / eps is then uniform on [0, 1).
@@ -296,31 +322,30 @@ def make(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
         policy = state.policy_index
         learning_session = ~state.converged                     # [S]
         learning = per_slot(learning_session)                   # [A]
-        row = state.q[policy, s]                                # [A, m]
-        old_greedy = state.greedy[policy, s]
-        target = r + delta * jnp.where(done, 0.0, state.value[policy, s_next])
+        row = state.rows[policy, s]                             # [A, m + 1]
+        old_greedy = row[:, m].astype(jnp.int32)
+        row = row[:, :m]
+        next_value = jnp.max(state.rows[policy, s_next, :m], axis=-1)
+        target = r + delta * jnp.where(done, 0.0, next_value)
         is_action = jnp.arange(m, dtype=jnp.int32) == a[:, None]  # [A, m]
         q_sa = jnp.take_along_axis(row, a[:, None], axis=-1)[:, 0]
         increment = jnp.where(learning, alpha * (target - q_sa), 0.0)
         if exclusive_policies:
-            new_q_sa = q_sa + increment
-            q = state.q.at[policy, s, a].set(new_q_sa, unique_indices=True)
-            new_row = jnp.where(is_action, new_q_sa[:, None], row)  # no read-back needed
+            new_row = jnp.where(is_action, (q_sa + increment)[:, None], row)
         else:  # agents sharing a policy may update the same entry: increments add up
-            q = state.q.at[policy, s, a].add(increment)
+            q = state.rows[..., :m].at[policy, s, a].add(increment)
             new_row = q[policy, s]
-        new_value, new_greedy = max_and_argmax(new_row)
+        _, new_greedy = max_and_argmax(new_row)
         changed = (new_greedy != old_greedy) & learning
-        # writing the old greedy index when not learning also orders this write after
-        # the reads of the table above (so XLA updates it in place)
-        greedy = state.greedy.at[policy, s].set(jnp.where(learning, new_greedy, old_greedy))
-        value = state.value.at[policy, s].set(new_value)
+        new_rows = jnp.concatenate([new_row, new_greedy.astype(jnp.float32)[:, None]], -1)
+        # a whole row per agent: its values and its greedy index
+        rows = state.rows.at[policy, s].set(new_rows, unique_indices=exclusive_policies)
         stable = jnp.where(any_per_session(changed), 0, state.stable_periods + 1)
         stable = jnp.where(learning_session, stable, state.stable_periods)
         step = jnp.where(learning_session & (state.step < _INT32_MAX), state.step + 1,
                          state.step)
         converged = state.converged | (stable >= window)
-        new_state = state.replace(q=q, greedy=greedy, value=value, step=step,
+        new_state = state.replace(rows=rows, step=step,
                                   stable_periods=stable, converged=converged)
         return new_state, jnp.sum(changed)
 
