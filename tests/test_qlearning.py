@@ -6,7 +6,10 @@ reproduction of Calvano et al. (2020)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -517,3 +520,24 @@ def test_reduced_calvano_is_supra_competitive():
     assert result["converged_share"] == 1.0
     assert result["profit_gain"] > max(0.6, random_play + 0.1)
     assert result["profit_gain"] < 1.0
+
+
+def test_calvano_script_gives_the_same_sessions_on_one_or_two_devices():
+    """``calvano.py`` splits the sessions over devices (``jax.shard_map``); sessions are
+    independent, so the summary must not depend on the split. Run as a script (it sets up
+    its XLA CPU devices before JAX starts), with two forced host devices."""
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "calvano.py"
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    summaries = []
+    for devices in (1, 2):
+        out = subprocess.run(
+            [sys.executable, str(script), "--sessions", "8", "--beta", "2e-3", "--window",
+             "1000", "--chunk", "1000", "--max-periods", "20000", "--devices", str(devices),
+             "--json"], capture_output=True, text=True, env=env, check=True)
+        summaries.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    one, two = summaries
+    assert (one["devices"], two["devices"]) == (1, 2)
+    for key in ("wall_s", "devices"):
+        one.pop(key), two.pop(key)
+    assert one["converged_share"] > 0  # the sessions did learn something to compare
+    assert one == two
