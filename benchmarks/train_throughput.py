@@ -78,7 +78,7 @@ def time_chunk(config: dict, num_envs: int, num_seeds: int, iterations: int, rol
                        "num_envs": num_envs, "num_seeds": num_seeds, "chunk_size": iterations}
     env, params, learners, specs, tcfg = prepare(config)
     init, run_chunk = make_train(env, params, learners, specs, tcfg)
-    chunk = jax.jit(lambda r: run_chunk(r, iterations))
+    chunk = jax.jit(lambda r: run_chunk(r, iterations), donate_argnums=0)  # as the Trainer
     runner = jax.block_until_ready(jax.jit(init)(jax.random.key(seed)))
 
     t0 = time.perf_counter()

@@ -69,7 +69,15 @@ from flax import struct
 
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.fields import Field
-from jaxmarket.learners.base import Learner, LearnerDef, LearnerSpec, Transition, register
+from jaxmarket.learners.base import (
+    Learner,
+    LearnerDef,
+    LearnerSpec,
+    SlotLayout,
+    Transition,
+    materialize,
+    register,
+)
 from jaxmarket.learners.fixed import bounds, entity_per_policy, resolve_hyper
 
 _LOG_2PI = math.log(2.0 * math.pi)
@@ -208,6 +216,7 @@ def _make(kind: str, fields: Mapping[str, Field], algo: str, rolling: bool):
         init_log_std_j = jnp.asarray(np.log(init_std), jnp.float32)
         low_j, high_j = jnp.asarray(low_np), jnp.asarray(high_np)
         index = spec.index()
+        layout = SlotLayout(spec)  # slots [A] as [S, M, n]; parameters broadcast over M
         slot_weight = 1.0 / jnp.asarray(np.bincount(index_np, minlength=num_policies),
                                         jnp.float32)[index]          # [A]
         opt = (optax.adam if h["optimizer"] == "adam" else optax.sgd)(h["learning_rate"])
@@ -217,7 +226,8 @@ def _make(kind: str, fields: Mapping[str, Field], algo: str, rolling: bool):
 
         def init(key, spec_=None):
             del key, spec_
-            params = {"mean": jnp.asarray(init_mean), "log_std": init_log_std_j}
+            # fresh arrays (jnp.array copies): a donated state must not delete constants
+            params = {"mean": jnp.array(init_mean), "log_std": jnp.array(init_log_std_j)}
             return GaussianBanditState(
                 params=params,
                 opt_state=opt.init(params),
@@ -232,18 +242,23 @@ def _make(kind: str, fields: Mapping[str, Field], algo: str, rolling: bool):
 
         def act(state, obs, key):
             del obs
-            mean = state.params["mean"][index]                       # [A, P]
-            log_std = state.params["log_std"][index]
-            z = mean + jnp.exp(log_std) * jax.random.normal(key, mean.shape, mean.dtype)
-            log_prob = normal_log_prob(z, mean, log_std).sum(-1)     # [A]
+            mean = layout.params(state.params["mean"])               # [S, 1, n, P]
+            log_std = layout.params(state.params["log_std"])
+            noise = jax.random.normal(key, layout.shape + (num_products,), mean.dtype)
+            # computed once: it feeds the log-prob, the action and the buffer write
+            z = materialize(mean + jnp.exp(log_std) * noise)        # [S, M, n, P]
+            log_prob = layout.merge(normal_log_prob(z, mean, log_std).sum(-1))   # [A]
+            z = layout.merge(z)                                      # [A, P]
             value = jnp.exp(z) if scaled else z
             action = jnp.clip(value, low_j, high_j)
             return action, {"sample": z, "log_prob": log_prob}
 
         def loss_fn(params, state, mask):
-            mean = params["mean"][index]                              # [A, P]
-            log_std = params["log_std"][index]
-            logp = normal_log_prob(state.buf_sample, mean, log_std).sum(-1)   # [L, A]
+            mean = layout.params(params["mean"])                      # [S, 1, n, P]
+            log_std = layout.params(params["log_std"])
+            sample = layout.split(state.buf_sample, axis=1)           # [L, S, M, n, P]
+            logp = layout.merge(normal_log_prob(sample, mean, log_std).sum(-1), axis=1)
+            mean, log_std = layout.view(params["mean"]), layout.view(params["log_std"])
             adv = standardised(state.buf_reward, mask)
             n = jnp.maximum(mask.sum(0), 1.0)
             if algo == "vpg":
@@ -254,7 +269,7 @@ def _make(kind: str, fields: Mapping[str, Field], algo: str, rolling: bool):
                                         jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv)
             pg = -(surrogate * mask).sum(0) / n                       # [A]
             entropy = (log_std + 0.5 * (_LOG_2PI + 1.0)).sum(-1)      # [A]
-            pull = jnp.square(mean - state.initial_mean[index]).sum(-1)
+            pull = jnp.square(mean - layout.view(state.initial_mean)).sum(-1)   # [A]
             per_slot = pg - ent_coef * entropy + pull_coef * pull
             return (slot_weight * per_slot).sum()
 
@@ -285,31 +300,39 @@ def _make(kind: str, fields: Mapping[str, Field], algo: str, rolling: bool):
 
             (params, opt_state), losses = jax.lax.scan(
                 epoch, (state.params, state.opt_state), None, length=epochs)
-            return state.replace(params=params, opt_state=opt_state,
-                                 updates=state.updates + 1), losses[-1]
+            return params, opt_state, losses[-1]
 
         def step(carry, x):
             state, loss, n_updates = carry
             sample, logp, reward = x
             pos = state.steps % length if rolling else state.count
+            # a plain dynamic_update_slice (``pos`` is always in bounds): XLA writes the row
+            # in place; ``.at[pos].set`` adds an out-of-bounds select that made XLA:CPU
+            # rewrite the whole buffer every step
+            write = jax.lax.dynamic_update_index_in_dim
             state = state.replace(
-                buf_sample=state.buf_sample.at[pos].set(sample),
-                buf_logp=state.buf_logp.at[pos].set(logp),
-                buf_reward=state.buf_reward.at[pos].set(reward),
+                buf_sample=write(state.buf_sample, sample, pos, 0),
+                buf_logp=write(state.buf_logp, logp, pos, 0),
+                buf_reward=write(state.buf_reward, reward, pos, 0),
                 count=jnp.minimum(state.count + 1, length),
                 steps=state.steps + 1,
             )
             if rolling:
-                state, loss = do_update(state)
+                params, opt_state, loss = do_update(state)
+                state = state.replace(params=params, opt_state=opt_state,
+                                      updates=state.updates + 1)
                 return (state, loss, n_updates + 1), None
             full = state.count >= length
-
-            def yes(s):
-                s, l = do_update(s)
-                return s.replace(count=jnp.zeros((), jnp.int32)), l
-
-            state, loss = jax.lax.cond(full, yes, lambda s: (s, loss), state)
-            return (state, loss, n_updates + full.astype(jnp.int32)), None
+            # Only the parameters go through the branch: the buffers are read-only operands
+            # of the conditional, so XLA writes them in place instead of copying them out
+            # of the branch every step.
+            params, opt_state, loss = jax.lax.cond(
+                full, do_update, lambda s: (s.params, s.opt_state, loss), state)
+            full_i = full.astype(jnp.int32)
+            state = state.replace(params=params, opt_state=opt_state,
+                                  updates=state.updates + full_i,
+                                  count=jnp.where(full, 0, state.count))
+            return (state, loss, n_updates + full_i), None
 
         def update(state, batch: Transition):
             aux = batch.aux
@@ -320,7 +343,10 @@ def _make(kind: str, fields: Mapping[str, Field], algo: str, rolling: bool):
                   jnp.asarray(aux["log_prob"], jnp.float32),
                   jnp.asarray(batch.reward, jnp.float32))
             carry = (state, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32))
-            (state, loss, n_updates), _ = jax.lax.scan(step, carry, xs)
+            if xs[2].shape[0] == 1:  # one step: no loop around the buffers
+                (state, loss, n_updates), _ = step(carry, jax.tree.map(lambda v: v[0], xs))
+            else:
+                (state, loss, n_updates), _ = jax.lax.scan(step, carry, xs)
             std = jnp.exp(state.params["log_std"])
             # loss: of the last update in this batch (0 when the batch triggered none)
             metrics = {"loss": loss, "num_updates": n_updates,

@@ -22,6 +22,7 @@ predicate would be batched and both branches would run every step.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -29,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxmarket.learners.base import Learner, LearnerSpec, Transition
+from jaxmarket.learners.base import Learner, LearnerSpec, Transition, materialize
 from jaxmarket.market.env import MarketEnv
 from jaxmarket.market.spec import MarketParams
 from jaxmarket.train.config import TrainConfig
@@ -84,13 +85,16 @@ def make_train(env: MarketEnv, params: MarketParams, learners: dict[str, Learner
     def flat(x, g):   # [E, A, ...] -> [E * A, ...]
         return x.reshape((E * sizes[g],) + x.shape[2:])
 
-    def market_step(carry, _):
-        env_state, obs, lstates, key = carry
+    def market_step(lstates, carry, _):
+        # ``lstates`` is read, never written, during a rollout (``act`` is pure): it is
+        # closed over rather than carried, so the scan does not copy learner buffers.
+        env_state, obs, key = carry
         key, k_act, k_step = jax.random.split(key, 3)
         akeys = jax.random.split(k_act, len(groups))
         actions, aux = {}, {}
         for i, g in enumerate(groups):  # static loop over groups (config), not agents
             a, aux[g] = learners[g].act(lstates[g], flat(obs[g], g), akeys[i])
+            a = materialize(a)  # computed once, not inside each of the market's fusions
             actions[g] = a.reshape((E, sizes[g]) + a.shape[1:])
         next_obs, env_state, rewards, term, trunc, info = vstep(
             jax.random.split(k_step, E), env_state, actions, params)
@@ -107,12 +111,18 @@ def make_train(env: MarketEnv, params: MarketParams, learners: dict[str, Learner
             metrics[f"traffic/{g}"] = served.mean((0, 1))
             metrics[f"price/{g}"] = (info["prices"][g] if g in seller_groups
                                      else info["budgets"][g]).mean((0, 1))
-        return (env_state, next_obs, lstates, key), (batch, metrics)
+        return (env_state, next_obs, key), (batch, metrics)
 
     def iteration(runner: Runner, _):
         key = jax.random.wrap_key_data(runner.key)
-        (env_state, obs, lstates, key), (traj, metrics) = jax.lax.scan(
-            market_step, (runner.env_state, runner.obs, runner.learners, key), length=T)
+        lstates = runner.learners
+        carry = (runner.env_state, runner.obs, key)
+        if T == 1:  # one step: no loop (the learners see a [1, ...] time axis all the same)
+            (env_state, obs, key), out = market_step(lstates, carry, None)
+            traj, metrics = jax.tree.map(lambda x: x[None], out)
+        else:
+            (env_state, obs, key), (traj, metrics) = jax.lax.scan(
+                functools.partial(market_step, lstates), carry, length=T)
         metrics = jax.tree.map(lambda x: x.mean(0), metrics)
         new_states = {}
         for g in groups:

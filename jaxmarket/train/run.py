@@ -90,7 +90,10 @@ class Trainer:
 
     def chunk_fn(self, length: int):
         if length not in self._chunks:
-            self._chunks[length] = jax.jit(lambda r: self._run_chunk(r, length))
+            # the runner is donated: XLA updates the learners' buffers in place (without
+            # donation it copied a bandit's whole sample buffer on every step)
+            self._chunks[length] = jax.jit(lambda r: self._run_chunk(r, length),
+                                           donate_argnums=0)
         return self._chunks[length]
 
     def initial_runner(self) -> Runner:
