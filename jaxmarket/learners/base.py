@@ -189,7 +189,8 @@ def materialize(x: jax.Array) -> jax.Array:
     on XLA:CPU (it is expanded before fusion); a reduction does, since XLA never
     duplicates a reduction into its consumers. The reduction here,
     ``max(x, x - 1) = x``, is exact for every float (``inf``, ``nan`` and values whose
-    ``x - 1`` rounds to ``x`` included)."""
+    ``x - 1`` rounds to ``x`` included; subnormals are flushed to zero, as by any
+    arithmetic on XLA:CPU)."""
     x = jnp.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.floating):
         return x
