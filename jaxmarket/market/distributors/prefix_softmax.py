@@ -222,22 +222,30 @@ def _one_product(u, price, budget, queries, log_outside, outside, withhold):
 def _dense_one_product(u, price, budget, queries, log_outside, outside, withhold):
     """Same contract and formula as :func:`_one_product`, on the ``[C, S]`` eligibility
     mask (for small markets). Each consumer's weights are shifted by the largest eligible
-    utility (or the outside option's), so nothing overflows or underflows spuriously."""
+    utility (or the outside option's), so nothing overflows or underflows spuriously.
+
+    The ``[C, S]`` weights are the only pairwise array: every output is one reduction
+    of them (``sum_s w``, ``sum_s w p`` per consumer; ``sum_c (q_c / D_c) w_cs`` per
+    seller) instead of materialising the shares ``w / D`` and reducing those
+    (the allocation of 1024 bench_b markets: 12.7 ms -> 10.3 ms on the 2-core CPU)."""
     elig = price[None, :] <= budget[:, None]                               # [C, S]
-    u_cs = jnp.where(elig, u[None, :], -jnp.inf)
-    top = jnp.max(u_cs, axis=1)                                            # [C]
+    top = jnp.max(jnp.where(elig, u[None, :], -jnp.inf), axis=1)           # [C]
     has_seller = top > -jnp.inf
     shift = jnp.where(outside, jnp.maximum(top, log_outside), jnp.where(has_seller, top, 0.0))
-    w = jnp.where(elig, jnp.exp(jnp.where(elig, u[None, :] - shift[:, None], 0.0)), 0.0)
+    # eligible pairs have u_s <= top_c <= shift_c; the minimum only keeps the exp of the
+    # ineligible ones (discarded) finite
+    w = jnp.where(elig, jnp.exp(jnp.minimum(u[None, :] - shift[:, None], 0.0)), 0.0)
     w_out = jnp.where(outside, jnp.exp(log_outside - shift), 0.0)
-    denom = jnp.sum(w, axis=1) + w_out
+    sum_w = jnp.sum(w, axis=1)                                             # [C]
+    sum_wp = jnp.sum(w * price[None, :], axis=1)                           # [C]
+    denom = sum_w + w_out
     has_any = has_seller | outside
     sent = jnp.where(withhold & ~has_any, 0.0, queries)
-    share = w / jnp.where(denom > 0, denom, 1.0)[:, None]                  # [C, S]
-    served_c = sent * jnp.minimum(jnp.sum(share, axis=1), 1.0)
+    inv_d = jnp.where(denom > 0, 1.0 / jnp.where(denom > 0, denom, 1.0), 0.0)
+    served_c = sent * jnp.minimum(sum_w * inv_d, 1.0)
     unserved = sent - served_c
-    traffic = jnp.sum(sent[:, None] * share, axis=0)
-    spend = jnp.minimum(sent * jnp.sum(share * price[None, :], axis=1), sent * budget)
+    traffic = jnp.sum(w * (sent * inv_d)[:, None], axis=0)                 # [S]
+    spend = jnp.minimum(sent * (sum_wp * inv_d), sent * budget)
     return traffic, money(traffic * price), unserved, money(spend), sent
 
 
