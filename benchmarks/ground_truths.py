@@ -46,6 +46,7 @@ from throughput import machine
 
 from jaxmarket import economics
 from jaxmarket.config.loader import load_config
+from jaxmarket.train.loop import per_seed
 from jaxmarket.train.run import final_learner_state, start_run
 
 CONFIGS = ROOT / "configs"
@@ -107,8 +108,9 @@ def run_scenario(name: str, seeds: int, workdir: Path) -> dict:
     config = load_config(run_dir / "config.yaml")
     runner = final_learner_state(run_dir)
     params = runner.learners[group].params
-    mean = np.asarray(params["mean"], np.float64)            # [seeds, policies, products]
-    std = np.exp(np.asarray(params["log_std"], np.float64))
+    # policy-stacked over the folded seeds: [seeds * policies, products] -> per seed
+    mean = np.asarray(per_seed(params["mean"], seeds), np.float64)   # [seeds, policies, P]
+    std = np.exp(np.asarray(per_seed(params["log_std"], seeds), np.float64))
     target, formula = target_fn(config)
     learned = float(mean.mean())
     row = {
