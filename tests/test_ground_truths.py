@@ -273,3 +273,22 @@ def test_second_price_full(tmp_path):
     already ~2.5 standard errors."""
     second_price_case(tmp_path / "second_price", ["train.num_seeds=8"], tol=0.015,
                       seed_tol=0.04)
+
+
+def test_ground_truths_script_reports_each_seed_of_the_folded_run():
+    """``benchmarks/ground_truths.py`` (the full runs' script) on one scenario with two
+    seeds: it must split the seeds back out of the folded policy axis (it broke once when
+    seeds were folded in), and its number is the monopoly price of the config's economy."""
+    import json
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "ground_truths.py"
+    out = subprocess.run([sys.executable, str(script), "--only", "logit_monopoly", "--seeds",
+                          "2", "--json"], capture_output=True, text=True, check=True)
+    (row,) = json.loads(out.stdout.strip().splitlines()[-1])
+    assert row["seeds"] == 2 and len(row["per_seed"]) == 2
+    assert row["learned"] == pytest.approx(np.mean(row["per_seed"]), abs=1e-4)
+    target = economics.monopoly_price(**logit_economy(load_config(CONFIGS / "logit_monopoly.yaml")))
+    assert row["theory"] == pytest.approx(target, rel=1e-6)
+    assert abs(row["learned"] - target) < 0.01 * target
