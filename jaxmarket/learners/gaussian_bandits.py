@@ -306,9 +306,10 @@ def _make(kind: str, fields: Mapping[str, Field], algo: str, rolling: bool):
             state, loss, n_updates = carry
             sample, logp, reward = x
             pos = state.steps % length if rolling else state.count
-            # a plain dynamic_update_slice (``pos`` is always in bounds): XLA writes the row
-            # in place; ``.at[pos].set`` adds an out-of-bounds select that made XLA:CPU
-            # rewrite the whole buffer every step
+            # ``pos`` is always in bounds: a plain dynamic_update_slice, without the
+            # out-of-bounds handling of ``.at[pos].set``. (The rows are written in place
+            # when the caller donates the state, as the Trainer does; without donation
+            # XLA copied the whole buffer on every step.)
             write = jax.lax.dynamic_update_index_in_dim
             state = state.replace(
                 buf_sample=write(state.buf_sample, sample, pos, 0),
@@ -323,9 +324,7 @@ def _make(kind: str, fields: Mapping[str, Field], algo: str, rolling: bool):
                                       updates=state.updates + 1)
                 return (state, loss, n_updates + 1), None
             full = state.count >= length
-            # Only the parameters go through the branch: the buffers are read-only operands
-            # of the conditional, so XLA writes them in place instead of copying them out
-            # of the branch every step.
+            # only the parameters go through the branch; the buffers are read-only in it
             params, opt_state, loss = jax.lax.cond(
                 full, do_update, lambda s: (s.params, s.opt_state, loss), state)
             full_i = full.astype(jnp.int32)
