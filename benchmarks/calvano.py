@@ -210,7 +210,11 @@ def run(sessions: int = 1000, beta: float = 4e-6, window: int = 100_000,
     with jax.threefry_partitionable(False):
         setup = make_setup(beta=beta, window=window)
         full_state, full_obs, keys = init_sessions(setup, jax.random.key(seed), sessions)
-        devices = len(jax.devices()) if devices is None else devices
+        available = len(jax.devices())
+        devices = available if devices is None else devices
+        if not 1 <= devices <= available:
+            raise ValueError(f"--devices: got {devices}; allowed: 1 .. {available} (the XLA "
+                             f"devices of this process)")
         chunks: dict[int, object] = {}
 
         def run_chunk(carry, first_period):
