@@ -1,13 +1,15 @@
-"""``python -m jaxmarket.check CONFIG [key=value ...]``: print the resolved scenario
-(groups, shapes, kinds, parameters) or the configuration error (exit code 2)."""
+"""python -m jaxmarket.check [CONFIG] [key=value ...]: print the resolved scenario
+(groups, shapes, kinds, parameters, the train settings and each learner with its
+defaults filled in) or the configuration error on one line (exit code 2). Without
+CONFIG it checks the shipped default, configs/legacy_default.yaml."""
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import numpy as np
 
+from jaxmarket.cli import parser as make_parser
 from jaxmarket.cli import run_cli
 from jaxmarket.config.loader import load_config
 from jaxmarket.market.spec import resolve_market, thaw
@@ -45,31 +47,46 @@ def describe(config: dict) -> str:
         if g.agent:
             lines.append(f"  reward: {thaw(g.reward)}")
             lines.append(f"  observation: {thaw(g.observation) or '[] (none: bandit)'}")
-    for section in ("learners", "train"):
-        if section in config:
-            lines.append(f"{section}: {config[section]}")
+    lines += describe_training(config)
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jaxmarket.check", description=__doc__)
-    parser.add_argument("config")
-    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides")
-    args = parser.parse_args(argv)
-    config = load_config(args.config, args.overrides)
-    text = describe(config)
-    _check_rest(config)
-    print(text)
-    return 0
+def describe_training(config: dict) -> list[str]:
+    """The ``train:`` settings and each group's learner with every default filled in
+    (validated, the early-stop metric included), or a note for a market-only file."""
+    from jaxmarket.learners.controller import resolve_learner
+    from jaxmarket.train.run import prepare
 
-
-def _check_rest(config: dict) -> None:
-    """Validate the learners/train sections too when the training package is present."""
-    try:
+    _, _, _, _, tcfg = prepare(config) if "learners" in config else (None,) * 5
+    if tcfg is None:
         from jaxmarket.train.config import resolve_training
-    except ImportError:
-        return
-    resolve_training(config)
+        tcfg = resolve_training(config)
+    lines = ["train: " + ", ".join(f"{k}={v}" for k, v in vars(tcfg).items()),
+             f"seed: {config.get('seed', 0)}"]
+    if "learners" not in config:
+        lines.append("learners: none (a market-only file: python -m jaxmarket.train needs a "
+                     "learners: section)")
+        return lines
+    for group, raw in config["learners"].items():
+        kind, hyper = resolve_learner(raw, f"learners.{group}")
+        lines.append(f"learners.{group}: {kind}")
+        lines += [f"  {k}: {v}" for k, v in hyper.items()]
+    return lines
+
+
+def main(argv: list[str]) -> int:
+    parser = make_parser("python -m jaxmarket.check", __doc__)
+    parser.add_argument("config", nargs="?", default=None,
+                        help="scenario YAML (default: the shipped configs/legacy_default.yaml)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="optional dotted overrides, e.g. 'market.sellers[0].count=3'")
+    args = parser.parse_intermixed_args(argv)
+    from jaxmarket.train.__main__ import DEFAULT_CONFIG, split_positional
+    positional, overrides = split_positional(([args.config] if args.config else [])
+                                             + args.overrides)
+    config = load_config(positional or DEFAULT_CONFIG, overrides)
+    print(describe(config))
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,12 +1,35 @@
 """Shared behaviour of every command-line entry point: a configuration error is one
-readable message on stderr and exit code 2, never a traceback."""
+readable message on stderr and exit code 2, an interrupted run one line saying how to
+resume it and exit code 130, never a traceback; ``--help`` texts are plain text."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 from typing import Callable
 
 from jaxmarket.config.errors import ConfigError
+
+
+class Interrupted(Exception):
+    """Training stopped by Ctrl-C (SIGINT); ``iteration`` is the last iteration whose
+    state is in a checkpoint, ``resume`` the command that continues the run."""
+
+    def __init__(self, iteration: int, run_dir: str):
+        self.iteration, self.run_dir = iteration, run_dir
+        super().__init__(f"interrupted at iteration {iteration}; resume with "
+                         f"python -m jaxmarket.train --resume {run_dir}")
+
+
+def plain(doc: str | None) -> str:
+    """A module docstring as plain ``--help`` text: no reStructuredText backticks."""
+    return (doc or "").replace("``", "").strip()
+
+
+def parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
+    """An ``ArgumentParser`` whose description is ``doc`` as plain text, line breaks kept."""
+    return argparse.ArgumentParser(prog=prog, description=plain(doc),
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def run_cli(main: Callable[[list[str]], int | None], argv: list[str] | None = None) -> int:
@@ -15,4 +38,10 @@ def run_cli(main: Callable[[list[str]], int | None], argv: list[str] | None = No
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         return 2
+    except Interrupted as err:
+        print(str(err), file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
     return int(code or 0)

@@ -67,6 +67,18 @@ def apply_override(config: dict, override: str) -> dict:
     return config
 
 
+def yaml_error(path: Path, err: yaml.YAMLError) -> ConfigError:
+    """A YAML syntax error as a :class:`ConfigError` naming the file, line and column
+    (1-based, as editors count), e.g. ``configs/x.yaml, line 3, column 9: got 'mapping
+    values are not allowed here'; allowed: valid YAML``."""
+    mark = getattr(err, "problem_mark", None)
+    where = str(path) if mark is None else f"{path}, line {mark.line + 1}, column {mark.column + 1}"
+    problem = getattr(err, "problem", None) or str(err).replace("\n", " ")
+    context = getattr(err, "context", None)
+    text = f"{problem} ({context})" if context else problem
+    return ConfigError(where, text, "valid YAML")
+
+
 def load_config(source: str | Path | Mapping[str, Any], overrides: Sequence[str] = ()) -> dict:
     """Read a scenario (a YAML path or a mapping), apply overrides, check top-level keys.
 
@@ -82,7 +94,7 @@ def load_config(source: str | Path | Mapping[str, Any], overrides: Sequence[str]
         try:
             config = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as err:
-            raise ConfigError("config", str(source), f"valid YAML ({err})".replace("\n", " ")) from None
+            raise yaml_error(path, err) from None
     if not isinstance(config, dict):
         raise ConfigError("config", config, "a YAML mapping with a market: section")
     for item in overrides:

@@ -73,7 +73,21 @@ def resolve_learner(config: Any, where: str) -> tuple[str, dict]:
 
 def build_learner(config: Any, spec: LearnerSpec, where: str) -> Learner:
     kind, hyper = resolve_learner(config, where)
-    return LEARNERS[kind].make(hyper, spec)
+    try:
+        return LEARNERS[kind].make(hyper, spec)
+    except ConfigError as err:
+        raise ConfigError(_in_group(err.field, kind, where), err.value, err.allowed) from None
+
+
+def _in_group(field: str, kind: str, where: str) -> str:
+    """A learner's own error names ``learners.<kind>.<field>`` (or a bare ``<field>``):
+    the user wrote ``learners.<group>.<field>``, so say that."""
+    prefix = f"learners.{kind}"
+    if field == prefix or field.startswith(prefix + ".") or field.startswith(prefix + "["):
+        return where + field[len(prefix):]
+    if field.startswith(where):
+        return field
+    return f"{where}.{field}"
 
 
 def build_controller(env: MarketEnv, params: MarketParams, learners: Any,

@@ -176,7 +176,10 @@ def _make(kind: str, fields: Mapping[str, Field], algo: str, rolling: bool):
         mean_low = default_mlo if h["mean_low"] is None else entity("mean_low")
         mean_high = default_mhi if h["mean_high"] is None else entity("mean_high")
         if np.any(mean_low > mean_high):
-            raise ConfigError(f"{where}.mean_low", h["mean_low"], "values <= mean_high")
+            bad = np.argwhere(mean_low > mean_high)[0]
+            raise ConfigError(f"{where}.mean_low", h["mean_low"],
+                              f"values <= mean_high ({float(mean_high[tuple(bad)]):g} for "
+                              f"policy {bad[0]}, product {bad[1]})")
 
         if h["initial_mean"] is None:
             if not finite:
@@ -341,13 +344,14 @@ def _make(kind: str, fields: Mapping[str, Field], algo: str, rolling: bool):
             xs = (jnp.asarray(aux["sample"], jnp.float32),
                   jnp.asarray(aux["log_prob"], jnp.float32),
                   jnp.asarray(batch.reward, jnp.float32))
-            carry = (state, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32))
+            # loss NaN until an update runs: "no update in this batch", not a loss of 0
+            carry = (state, jnp.full((), jnp.nan, jnp.float32), jnp.zeros((), jnp.int32))
             if xs[2].shape[0] == 1:  # one step: no loop around the buffers
                 (state, loss, n_updates), _ = step(carry, jax.tree.map(lambda v: v[0], xs))
             else:
                 (state, loss, n_updates), _ = jax.lax.scan(step, carry, xs)
             std = jnp.exp(state.params["log_std"])
-            # loss: of the last update in this batch (0 when the batch triggered none)
+            # loss: of the last update in this batch (NaN when the batch triggered none)
             metrics = {"loss": loss, "num_updates": n_updates,
                        "mean": state.params["mean"].mean(), "stddev": std.mean()}
             return state, metrics

@@ -1,41 +1,66 @@
-"""``python -m jaxmarket.train [--config FILE] [--run-dir DIR] [key=value ...]``
-``python -m jaxmarket.train --resume DIR``
+"""python -m jaxmarket.train [CONFIG | --config CONFIG] [--run-dir DIR] [key=value ...]
+python -m jaxmarket.train --resume DIR [train.num_iterations=N ...]
 
 Trains the learners of a scenario; with no arguments, the shipped default
-(``configs/legacy_default.yaml``)."""
+(configs/legacy_default.yaml). Overrides are dotted key=value settings (quote the ones
+with brackets: 'market.sellers[0].count=3'). --resume continues an interrupted run from
+its last checkpoint, or extends a finished one with train.num_iterations=N.
+Ctrl-C finishes the running chunk, checkpoints it and says how to resume."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
+from jaxmarket.cli import parser as make_parser
 from jaxmarket.cli import run_cli
+from jaxmarket.config.errors import ConfigError
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "legacy_default.yaml"
 
 
+def split_positional(items: list[str]) -> tuple[str | None, list[str]]:
+    """``train x.yaml a=1`` -> ("x.yaml", ["a=1"]): a first positional argument without
+    ``=`` is the scenario file (as ``check`` takes it)."""
+    if items and "=" not in items[0]:
+        return items[0], items[1:]
+    for item in items:
+        if "=" not in item:
+            raise ConfigError("overrides", item, "KEY=VALUE settings after the scenario file, "
+                              "e.g. train.num_seeds=8")
+    return None, items
+
+
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jaxmarket.train", description=__doc__)
-    parser.add_argument("--config", default=None, help=f"scenario YAML (default {DEFAULT_CONFIG.name})")
+    parser = make_parser("python -m jaxmarket.train", __doc__)
+    parser.add_argument("--config", default=None,
+                        help=f"scenario YAML (default {DEFAULT_CONFIG.name}); may also be "
+                             "given as the first positional argument")
     parser.add_argument("--run-dir", default=None, help="output directory (default runs/NAME-TIME)")
-    parser.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue a run")
+    parser.add_argument("--resume", default=None, metavar="RUN_DIR",
+                        help="continue a run (overrides: only train.num_iterations and the "
+                             "stop rules)")
     parser.add_argument("--tracker", default="files", choices=("files", "sacred", "tensorboard"))
     parser.add_argument("--mongo-url", default=None, help="sacred: a MongoDB URL instead of files")
-    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. seed=3")
-    args = parser.parse_args(argv)
-    from jaxmarket.train.run import resume_run, start_run
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="dotted overrides, e.g. seed=3 'market.sellers[0].count=3'")
+    args = parser.parse_intermixed_args(argv)
+    positional, overrides = split_positional(args.overrides)
+    from jaxmarket.train.run import finish_message, resume_run, start_run
     if args.resume:
-        if args.config or args.overrides:
-            parser.error("--resume takes the run directory's own config; no --config/overrides")
-        summary = resume_run(args.resume, args.tracker, args.mongo_url)
+        if args.config or positional:
+            raise ConfigError("--resume", args.resume, "no scenario file with --resume: the run "
+                              "directory's own config.yaml is used")
+        summary = resume_run(args.resume, args.tracker, args.mongo_url, overrides)
     else:
-        config = args.config or str(DEFAULT_CONFIG)
-        summary = start_run(config, args.overrides, args.run_dir, args.tracker, args.mongo_url)
+        if args.config and positional:
+            raise ConfigError("config", positional, f"one scenario file (--config {args.config} "
+                              "was given too)")
+        config = args.config or positional or str(DEFAULT_CONFIG)
+        summary = start_run(config, overrides, args.run_dir, args.tracker, args.mongo_url)
     print(json.dumps(summary["final"], indent=2))
-    if summary.get("stopped"):
-        print(f"stopped: {summary['stopped']}")
+    print(finish_message(summary))
     return 0
 
 

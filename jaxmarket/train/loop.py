@@ -7,7 +7,11 @@
 * ``run_chunk(runner, length) -> (runner, metrics)``: ``length`` iterations in one
   ``lax.scan``; an iteration collects ``rollout_length`` market steps (every agent group
   acts through its learner, the vmapped market steps, auto-resets) and then calls each
-  learner's ``update`` on its group's time-major batch.
+  learner's ``update`` on its group's time-major batch. ``metrics[name]`` is
+  ``[length, ...]``: the market metrics ``reward/<g>`` (``[]``), ``price/<g>`` and
+  ``traffic/<g>`` (``[P]``) are means over the rollout, seeds, markets and agents, and
+  ``per_seed/<name>`` holds the same per seed (``[S]``, ``[S, P]``); ``learner/<g>/<m>``
+  are the learners' own metrics, averaged over whatever axis they report.
 
 Both are pure; the caller ``jit``s them. Seeds are not a ``vmap`` over the whole
 program: they are folded into the agent axis. With ``S`` seeds of ``E`` markets each, a
@@ -34,6 +38,9 @@ from jaxmarket.learners.base import Learner, LearnerSpec, Transition, materializ
 from jaxmarket.market.env import MarketEnv
 from jaxmarket.market.spec import MarketParams
 from jaxmarket.train.config import TrainConfig
+
+
+PER_SEED = "per_seed/"   # prefix of the per-seed copies of the market metrics
 
 
 @struct.dataclass
@@ -70,6 +77,7 @@ def per_seed(x: jax.Array, num_seeds: int) -> jax.Array:
 def make_train(env: MarketEnv, params: MarketParams, learners: dict[str, Learner],
                specs: dict[str, LearnerSpec], tcfg: TrainConfig):
     E, T = tcfg.num_envs * tcfg.num_seeds, tcfg.rollout_length   # E: all markets
+    S = tcfg.num_seeds
     groups = env.agent_groups
     sizes = {g: env.num_agents(g) for g in groups}
     seller_groups = {g.name for g in env.spec.sellers}
@@ -105,12 +113,14 @@ def make_train(env: MarketEnv, params: MarketParams, learners: dict[str, Learner
                                done=jnp.repeat(done, sizes[g]), aux=aux[g]) for g in groups}
         metrics = {}
         for g in groups:
-            metrics[f"reward/{g}"] = rewards[g].mean()
             served = (info["traffic"][g] if g in seller_groups
                       else info["queries"][g] - info["unserved"][g])
-            metrics[f"traffic/{g}"] = served.mean((0, 1))
-            metrics[f"price/{g}"] = (info["prices"][g] if g in seller_groups
-                                     else info["budgets"][g]).mean((0, 1))
+            price = info["prices"][g] if g in seller_groups else info["budgets"][g]
+            for name, value in (("reward", rewards[g]), ("traffic", served), ("price", price)):
+                # markets are seed-major (market = seed * num_envs + env): one mean per seed
+                by_seed = value.reshape((S, -1) + value.shape[2:]).mean(1)   # [S] or [S, P]
+                metrics[f"{name}/{g}"] = by_seed.mean(0)
+                metrics[f"{PER_SEED}{name}/{g}"] = by_seed
         return (env_state, next_obs, key), (batch, metrics)
 
     def iteration(runner: Runner, _):

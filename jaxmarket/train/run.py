@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 import os
 import signal
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,22 +30,54 @@ from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.loader import load_config
 from jaxmarket.learners.controller import build_controller, group_learner_spec
 from jaxmarket.train.config import TrainConfig, resolve_train, resolve_training
-from jaxmarket.train.loop import Runner, make_train, tile_spec
+from jaxmarket.cli import Interrupted
+from jaxmarket.train.loop import PER_SEED, Runner, make_train, tile_spec
 from jaxmarket.train.summary import write_summary
 from jaxmarket.train.tracking import CsvMetrics, Tracker, with_tracker
 
 
+def learners_template(env) -> str:
+    """A ready-to-paste ``learners:`` block for the scenario's agent groups."""
+    lines = ["learners:"]
+    for g in env.spec.agent_groups:
+        what = {"price": "prices", "multiplier": "price multipliers", "budget": "budgets"}[g.action]
+        kind = "ppo" if g.observation else "ppo_bandit"
+        lines.append(f"  {g.name}: {{kind: {kind}}}   # {g.side}s, {g.count} agent(s) "
+                     f"setting {what}")
+    return "\n".join(lines)
+
+
 def prepare(config: dict):
-    """Everything static: env, params, learners, specs, train config (validated)."""
+    """Everything static: env, params, learners, specs, train config, all validated
+    (the early-stop metric name too) before anything compiles or touches the disk."""
     tcfg = resolve_training(config)
-    if "learners" not in config:
-        raise ConfigError("learners", "<missing>", "a learners: section mapping each agent group "
-                          "to a learner config")
     env, params = make(config)
+    if "learners" not in config:
+        if not env.agent_groups:
+            raise ConfigError("market", "<no agent groups>", "at least one agent group to train "
+                              "(a seller group, or a consumer group with agent: true)")
+        raise ConfigError("learners", "<missing>", "a learners: section mapping each agent group "
+                          "to a learner (docs/learners.md), e.g.\n" + learners_template(env))
     base_specs = {g: group_learner_spec(env, params, g) for g in env.agent_groups}
     specs = {g: tile_spec(s, tcfg.num_envs, tcfg.num_seeds) for g, s in base_specs.items()}
     learners = build_controller(env, params, config["learners"], specs=specs)
+    if tcfg.early_stop is not None:
+        names = metric_columns(env, params, learners, specs, tcfg)
+        if tcfg.early_stop["metric"] not in names:
+            raise ConfigError("train.early_stop.metric", tcfg.early_stop["metric"],
+                              "one of the metrics: " + ", ".join(names))
     return env, params, learners, specs, tcfg
+
+
+def metric_columns(env, params, learners, specs, tcfg) -> list[str]:
+    """The ``metrics.csv`` column names of a scenario, from the traced (not compiled)
+    training program."""
+    init, run_chunk = make_train(env, params, learners, specs, tcfg)
+    runner = jax.eval_shape(init, jax.random.key(0))
+    _, metrics = jax.eval_shape(lambda r: run_chunk(r, 1), runner)
+    zeros = {k: np.zeros(v.shape, np.float32) for k, v in metrics.items()
+             if not k.startswith(PER_SEED)}
+    return [k for k in _flatten_metrics(zeros, 0)[0] if k != "iteration"]
 
 
 def _saveable(tree: Any) -> dict:
@@ -58,11 +92,29 @@ def _unsaveable(saved: dict, target: Any) -> Any:
     return jax.tree.unflatten(treedef, out)
 
 
+def _seed_rows(metrics: dict[str, np.ndarray], start: int) -> list[dict[str, float]]:
+    """The ``per_seed/`` metrics ``[chunk, S(, P)]`` -> one ``seeds.csv`` row per
+    iteration and seed (``iteration, seed, reward/<g>, price/<g>/p<j>, ...``)."""
+    per_seed = {k[len(PER_SEED):]: np.asarray(v) for k, v in metrics.items()
+                if k.startswith(PER_SEED)}
+    if not per_seed:
+        return []
+    num_seeds = next(iter(per_seed.values())).shape[1]
+    rows = []
+    for s in range(num_seeds):
+        seed_rows = _flatten_metrics({k: v[:, s] for k, v in per_seed.items()}, start)
+        rows.append([{"iteration": r["iteration"], "seed": s,
+                      **{k: v for k, v in r.items() if k != "iteration"}} for r in seed_rows])
+    return [row for it_rows in zip(*rows) for row in it_rows]   # iteration-major
+
+
 def _flatten_metrics(metrics: dict[str, np.ndarray], start: int) -> list[dict[str, float]]:
     """[chunk, ...] arrays (already means over seeds, markets and agents) -> one row per
     iteration; per-product vectors expand to name/p{j}."""
     columns: dict[str, np.ndarray] = {}
     for name, value in metrics.items():
+        if name.startswith(PER_SEED):
+            continue
         v = np.asarray(value, np.float64)
         if v.ndim == 1:
             columns[name] = v
@@ -83,10 +135,18 @@ class Trainer:
         self._chunks: dict[int, Any] = {}
         self._run_chunk = run_chunk
         self.metrics = CsvMetrics(self.run_dir / "metrics.csv")
-        self.ckpt = ocp.CheckpointManager(
-            (self.run_dir / "checkpoints").absolute(),
-            options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True,
-                                                 enable_async_checkpointing=False))
+        self.seed_metrics = CsvMetrics(self.run_dir / "seeds.csv")
+        self._ckpt = None
+
+    @property
+    def ckpt(self) -> ocp.CheckpointManager:
+        # created on first use: a Trainer that fails validation leaves no directory behind
+        if self._ckpt is None:
+            self._ckpt = ocp.CheckpointManager(
+                (self.run_dir / "checkpoints").absolute(),
+                options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True,
+                                                     enable_async_checkpointing=False))
+        return self._ckpt
 
     def chunk_fn(self, length: int):
         if length not in self._chunks:
@@ -107,9 +167,37 @@ class Trainer:
         saved = self.ckpt.restore(step, args=ocp.args.StandardRestore(_saveable(target)))
         return _unsaveable(saved, target), int(step)
 
+    def _save(self, runner: Runner, iteration: int) -> None:
+        if self.ckpt.latest_step() != iteration:
+            self.ckpt.save(iteration, args=ocp.args.StandardSave(_saveable(runner)))
+            self.ckpt.wait_until_finished()
+
     def train(self, tracker: Tracker, start_runner: Runner, start: int) -> dict:
+        """Chunks from iteration ``start`` to ``num_iterations``. Ctrl-C (SIGINT) lets the
+        running chunk finish, checkpoints it and raises :class:`Interrupted`; a second
+        Ctrl-C stops at once (the last checkpoint stands)."""
+        interrupted = []
+
+        def on_sigint(signum, frame):
+            if interrupted:
+                raise KeyboardInterrupt
+            interrupted.append(signum)
+
+        in_main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, on_sigint) if in_main else None
+        try:
+            return self._train(tracker, start_runner, start, interrupted)
+        except KeyboardInterrupt:
+            raise Interrupted(self.ckpt.latest_step() or 0, str(self.run_dir)) from None
+        finally:
+            if in_main:
+                signal.signal(signal.SIGINT, previous)
+
+    def _train(self, tracker: Tracker, start_runner: Runner, start: int,
+               interrupted: list) -> dict:
         tcfg = self.tcfg
         self.metrics.truncate_after(start)
+        self.seed_metrics.truncate_after(start)
         runner, done_iters = start_runner, start
         total = tcfg.num_iterations
         chunk_index = start // tcfg.chunk_size
@@ -121,7 +209,6 @@ class Trainer:
                       TimeElapsedColumn(), TimeRemainingColumn(),
                       disable=not os.isatty(2) and os.environ.get("JAXMARKET_PROGRESS") != "1") as bar:
             task = bar.add_task("training", total=total, completed=done_iters, speed="", reward="")
-            import time
             while done_iters < total:
                 length = min(tcfg.chunk_size, total - done_iters)
                 t0 = time.perf_counter()
@@ -130,6 +217,7 @@ class Trainer:
                 dt = time.perf_counter() - t0
                 rows = _flatten_metrics(metrics, done_iters)
                 self.metrics.append(rows)
+                self.seed_metrics.append(_seed_rows(metrics, done_iters))
                 for row in rows[-1:]:
                     tracker.log(row["iteration"], {k: v for k, v in row.items() if k != "iteration"})
                 done_iters += length
@@ -139,16 +227,16 @@ class Trainer:
                 bar.update(task, completed=done_iters, speed=f"{steps / dt:,.0f} env-steps/s",
                            reward=" ".join(f"{k[7:]}={v:.4g}" for k, v in rewards.items()))
                 if chunk_index % tcfg.checkpoint_every == 0 or done_iters >= total:
-                    self.ckpt.save(done_iters, args=ocp.args.StandardSave(_saveable(runner)))
-                    self.ckpt.wait_until_finished()
+                    self._save(runner, done_iters)
                 if crash_after and chunk_index >= crash_after:
                     os.kill(os.getpid(), signal.SIGKILL)
                 stopped = self._stop_reason(rows)
                 if stopped:
-                    if self.ckpt.latest_step() != done_iters:
-                        self.ckpt.save(done_iters, args=ocp.args.StandardSave(_saveable(runner)))
-                        self.ckpt.wait_until_finished()
+                    self._save(runner, done_iters)
                     break
+                if interrupted:
+                    self._save(runner, done_iters)
+                    raise Interrupted(done_iters, str(self.run_dir))
         summary = write_summary(self.run_dir, self.env, stopped=stopped, iterations=done_iters)
         tracker.artifact(self.run_dir / "summary.json")
         tracker.artifact(self.run_dir / "metrics.csv")
@@ -157,7 +245,7 @@ class Trainer:
     def _stop_reason(self, rows: list[dict[str, float]]) -> str | None:
         if self.tcfg.stop_on_nan:
             for row in rows:
-                # market metrics only: a learner may report NaN for "no update this
+                # market metrics only: a learner reports NaN for "no update this
                 # iteration", while NaN parameters show up in prices and rewards at once
                 bad = [k for k, v in row.items() if k.split("/")[0] in ("reward", "price", "traffic")
                        and not math.isfinite(v)]
@@ -165,14 +253,17 @@ class Trainer:
                     return f"non-finite metric {bad[0]} at iteration {int(row['iteration'])}"
         rule = self.tcfg.early_stop
         if rule:
-            name = rule["metric"]
-            if name not in rows[-1]:
-                raise ConfigError("train.early_stop.metric", name,
-                                  "one of the metrics: " + ", ".join(k for k in rows[-1] if k != "iteration"))
+            name = rule["metric"]   # a known column: checked in prepare()
             value = rows[-1][name]
             if ("above" in rule and value > rule["above"]) or ("below" in rule and value < rule["below"]):
                 return f"early stop: {name}={value:.6g} at iteration {int(rows[-1]['iteration'])}"
         return None
+
+
+def _write_config(run_dir: Path, config: dict) -> None:
+    tmp = run_dir / "config.yaml.tmp"
+    tmp.write_text(yaml.safe_dump(config, sort_keys=False))
+    tmp.replace(run_dir / "config.yaml")
 
 
 def start_run(config_path: str | None, overrides: list[str], run_dir: str | None,
@@ -180,31 +271,53 @@ def start_run(config_path: str | None, overrides: list[str], run_dir: str | None
     config = load_config(config_path, overrides)
     _ = resolve_train(config.get("train"))
     if run_dir is None:
-        import time
         run_dir = f"runs/{Path(config_path).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = Path(run_dir)
-    if (run_dir / "checkpoints").exists() and any((run_dir / "checkpoints").iterdir()):
-        raise ConfigError("--run-dir", str(run_dir), "a new directory (use --resume to continue it)")
+    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+        raise ConfigError("--run-dir", str(run_dir), "a new or empty directory (to continue "
+                          f"that run: python -m jaxmarket.train --resume {run_dir})")
     trainer = Trainer(config, run_dir)   # validates everything before writing
     run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = run_dir / "config.yaml.tmp"
-    tmp.write_text(yaml.safe_dump(config, sort_keys=False))
-    tmp.replace(run_dir / "config.yaml")
+    _write_config(run_dir, config)
     print(f"run directory: {run_dir}")
-    return with_tracker(tracker, run_dir, config,
-                        lambda t: trainer.train(t, trainer.initial_runner(), 0), mongo_url)
+    summary = with_tracker(tracker, run_dir, config,
+                           lambda t: trainer.train(t, trainer.initial_runner(), 0), mongo_url)
+    return {**summary, "run_dir": str(run_dir)}
 
 
-def resume_run(run_dir: str, tracker: str = "files", mongo_url: str | None = None) -> dict:
+# what ``--resume DIR key=value`` may change: how long and when to stop, not what runs
+RESUME_OVERRIDES = ("train.num_iterations", "train.early_stop", "train.stop_on_nan",
+                    "train.checkpoint_every")
+
+
+def resume_run(run_dir: str, tracker: str = "files", mongo_url: str | None = None,
+               overrides: list[str] | tuple[str, ...] = ()) -> dict:
+    """Continue ``run_dir`` from its last checkpoint (from iteration 0 if it has none).
+    ``overrides`` may extend or shorten the run (``train.num_iterations=N``, at least the
+    checkpointed iteration) and change its stop rules; they are saved to its config.yaml."""
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError("--resume", str(run_dir), "a run directory holding config.yaml")
-    config = load_config(run_dir / "config.yaml")
+    for item in overrides:
+        key = item.split("=", 1)[0].strip()
+        if key not in RESUME_OVERRIDES:
+            raise ConfigError("--resume overrides", item, "only " + ", ".join(RESUME_OVERRIDES)
+                              + " (everything else is fixed by the run's config.yaml)")
+    config = load_config(run_dir / "config.yaml", overrides)
     trainer = Trainer(config, run_dir)
     runner, start = trainer.restore()
-    print(f"resuming {run_dir} from iteration {start}")
-    return with_tracker(tracker, run_dir, config, lambda t: trainer.train(t, runner, start),
-                        mongo_url)
+    if trainer.tcfg.num_iterations < start:
+        raise ConfigError("train.num_iterations", trainer.tcfg.num_iterations,
+                          f"an integer >= {start} (the run's last checkpoint)")
+    if overrides:
+        _write_config(run_dir, config)
+    if start == 0:
+        print(f"no checkpoint in {run_dir}: starting it from iteration 0")
+    else:
+        print(f"resuming {run_dir} from iteration {start}")
+    summary = with_tracker(tracker, run_dir, config, lambda t: trainer.train(t, runner, start),
+                           mongo_url)
+    return {**summary, "run_dir": str(run_dir)}
 
 
 def final_learner_state(run_dir: str | Path) -> Any:
@@ -215,4 +328,23 @@ def final_learner_state(run_dir: str | Path) -> Any:
     return runner
 
 
-__all__ = ["start_run", "resume_run", "final_learner_state", "Trainer", "TrainConfig"]
+def finish_message(summary: dict) -> str:
+    """What a finished run says: where its files are, what the summary averages, and the
+    commands to run next."""
+    d = summary["run_dir"]
+    n, tail = summary["iterations"], summary["averaged_over_last_iterations"]
+    head = (f"stopped at iteration {n}: {summary['stopped']}" if summary.get("stopped")
+            else f"finished {n} iterations")
+    return "\n".join([
+        f"{head}; files in {d}/",
+        f"  summary.json   final price, reward, traffic per group: the mean over the last {tail}"
+        " iterations (10%) and over seeds (the progress bar showed only the last iteration)",
+        "  metrics.csv    one row per iteration, means over seeds; seeds.csv: each seed",
+        "  checkpoints/   the last two; continue or extend with: python -m jaxmarket.train "
+        f"--resume {d} train.num_iterations=N",
+        f"next: python -m jaxmarket.plot {d}",
+    ])
+
+
+__all__ = ["start_run", "resume_run", "final_learner_state", "finish_message", "Trainer",
+           "TrainConfig", "prepare", "metric_columns"]

@@ -1,4 +1,5 @@
-"""``summary.json``: final prices, rewards and traffic per agent group."""
+"""``summary.json``: final prices, rewards and traffic per agent group, over seeds and
+for each seed."""
 
 from __future__ import annotations
 
@@ -11,23 +12,39 @@ from jaxmarket.market.env import MarketEnv
 from jaxmarket.train.tracking import read_metrics
 
 
+def _final(header: list[str], tail: np.ndarray, group: str, num_products: int) -> dict:
+    col = {name: i for i, name in enumerate(header)}
+    return {
+        "mean_price": [float(tail[:, col[f"price/{group}/p{j}"]].mean())
+                       for j in range(num_products)],
+        "mean_reward": float(tail[:, col[f"reward/{group}"]].mean()),
+        "mean_traffic": [float(tail[:, col[f"traffic/{group}/p{j}"]].mean())
+                         for j in range(num_products)],
+    }
+
+
 def write_summary(run_dir: Path, env: MarketEnv, stopped: str | None, iterations: int) -> dict:
     """``final[group]`` = ``mean_price`` (list, one per product), ``mean_reward`` and
     ``mean_traffic`` (list per product), averaged over seeds, agents (already in the
-    metrics) and the last 10% of the iterations recorded."""
+    metrics) and the last 10% of the iterations recorded, ``ceil(0.1 * rows)``.
+    ``per_seed[group]`` holds the same three for each seed (from ``seeds.csv``), as lists
+    indexed by seed."""
     header, data = read_metrics(run_dir / "metrics.csv")
-    tail = data[-max(1, int(np.ceil(0.1 * len(data)))):]
-    col = {name: i for i, name in enumerate(header)}
+    n_tail = max(1, int(np.ceil(0.1 * len(data))))
+    tail = data[-n_tail:]
     P = env.spec.num_products
-    final = {}
-    for g in env.agent_groups:
-        final[g] = {
-            "mean_price": [float(tail[:, col[f"price/{g}/p{j}"]].mean()) for j in range(P)],
-            "mean_reward": float(tail[:, col[f"reward/{g}"]].mean()),
-            "mean_traffic": [float(tail[:, col[f"traffic/{g}/p{j}"]].mean()) for j in range(P)],
-        }
+    final = {g: _final(header, tail, g, P) for g in env.agent_groups}
     summary = {"final": final, "iterations": iterations, "stopped": stopped,
                "averaged_over_last_iterations": int(len(tail))}
+    if (run_dir / "seeds.csv").is_file():
+        s_header, s_data = read_metrics(run_dir / "seeds.csv")
+        seed_col, it_col = s_data[:, s_header.index("seed")], s_data[:, s_header.index("iteration")]
+        last = it_col >= data[-n_tail, 0]
+        seeds = np.unique(seed_col).astype(int)
+        per_seed = {g: [_final(s_header, s_data[last & (seed_col == s)], g, P) for s in seeds]
+                    for g in env.agent_groups}
+        summary["per_seed"] = {g: {k: [r[k] for r in rows] for k in rows[0]}
+                               for g, rows in per_seed.items()}
     tmp = run_dir / "summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=2))
     tmp.replace(run_dir / "summary.json")

@@ -8,6 +8,8 @@ import csv
 from pathlib import Path
 from typing import Any, Callable
 
+from jaxmarket.cli import Interrupted
+
 
 class CsvMetrics:
     """``metrics.csv``: one row per iteration, appended as training goes."""
@@ -110,8 +112,13 @@ def with_tracker(kind: str, run_dir: Path, config: dict, body: Callable[[Tracker
 
         @ex.main
         def _main(_run):
-            result["value"] = body(SacredTracker(_run))
+            try:
+                result["value"] = body(SacredTracker(_run))
+            except Interrupted as err:   # re-raised below: sacred would print a traceback
+                result["interrupted"] = err
 
         ex.run(options={"--loglevel": "ERROR"})
+        if "interrupted" in result:
+            raise result["interrupted"]
         return result.get("value")
     raise ValueError(f"unknown tracker {kind!r}: files, sacred, tensorboard")
