@@ -65,13 +65,20 @@ def _competitor_prices(s) -> ObsFn:
     ``summary: all`` -> [n, (S - 1) * P], others in market order;
     ``summary: [min, mean, max]`` -> [n, len * P] statistics over the others, computed
     without an n x S array: min/max from the top-2 per product, mean from
-    (sum - own) / (S - 1).
+    (sum - own) / (S - 1). A consumer group is no seller: its "others" are all S
+    sellers (``all`` -> [n, S * P], statistics over every seller).
     """
     summary = s["summary"]
+    of_consumer = s.get("of_consumer", False)
 
     def obs(v: GroupView):
         prices, me = v.all_prices, v.self_index
         S = prices.shape[0]
+        if of_consumer:
+            stats = {"min": prices.min(0), "mean": prices.mean(0), "max": prices.max(0)}
+            row = (prices.reshape(-1) if summary == "all"
+                   else jnp.concatenate([stats[x] for x in summary]))
+            return jnp.broadcast_to(row, (me.shape[0],) + row.shape)
         if S < 2:
             raise ConfigError("observation.competitor_prices", S, "a market with >= 2 sellers")
         own = prices[me]  # [n, P]
@@ -150,8 +157,10 @@ def history_length(config: Sequence[Mapping[str, Any]]) -> int:
     return max([int(c.get("k", 1)) for c in config if c.get("kind") == "history"], default=0)
 
 
-def build_observation(config: Sequence[Mapping[str, Any]], where: str) -> ObsFn:
-    """Validate an observation list and return ``obs(view) -> [n, D]``."""
+def build_observation(config: Sequence[Mapping[str, Any]], where: str,
+                      side: str = "seller") -> ObsFn:
+    """Validate an observation list and return ``obs(view) -> [n, D]`` for a group of
+    ``side`` ("seller" or "consumer")."""
     if not isinstance(config, (list, tuple)):
         raise ConfigError(where, config, "a list of observation components like [{kind: own_price}]")
     fns: list[ObsFn] = []
@@ -165,6 +174,7 @@ def build_observation(config: Sequence[Mapping[str, Any]], where: str) -> ObsFn:
                                    all(x in ("min", "mean", "max") for x in summ))
             if not ok:
                 raise ConfigError(f"{at}.summary", summ, "'all' or a non-empty list from min, mean, max")
+            settings = {**settings, "of_consumer": side == "consumer"}
         fns.append(d.build(settings))
 
     def observe(view: GroupView) -> jax.Array:

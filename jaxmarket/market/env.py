@@ -38,7 +38,8 @@ class MarketEnv:
         self.spec = spec
         self._reward = {g.name: build_reward(thaw(g.reward), g.count, f"{g.name}.reward", g.side)
                         for g in spec.agent_groups}
-        self._observe = {g.name: build_observation(thaw(g.observation), f"{g.name}.observation")
+        self._observe = {g.name: build_observation(thaw(g.observation), f"{g.name}.observation",
+                                                   g.side)
                          for g in spec.agent_groups}
         self._distributor = DISTRIBUTORS[spec.distributor]
         self._options = dict(thaw(spec.distributor_options) or {})
