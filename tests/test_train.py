@@ -1,5 +1,5 @@
 """The training loop: resume after a hard kill is bit-identical, summary, stops,
-config errors, trackers (real sacred and tensorboardX), plots."""
+config errors, trackers (real sacred and tensorboardX)."""
 
 import json
 import os
@@ -158,18 +158,3 @@ def test_sacred_tracker_records_config_metrics_and_artifacts(tmp_path, capsys):
     assert metrics["reward/seller"]["steps"] == [50, 100, 150, 200, 250, 300]
     assert json.loads((run / "run.json").read_text())["status"] == "COMPLETED"
     assert (run / "summary.json").is_file() and (run / "metrics.csv").is_file()
-
-
-def test_plot_writes_one_png_per_group_with_data(tmp_path):
-    start_run(str(CONFIGS / "legacy_default.yaml"), SMALL, str(tmp_path / "run"))
-    out = subprocess.run([sys.executable, "-m", "jaxmarket.plot", str(tmp_path / "run")], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().endswith("seller.png")
-    import matplotlib.image
-    img = matplotlib.image.imread(tmp_path / "run" / "plots" / "seller.png")
-    assert img.shape[0] > 500 and img.shape[1] > 500
-    assert img[..., :3].std() > 0.05  # not a blank canvas
-    from jaxmarket.cli import run_cli
-    from jaxmarket.plot import main
-    assert run_cli(main, [str(tmp_path / "nothing")]) == 2
