@@ -10,6 +10,18 @@ unchanged::
                           others={"sellers": {"kind": "constant", "value": 1.5}})
     obs, state = view.reset(key, params)
     obs, state, reward, terminated, truncated, info = view.step(key, state, action, params)
+
+``normalize_actions=True`` exposes ``Box(-1, 1, [P])`` instead of the group's bounds, for
+continuous-control code that clips its actions to ``[-1, 1]`` (PureJaxRL's ``ClipAction``,
+the Brax convention). An action ``a`` is clipped to ``[-1, 1]`` and mapped per product to
+the market action (price, multiplier or budget)::
+
+    price = low + (clip(a, -1, 1) + 1) / 2 * (high - low)
+
+with ``low``, ``high`` that agent's bounds from ``params`` (its row of
+``env.action_space(group, params)``): -1 is ``low``, 0 the midpoint, +1 ``high``. The
+default (False) passes the action through in market units; the market clips it to its
+bounds.
 """
 
 from __future__ import annotations
@@ -37,8 +49,10 @@ class SingleAgentState:
 
 class SingleAgentEnv(environment.Environment):
     def __init__(self, env: MarketEnv, group: str, agent: int = 0,
-                 others: Mapping[str, Any] | None = None, params: MarketParams | None = None):
+                 others: Mapping[str, Any] | None = None, params: MarketParams | None = None,
+                 normalize_actions: bool = False):
         super().__init__()
+        self.normalize_actions = bool(normalize_actions)
         g = env.spec.group(group)
         if not g.agent:
             raise ValueError(f"group {group!r} is not an agent group: {env.agent_groups}")
@@ -63,12 +77,31 @@ class SingleAgentEnv(environment.Environment):
             raise ValueError("SingleAgentEnv was built without params; pass them to reset/step")
         return self._params
 
-    def _joint_actions(self, state: SingleAgentState, action, key):
+    def _bounds(self, params: MarketParams) -> tuple[jax.Array, jax.Array]:
+        """This agent's ``[P]`` action bounds (market units) under ``params``."""
+        box = self.env.action_space(self.group, params)
+        low = jnp.broadcast_to(jnp.asarray(box.low, jnp.float32), box.shape)[self.agent]
+        high = jnp.broadcast_to(jnp.asarray(box.high, jnp.float32), box.shape)[self.agent]
+        return low, high
+
+    def market_action(self, action, params: MarketParams | None = None) -> jax.Array:
+        """The ``[P]`` market action (price, multiplier or budget) sent for a view action.
+
+        With ``normalize_actions``: ``low + (clip(a, -1, 1) + 1) / 2 * (high - low)``;
+        otherwise ``a`` unchanged (the market then clips it to ``[low, high]``)."""
+        params = self.default_params if params is None else params
+        a = jnp.asarray(action, jnp.float32).reshape(-1)
+        if not self.normalize_actions:
+            return a
+        low, high = self._bounds(params)
+        return low + (jnp.clip(a, -1.0, 1.0) + 1.0) / 2.0 * (high - low)
+
+    def _joint_actions(self, state: SingleAgentState, action, key, params):
         acts = hold_actions(self.env, state.market)
         keys = jax.random.split(key, max(len(self._policies), 1))
         for i, (name, pol) in enumerate(self._policies.items()):
             acts[name], _ = pol.act(state.others[name], state.obs[name], keys[i])
-        mine = jnp.asarray(action, jnp.float32).reshape(-1)
+        mine = self.market_action(action, params)
         acts[self.group] = acts[self.group].at[self.agent].set(mine)
         return acts
 
@@ -83,7 +116,7 @@ class SingleAgentEnv(environment.Environment):
 
     def step_env(self, key, state, action, params):
         k_act, k_env = jax.random.split(key)
-        acts = self._joint_actions(state, action, k_act)
+        acts = self._joint_actions(state, action, k_act, params)
         obs, market, rewards, terminated, info = self.env.step_env(k_env, state.market, acts, params)
         state = state.replace(market=market, obs=obs, time=market.time)
         return (obs[self.group][self.agent], state, rewards[self.group][self.agent],
@@ -94,8 +127,11 @@ class SingleAgentEnv(environment.Environment):
 
     def action_space(self, params=None):
         params = self.default_params if params is None else params
-        box = self.env.action_space(self.group, params)
-        return spaces.Box(box.low[self.agent], box.high[self.agent], box.shape[1:], jnp.float32)
+        shape = self.env.action_space(self.group, params).shape[1:]
+        if self.normalize_actions:
+            return spaces.Box(-1.0, 1.0, shape, jnp.float32)
+        low, high = self._bounds(params)
+        return spaces.Box(low, high, shape, jnp.float32)
 
     def observation_space(self, params=None):
         params = self.default_params if params is None else params
