@@ -120,3 +120,86 @@ def test_sum_sub_chains_see_the_group_size_and_their_own_path():
     assert info.value.field.startswith("g.reward[0].terms[1]")
     assert info.value.field.endswith(".teams")
     assert info.value.allowed == "a list of 2 team ids (one per agent)"
+
+
+def test_clip_with_equal_bounds_is_allowed_and_pins_the_reward():
+    # kills rewards._build_clip 3 (low > high -> low >= high)
+    v = seller_view(fees=[3.0, -5.0], traffic=[0.0, 0.0])
+    got = build_reward([{"kind": "revenue"}, {"kind": "clip", "low": 1.5, "high": 1.5}],
+                       2, "r", "seller")(v)
+    np.testing.assert_allclose(got, [1.5, 1.5])
+
+
+def test_clip_error_reports_low_and_the_high_it_exceeds():
+    # kills rewards._build_clip 7, 8 (error value / message None)
+    with pytest.raises(ConfigError) as info:
+        build_reward([{"kind": "clip", "low": 2.0, "high": 1.0}], 2, "g.reward", "seller")
+    assert info.value.value == 2.0
+    assert info.value.allowed == "a number <= high (1.0)"
+
+
+from jaxmarket.combinators.observations import build_observation  # noqa: E402
+
+
+def test_competitor_prices_needs_two_sellers_and_says_how_many_there_are():
+    # kills observations._competitor_prices 47 (error value None)
+    v = seller_view(fees=[0.0, 0.0], traffic=[0.0, 0.0])
+    one_seller = v.replace(all_prices=jnp.ones((1, 1)), self_index=jnp.zeros(2, jnp.int32))
+    with pytest.raises(ConfigError) as info:
+        build_observation([{"kind": "competitor_prices"}], "o")(one_seller)
+    assert (info.value.field, info.value.value) == ("observation.competitor_prices", 1)
+    assert info.value.allowed == "a market with >= 2 sellers"
+
+
+def test_observation_and_reward_lists_must_be_lists():
+    # kills observations.build_observation 9, 11 and rewards.build_reward 7 (message)
+    with pytest.raises(ConfigError) as info:
+        build_observation({"kind": "own_price"}, "g.observation")
+    assert info.value.allowed == "a list of observation components like [{kind: own_price}]"
+    with pytest.raises(ConfigError) as info:
+        build_reward({"kind": "profit"}, 2, "g.reward", "seller")
+    assert info.value.allowed == "a list of reward components like [{kind: profit}]"
+
+
+def test_component_settings_errors_name_the_setting():
+    # kills observations.build_observation 25 and rewards.build_reward 36 (path None)
+    with pytest.raises(ConfigError) as info:
+        build_observation([{"kind": "own_price"}, {"kind": "history", "k": 0}], "g.observation")
+    assert info.value.field == "g.observation[1].k"
+    with pytest.raises(ConfigError) as info:
+        build_reward([{"kind": "profit"}, {"kind": "scale"}], 2, "g.reward", "seller")
+    assert info.value.field == "g.reward[1].factor"
+
+
+def test_competitor_summary_error_lists_the_choices():
+    # kills observations.build_observation 55 (message None)
+    with pytest.raises(ConfigError) as info:
+        build_observation([{"kind": "competitor_prices", "summary": []}], "g.observation")
+    assert info.value.allowed == "'all' or a non-empty list from min, mean, max"
+
+
+def test_seller_only_reward_for_consumers_lists_what_consumers_may_use():
+    # kills rewards.build_reward 21, 31 (allowed list None)
+    # consumer terms: traffic, regret_ratio; transforms for both sides: team, scale,
+    # clip, sum -- alphabetically
+    with pytest.raises(ConfigError) as info:
+        build_reward([{"kind": "profit"}], 2, "g.reward", "consumer")
+    assert info.value.field == "g.reward[0].kind"
+    assert info.value.allowed == ("for a consumer group one of "
+                                  "clip, regret_ratio, scale, sum, team, traffic")
+
+
+# =========================================================================== isa*.py
+
+from jaxmarket.market.distributors import DISTRIBUTORS  # noqa: E402
+
+
+@pytest.mark.parametrize("kind, options, field", [
+    ("isa_2022", {"mode": "median"}, "distributor(isa_2022).mode"),
+    ("isa_greedy", {"max_sellers": 0}, "distributor(isa_greedy).max_sellers"),
+])
+def test_isa_option_errors_name_the_distributor(kind, options, field):
+    # kills isa.allocate 9 and isa_greedy.allocate 8 (kind misspelt in the error path)
+    with pytest.raises(ConfigError) as info:
+        DISTRIBUTORS[kind].allocate(jax.random.key(0), None, {}, options)
+    assert info.value.field == field
