@@ -53,6 +53,28 @@ def test_spaces_are_float32_boxes_and_observations_unbounded(duopoly):
     assert float(obs.low) == -math.inf and float(obs.high) == math.inf
 
 
+def test_view_without_quotes_computes_the_quoted_prices_itself():
+    # kills env.view 5 (params dropped when the view computes the quotes itself)
+    cfg = duopoly_config()
+    cfg["market"]["consumers"][0]["base_price"] = 0.5
+    cfg["market"]["sellers"][0].update(action="multiplier", low=0.0, high=10.0)
+    env, params = jaxmarket.make(cfg)
+    _, state = env.reset(jax.random.key(0), params)
+    state = env.apply_actions(state, {"sellers": jnp.array([[3.0], [2.0]])}, params)
+    view = env.view(state, params, env.spec.group("sellers"))
+    np.testing.assert_allclose(view.all_prices, [[1.5], [1.0]])   # 0.5 x multiplier
+    np.testing.assert_allclose(view.price, [[1.5], [1.0]])
+
+
+def test_posted_price_sellers_quote_their_price(duopoly):
+    # kills env._quoted_prices 18 (posted prices scaled by 2.0 instead of 1.0)
+    env, params = duopoly
+    _, state = env.reset(jax.random.key(0), params)
+    prices = jnp.array([[1.6], [1.45]])
+    _, state, _, _, _, info = env.step(jax.random.key(1), state, {"sellers": prices}, params)
+    np.testing.assert_allclose(info["prices"]["sellers"], prices)
+
+
 # =========================================================================== combinators
 
 from jaxmarket.combinators.observations import history_length  # noqa: E402
