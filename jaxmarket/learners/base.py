@@ -119,7 +119,9 @@ class SlotLayout:
 
     When the slots tile the way the training loop folds them -- ``S`` sessions of ``M``
     markets of ``n`` agents, slot ``a`` of session ``s`` driven by policy
-    ``s K + base[a % n]`` (``K`` policies per session, ``base`` the one-market map) --
+    ``s K + base[a % n]`` (``K`` policies per session, ``base`` the one-market map; or
+    the map of a block of ``g`` markets that repeats, as a population's ``sync`` layout
+    does with ``g = K``: then ``M`` and ``n`` below are ``M / g`` and ``g n``) --
     :meth:`split` reshapes a per-slot array ``[..., A, *rest]`` to
     ``[..., S, M, n, *rest]`` and :meth:`params` a policy-stacked one ``[S K, *rest]`` to
     ``[S, 1, n, *rest]``, which broadcasts against it. The gradient of that broadcast is
@@ -140,13 +142,20 @@ class SlotLayout:
         self._policies_per_session = N
         if S >= 1 and N % S == 0 and spec.num_markets % S == 0 and A % spec.num_markets == 0:
             M, n, K = spec.num_markets // S, A // spec.num_markets, N // S
-            base = index[:n]
             slot = np.arange(A)
-            if np.array_equal(index, (slot // (M * n)) * K + base[slot % n]):
-                self.shape = (S, M, n)
-                self.tiled = True
-                self._policies_per_session = K
-                self._base = None if np.array_equal(base, np.arange(n)) else base
+            # the smallest block of g markets whose map repeats: g = 1 for one policy per
+            # agent position; g = K when market e is driven by member e mod K (a
+            # population's sync layout)
+            # (g = M would be one block of every slot: a gather in disguise, not tried)
+            for g in (g for g in range(1, M + 1) if M % g == 0 and (g == 1 or g < M)):
+                Mg, ng = M // g, n * g
+                base = index[:ng]
+                if np.array_equal(index, (slot // (Mg * ng)) * K + base[slot % ng]):
+                    self.shape = (S, Mg, ng)
+                    self.tiled = True
+                    self._policies_per_session = K
+                    self._base = None if np.array_equal(base, np.arange(ng)) else base
+                    break
 
     def split(self, x: jax.Array, axis: int = 0) -> jax.Array:
         """Per-slot ``x`` with the slot axis at ``axis`` -> that axis split into

@@ -15,6 +15,7 @@ import numpy as np
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.fields import check_mapping, lookup_kind
 from jaxmarket.learners.base import LEARNERS, Learner, LearnerSpec
+from jaxmarket.learners.population import split_learner_config
 from jaxmarket.market.env import MarketEnv
 from jaxmarket.market.spec import MarketParams
 
@@ -63,8 +64,11 @@ def hold_actions(env: MarketEnv, state) -> dict:
 
 
 def resolve_learner(config: Any, where: str) -> tuple[str, dict]:
-    """Validate one learner config; returns (kind, hyper with defaults)."""
+    """Validate one learner config; returns (kind, hyper with defaults). The population
+    keys (``population``, ``mapping``) are the training loop's, not the learner's: see
+    :mod:`jaxmarket.learners.population`."""
     _ensure_registered()
+    config, _ = split_learner_config(config)
     kind, definition = lookup_kind(config, LEARNERS, where,
                                    "a mapping with a 'kind' key, e.g. {kind: ppo_bandit}")
     hyper = check_mapping(definition.hyper_fields, config, where)

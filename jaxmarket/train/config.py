@@ -31,6 +31,8 @@ class TrainConfig:
     checkpoint_every: int
     stop_on_nan: bool
     early_stop: Any
+    # group -> Population (or None): filled from the learners: section by prepare()
+    populations: Any = None
 
 
 def resolve_train(raw: Any, where: str = "train") -> TrainConfig:

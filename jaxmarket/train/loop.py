@@ -35,6 +35,8 @@ import numpy as np
 from flax import struct
 
 from jaxmarket.learners.base import Learner, LearnerSpec, Transition, materialize
+from jaxmarket.learners.population import (Population, draw_assignment,
+                                           episodes_trigger_draw)
 from jaxmarket.market.env import MarketEnv
 from jaxmarket.market.spec import MarketParams
 from jaxmarket.train.config import TrainConfig
@@ -50,15 +52,26 @@ class Runner:
     learners: Any        # dict group -> learner state
     key: jax.Array       # raw uint32 key data (checkpoint friendly)
     iteration: jax.Array  # int32
+    # groups with a resampled population: (gather, scatter) [S * E * A] int32 each, the
+    # current assignment of market slots to the learner's member-grouped slots
+    assignment: Any = struct.field(default_factory=dict)
+    episodes: jax.Array = struct.field(default_factory=lambda: jnp.zeros((), jnp.int32))
 
 
-def tile_spec(spec: LearnerSpec, num_envs: int, num_seeds: int = 1) -> LearnerSpec:
+def tile_spec(spec: LearnerSpec, num_envs: int, num_seeds: int = 1,
+              population: Population | None = None) -> LearnerSpec:
     """A group's spec seen across ``num_seeds x num_envs`` markets: slots
-    ``S * E * A``, policies ``S * K``, seed ``s`` owning policies ``s*K .. s*K + K - 1``."""
-    if num_envs == 1 and num_seeds == 1:
+    ``S * E * A``, policies ``S * K``, seed ``s`` owning policies ``s*K .. s*K + K - 1``.
+    With a ``population``, ``K`` is its size and slot ``j`` of a seed (in the learner's
+    member-grouped order) is driven by member ``population.layout(E, A)[j]``."""
+    if population is not None:
+        layout = population.layout(num_envs, spec.num_agents)              # [E * A]
+        spec = dataclasses.replace(spec, num_policies=population.size, policy_index=None)
+        per_seed = layout
+    elif num_envs == 1 and num_seeds == 1:
         return spec
-    base = np.asarray(spec.index())
-    per_seed = np.tile(base, num_envs)                                   # [E * A]
+    else:
+        per_seed = np.tile(np.asarray(spec.index()), num_envs)           # [E * A]
     index = (np.arange(num_seeds)[:, None] * spec.policies + per_seed[None]).ravel()
     markets = num_envs * num_seeds
     return dataclasses.replace(
@@ -78,40 +91,72 @@ def make_train(env: MarketEnv, params: MarketParams, learners: dict[str, Learner
                specs: dict[str, LearnerSpec], tcfg: TrainConfig):
     E, T = tcfg.num_envs * tcfg.num_seeds, tcfg.rollout_length   # E: all markets
     S = tcfg.num_seeds
+    pops = {g: p for g, p in (tcfg.populations or {}).items() if p is not None}
+    dynamic = [g for g in env.agent_groups if g in pops and pops[g].dynamic]
+    episodic = env.spec is not None and int(params.episode_length) < 2**31 - 1
+    # per-member means: [E * A, K] weights, column k averaging member k's slots of a seed
+    member_weights = {}
+    for g, pop in pops.items():
+        layout = pop.layout(tcfg.num_envs, env.num_agents(g))
+        onehot = (layout[:, None] == np.arange(pop.size)[None]).astype(np.float32)
+        member_weights[g] = jnp.asarray(onehot / np.maximum(onehot.sum(0, keepdims=True), 1))
     groups = env.agent_groups
     sizes = {g: env.num_agents(g) for g in groups}
     seller_groups = {g.name for g in env.spec.sellers}
     vstep = jax.vmap(env.step, in_axes=(0, 0, 0, None))
+
+    def draw(key: jax.Array) -> dict:
+        return {g: draw_assignment(jax.random.fold_in(key, i), pops[g], S, tcfg.num_envs,
+                                   sizes[g]) for i, g in enumerate(dynamic)}
 
     def init(key: jax.Array) -> Runner:
         k_env, k_learn, k_run = jax.random.split(key, 3)
         obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(k_env, E), params)
         lkeys = jax.random.split(k_learn, len(groups))
         lstates = {g: learners[g].init(lkeys[i], specs[g]) for i, g in enumerate(groups)}
-        return Runner(env_state, obs, lstates, jax.random.key_data(k_run), jnp.zeros((), jnp.int32))
+        # the first assignment is drawn from a key of its own (fold_in): scenarios without
+        # a resampled population keep exactly the random streams they had
+        assignment = draw(jax.random.fold_in(k_run, 1)) if dynamic else {}
+        return Runner(env_state, obs, lstates, jax.random.key_data(k_run),
+                      jnp.zeros((), jnp.int32), assignment, jnp.zeros((), jnp.int32))
+
+    def to_learner(x, g, assignment):   # market slot order -> the learner's slot order
+        return x[assignment[g][0]] if g in assignment else x
+
+    def to_market(x, g, assignment):    # the learner's slot order -> market slot order
+        return x[assignment[g][1]] if g in assignment else x
 
     def flat(x, g):   # [E, A, ...] -> [E * A, ...]
         return x.reshape((E * sizes[g],) + x.shape[2:])
 
-    def market_step(lstates, carry, _):
+    def market_step(lstates, assignment, carry, _):
         # ``lstates`` is read, never written, during a rollout (``act`` is pure): it is
         # closed over rather than carried, so the scan does not copy learner buffers.
+        # ``assignment`` is fixed within a rollout: a learner slot's trajectory stays one
+        # market slot's.
         env_state, obs, key = carry
         key, k_act, k_step = jax.random.split(key, 3)
         akeys = jax.random.split(k_act, len(groups))
-        actions, aux = {}, {}
+        actions, learner_actions, aux = {}, {}, {}
         for i, g in enumerate(groups):  # static loop over groups (config), not agents
-            a, aux[g] = learners[g].act(lstates[g], flat(obs[g], g), akeys[i])
-            a = materialize(a)  # computed once, not inside each of the market's fusions
+            a, aux[g] = learners[g].act(lstates[g], to_learner(flat(obs[g], g), g, assignment),
+                                        akeys[i])
+            learner_actions[g] = a = materialize(a)  # once, not inside the market's fusions
+            a = to_market(a, g, assignment)
             actions[g] = a.reshape((E, sizes[g]) + a.shape[1:])
         next_obs, env_state, rewards, term, trunc, info = vstep(
             jax.random.split(k_step, E), env_state, actions, params)
         done = jnp.logical_or(term, trunc)
-        batch = {g: Transition(obs=flat(obs[g], g), action=flat(actions[g], g),
-                               reward=flat(rewards[g], g),
-                               next_obs=flat(info["final_observation"][g], g),
-                               done=jnp.repeat(done, sizes[g]), aux=aux[g]) for g in groups}
-        metrics = {}
+
+        def learner_view(x, g):
+            return to_learner(flat(x, g), g, assignment)
+
+        batch = {g: Transition(obs=learner_view(obs[g], g), action=learner_actions[g],
+                               reward=learner_view(rewards[g], g),
+                               next_obs=learner_view(info["final_observation"][g], g),
+                               done=to_learner(jnp.repeat(done, sizes[g]), g, assignment),
+                               aux=aux[g]) for g in groups}
+        metrics = {"episodes": done[0].astype(jnp.float32)}   # markets step in lockstep
         for g in groups:
             served = (info["traffic"][g] if g in seller_groups
                       else info["queries"][g] - info["unserved"][g])
@@ -121,25 +166,46 @@ def make_train(env: MarketEnv, params: MarketParams, learners: dict[str, Learner
                 by_seed = value.reshape((S, -1) + value.shape[2:]).mean(1)   # [S] or [S, P]
                 metrics[f"{name}/{g}"] = by_seed.mean(0)
                 metrics[f"{PER_SEED}{name}/{g}"] = by_seed
+            if g in member_weights:   # per member k: reward/<g>/m<k>, price/<g>/m<k> [P]
+                w = member_weights[g]
+                r = batch[g].reward.reshape(S, -1) @ w                           # [S, K]
+                pr = jnp.einsum("sjp,jk->kp", learner_view(price, g).reshape(
+                    (S, -1, price.shape[-1])), w) / S                            # [K, P]
+                for k in range(w.shape[1]):   # static: one metric column per member
+                    metrics[f"reward/{g}/m{k}"] = r[:, k].mean()
+                    metrics[f"price/{g}/m{k}"] = pr[k]
         return (env_state, next_obs, key), (batch, metrics)
 
     def iteration(runner: Runner, _):
         key = jax.random.wrap_key_data(runner.key)
         lstates = runner.learners
         carry = (runner.env_state, runner.obs, key)
+        assignment = runner.assignment
         if T == 1:  # one step: no loop (the learners see a [1, ...] time axis all the same)
-            (env_state, obs, key), out = market_step(lstates, carry, None)
+            (env_state, obs, key), out = market_step(lstates, assignment, carry, None)
             traj, metrics = jax.tree.map(lambda x: x[None], out)
         else:
             (env_state, obs, key), (traj, metrics) = jax.lax.scan(
-                functools.partial(market_step, lstates), carry, length=T)
+                functools.partial(market_step, lstates, assignment), carry, length=T)
+        # an episode ends at each truncation; a market that never truncates counts each
+        # iteration as one
+        truncations = metrics.pop("episodes").sum().astype(jnp.int32)
+        finished = truncations if episodic else jnp.ones((), jnp.int32)
+        episodes = runner.episodes + finished
+        if dynamic:
+            redraw = {g: episodes_trigger_draw(pops[g], runner.episodes, episodes)
+                      for g in dynamic}
+            fresh = draw(jax.random.fold_in(key, 2))   # not a split: other streams unchanged
+            assignment = {g: jax.tree.map(lambda new, old: jnp.where(redraw[g], new, old),
+                                          fresh[g], assignment[g]) for g in dynamic}
         metrics = jax.tree.map(lambda x: x.mean(0), metrics)
         new_states = {}
         for g in groups:
             new_states[g], lm = learners[g].update(lstates[g], traj[g])
             for name, value in lm.items():
                 metrics[f"learner/{g}/{name}"] = jnp.mean(value)
-        runner = Runner(env_state, obs, new_states, jax.random.key_data(key), runner.iteration + 1)
+        runner = Runner(env_state, obs, new_states, jax.random.key_data(key),
+                        runner.iteration + 1, assignment, episodes)
         return runner, metrics
 
     def run_chunk(runner: Runner, length: int):

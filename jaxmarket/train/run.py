@@ -10,6 +10,7 @@ are the same, so on CPU the result is bit-identical to an uninterrupted run.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import signal
@@ -29,6 +30,7 @@ from jaxmarket import make
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.loader import load_config
 from jaxmarket.learners.controller import build_controller, group_learner_spec
+from jaxmarket.learners.population import resolve_population, split_learner_config
 from jaxmarket.train.config import TrainConfig, resolve_train, resolve_training
 from jaxmarket.cli import Interrupted
 from jaxmarket.train.loop import PER_SEED, Runner, make_train, tile_spec
@@ -58,8 +60,10 @@ def prepare(config: dict):
                               "(a seller group, or a consumer group with agent: true)")
         raise ConfigError("learners", "<missing>", "a learners: section mapping each agent group "
                           "to a learner (docs/learners.md), e.g.\n" + learners_template(env))
+    tcfg = dataclasses.replace(tcfg, populations=resolve_populations(env, params, config, tcfg))
     base_specs = {g: group_learner_spec(env, params, g) for g in env.agent_groups}
-    specs = {g: tile_spec(s, tcfg.num_envs, tcfg.num_seeds) for g, s in base_specs.items()}
+    specs = {g: tile_spec(s, tcfg.num_envs, tcfg.num_seeds, tcfg.populations.get(g))
+             for g, s in base_specs.items()}
     learners = build_controller(env, params, config["learners"], specs=specs)
     if tcfg.early_stop is not None:
         names = metric_columns(env, params, learners, specs, tcfg)
@@ -67,6 +71,23 @@ def prepare(config: dict):
             raise ConfigError("train.early_stop.metric", tcfg.early_stop["metric"],
                               "one of the metrics: " + ", ".join(names))
     return env, params, learners, specs, tcfg
+
+
+def resolve_populations(env, params, config: dict, tcfg: TrainConfig) -> dict:
+    """``learners.<group>.population`` / ``mapping`` of every group, validated."""
+    out = {}
+    learners = config["learners"] if isinstance(config["learners"], dict) else {}
+    for g in env.agent_groups:
+        _, keys = split_learner_config(learners.get(g))
+        pop = resolve_population(keys, f"learners.{g}", tcfg.num_envs, env.num_agents(g))
+        if pop is not None and pop.kind == "resample" and pop.mix_in_env:
+            space = env.action_space(g, params)
+            if not (np.all(space.low == space.low[:1]) and np.all(space.high == space.high[:1])):
+                raise ConfigError(f"learners.{g}.mapping.mix_in_env", True,
+                                  "false when the group's agents have different action bounds "
+                                  "(a member then moves between agent positions)")
+        out[g] = pop
+    return out
 
 
 def metric_columns(env, params, learners, specs, tcfg) -> list[str]:

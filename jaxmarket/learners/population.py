@@ -1,0 +1,182 @@
+"""Populations: ``K`` parameter sets ("members") per seed for one agent group, and the
+mapping that says which member drives which agent slot (sample-factory's
+``AgentPolicyMapping``, in-graph).
+
+Config, inside a group's learner::
+
+    learners:
+      sellers:
+        kind: ppo_bandit
+        population: 4                     # K members per seed
+        mapping: sync                     # or {kind: resample, every: 10, mix_in_env: false}
+                                          # or {kind: table, table: [[0, 1], [2, 3], ...]}
+
+With ``E = train.num_envs`` markets per seed of ``A`` agents each:
+
+* ``sync``: every agent of market ``e`` is driven by member ``e mod K`` (each member gets
+  the same experience per iteration; ``K`` must divide ``E``). Static.
+* ``resample``: every ``every`` episodes (and after each of the first ``first``
+  episodes) each seed draws a new *balanced* assignment: a random permutation of its
+  markets (``mix_in_env: false``: all agents of a market share a member) or of its
+  ``E * A`` slots (``mix_in_env: true``: each agent its own draw), dealt to the members in
+  equal shares of ``E / K`` markets' worth of slots. An episode is ``episode_length``
+  steps; a market without one counts each iteration as an episode.
+* ``table``: an explicit ``[E, A]`` array of members, the same in every seed. Static.
+
+Design: the learner sees its slots in a fixed *member-grouped* order (slot ``j`` of
+seed ``s`` is driven by member ``s K + layout[j]``, ``layout[j] = (j // A) mod K`` for
+``sync``/``resample``), so its ``policy_index`` is static and the broadcast fast path
+(:class:`jaxmarket.learners.base.SlotLayout`) applies. A changing mapping moves *data*:
+observations, rewards and ``next_obs`` are gathered from market order into that order
+(``learner[j] = market[gather[j]]``) and actions scattered back
+(``market[i] = learner[scatter[i]]``), never parameters. The two index arrays are part of
+the training runner's state, so they are checkpointed and resumed bit-identically.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxmarket.config.errors import ConfigError
+from jaxmarket.config.fields import Field, check_mapping
+
+KEYS = ("population", "mapping")
+MAPPINGS = ("sync", "resample", "table")
+
+RESAMPLE_FIELDS = {
+    "every": Field("int", 10, low=1, doc="episodes between draws"),
+    "first": Field("int", 5, low=0, doc="draw after each of the first episodes too"),
+    "mix_in_env": Field("bool", False, doc="a draw per agent instead of per market"),
+    "balanced": Field("bool", True, doc="every member gets the same number of slots"),
+}
+
+
+@dataclass(frozen=True)
+class Population:
+    """A group's population: ``size`` members per seed and how they map onto slots."""
+
+    size: int
+    kind: str = "sync"
+    every: int = 10
+    first: int = 5
+    mix_in_env: bool = False
+    table: tuple[tuple[int, ...], ...] | None = None
+
+    @property
+    def dynamic(self) -> bool:
+        return self.kind == "resample"
+
+    def layout(self, num_envs: int, num_agents: int) -> np.ndarray:
+        """``[E * A]`` member of each slot of one seed, in the learner's slot order."""
+        if self.kind == "table":
+            return np.asarray(self.table, np.int64).reshape(-1)
+        slot = np.arange(num_envs * num_agents)
+        return (slot // num_agents) % self.size
+
+
+def split_learner_config(raw: Any) -> tuple[Any, dict]:
+    """A group's learner config -> (the learner's own settings, the population keys)."""
+    if not isinstance(raw, Mapping):
+        return raw, {}
+    own = {k: v for k, v in raw.items() if k not in KEYS}
+    return own, {k: raw[k] for k in KEYS if k in raw}
+
+
+def resolve_population(keys: Mapping[str, Any], where: str, num_envs: int,
+                       num_agents: int) -> Population | None:
+    """Validate ``population``/``mapping`` of ``learners.<group>`` (``where``) against the
+    train section's ``num_envs`` and the group's ``num_agents``; ``None`` without a
+    ``population`` (one parameter set per agent position, today's default)."""
+    if "population" not in keys:
+        if "mapping" in keys:
+            raise ConfigError(f"{where}.mapping", keys["mapping"],
+                              "a mapping only together with population: K")
+        return None
+    size = keys["population"]
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise ConfigError(f"{where}.population", size, "an integer >= 1 (members per seed)")
+    raw = keys.get("mapping", "sync")
+    kind = raw if isinstance(raw, str) else raw.get("kind") if isinstance(raw, Mapping) else None
+    if kind not in MAPPINGS:
+        raise ConfigError(f"{where}.mapping", raw, "one of " + ", ".join(MAPPINGS) +
+                          " (a name, or a mapping with a 'kind' key)")
+    opts = {k: v for k, v in raw.items() if k != "kind"} if isinstance(raw, Mapping) else {}
+    if kind == "table":
+        return _table(opts, where, size, num_envs, num_agents)
+    if kind == "sync" and opts:
+        raise ConfigError(f"{where}.mapping.{next(iter(opts))}", next(iter(opts.values())),
+                          "no settings for mapping sync")
+    if num_envs % size:
+        raise ConfigError(f"{where}.population", size,
+                          f"a divisor of train.num_envs ({num_envs}) for mapping {kind}: "
+                          "every member drives the same number of markets")
+    if kind == "sync":
+        return Population(size, "sync")
+    h = check_mapping(RESAMPLE_FIELDS, opts, f"{where}.mapping")
+    if not h["balanced"]:
+        raise ConfigError(f"{where}.mapping.balanced", False,
+                          "true (i.i.d. draws give members unequal slot counts, which needs "
+                          "per-slot parameter gathers; not supported)")
+    return Population(size, "resample", every=h["every"], first=h["first"],
+                      mix_in_env=h["mix_in_env"])
+
+
+def _table(opts: Mapping[str, Any], where: str, size: int, num_envs: int,
+           num_agents: int) -> Population:
+    if set(opts) != {"table"}:
+        extra = sorted(set(opts) - {"table"})
+        field = f"{where}.mapping.{extra[0]}" if extra else f"{where}.mapping.table"
+        raise ConfigError(field, opts.get(extra[0]) if extra else "<missing>",
+                          f"mapping table takes one setting, table: a [{num_envs}, "
+                          f"{num_agents}] array of members")
+    table = opts["table"]
+    allowed = (f"a [{num_envs}, {num_agents}] array (train.num_envs x agents) of integers "
+               f"in [0, {size - 1}]")
+    try:
+        arr = np.asarray(table)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}.mapping.table", table, allowed) from None
+    if arr.shape != (num_envs, num_agents) or arr.dtype.kind not in "iu":
+        raise ConfigError(f"{where}.mapping.table", table, allowed + f" (got shape {list(arr.shape)})")
+    if arr.min() < 0 or arr.max() >= size:
+        raise ConfigError(f"{where}.mapping.table", table, allowed)
+    return Population(size, "table", table=tuple(tuple(int(x) for x in row) for row in arr))
+
+
+def draw_assignment(key: jax.Array, pop: Population, num_seeds: int, num_envs: int,
+                    num_agents: int) -> tuple[jax.Array, jax.Array]:
+    """A balanced random assignment as ``(gather, scatter)``, each ``[S * E * A]`` int32:
+    learner slot ``j`` reads market slot ``gather[j]``; market slot ``i`` is learner slot
+    ``scatter[i]`` (its inverse). Seed ``s``'s slots stay within seed ``s``."""
+    E, A = num_envs, num_agents
+    keys = jax.random.split(key, num_seeds)
+    if pop.mix_in_env:
+        perm = jax.vmap(lambda k: jax.random.permutation(k, E * A))(keys)          # [S, E A]
+    else:
+        markets = jax.vmap(lambda k: jax.random.permutation(k, E))(keys)            # [S, E]
+        perm = (markets[:, :, None] * A + jnp.arange(A)[None, None]).reshape(num_seeds, E * A)
+    gather = (perm + (jnp.arange(num_seeds) * E * A)[:, None]).reshape(-1).astype(jnp.int32)
+    scatter = jnp.zeros_like(gather).at[gather].set(jnp.arange(gather.size, dtype=jnp.int32))
+    return gather, scatter
+
+
+def identity_assignment(num_slots: int) -> tuple[jax.Array, jax.Array]:
+    ident = jnp.arange(num_slots, dtype=jnp.int32)
+    return ident, ident
+
+
+def episodes_trigger_draw(pop: Population, before: jax.Array, after: jax.Array) -> jax.Array:
+    """Whether the episodes completed in ``(before, after]`` call for a new draw: after
+    each of the first ``first`` episodes, then whenever a multiple of ``every`` is passed."""
+    early = (after > before) & (before < pop.first)
+    periodic = (after // pop.every) > (before // pop.every)
+    return early | periodic
+
+
+__all__ = ["Population", "resolve_population", "split_learner_config", "draw_assignment",
+           "identity_assignment", "episodes_trigger_draw", "MAPPINGS"]

@@ -1,0 +1,270 @@
+"""Populations (``learners.<group>.population`` / ``mapping``): which member drives which
+slot after real steps, that experience reaches only the member that produced it, the
+resample schedule, resume, per-member metrics, every learner kind under every mapping,
+and bad input.
+
+A "member spy" learner prices every slot at ``1 + policy`` (its policy index in the
+learner's member-grouped order, seeds included), so a market's prices say which member
+drove each agent; its ``update`` records the last batch."""
+
+from __future__ import annotations
+
+import copy
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import yaml
+from conftest import CONFIGS
+
+import jaxmarket.learners.registry  # noqa: F401
+from jaxmarket.cli import run_cli
+from jaxmarket.learners.base import LEARNERS, Learner, LearnerDef, Transition, register
+from jaxmarket.learners.population import Population, episodes_trigger_draw
+from jaxmarket.train.run import Trainer, start_run
+from jaxmarket.train.tracking import Tracker, read_metrics
+
+S, E, A, K, Q = 2, 4, 2, 2, 10.0    # seeds, markets per seed, sellers, members, queries
+
+
+def make_member_spy(hyper, spec) -> Learner:
+    index = spec.index()
+    num_slots, P = spec.num_agents, spec.num_products
+
+    def init(key, spec_=None):
+        z = jnp.zeros((1, num_slots))
+        return {"batch": Transition(obs=jnp.zeros((1, num_slots, 0)),
+                                    action=jnp.zeros((1, num_slots, P)), reward=z,
+                                    next_obs=jnp.zeros((1, num_slots, 0)),
+                                    done=z.astype(bool), aux={})}
+
+    def act(state, obs, key):
+        return jnp.broadcast_to((1.0 + index)[:, None], (num_slots, P)).astype(jnp.float32), {}
+
+    def update(state, batch):
+        return {"batch": batch}, {}
+
+    return Learner(init, act, update)
+
+
+if "test_member_spy" not in LEARNERS:
+    register(LearnerDef("test_member_spy", make_member_spy, {}, doc="tests/test_population.py"))
+
+
+def market(mapping, learner=None) -> dict:
+    """``E`` markets per seed of ``A`` sellers quoting in [0, 100] to one consumer sending
+    ``Q`` queries to the cheapest seller (ties split evenly); revenue reward."""
+    return {
+        "market": {
+            "num_products": 1,   # no episode_length: an iteration counts as an episode
+            "consumers": [{"name": "consumer", "count": 1, "budget": 1000.0, "queries": Q}],
+            "sellers": [{"name": "sellers", "count": A, "action": "price", "low": 0.0,
+                         "high": 100.0, "initial": 1.0, "reward": [{"kind": "revenue"}]}],
+            "distributor": {"kind": "cheapest"},
+        },
+        "learners": {"sellers": {**(learner or {"kind": "test_member_spy"}),
+                                 "population": K, "mapping": mapping}},
+        "train": {"num_iterations": 7, "num_envs": E, "num_seeds": S, "chunk_size": 7},
+        "seed": 3,
+    }
+
+
+def train(config, run_dir):
+    run_dir.mkdir(parents=True)
+    trainer = Trainer(copy.deepcopy(config), run_dir)
+    trainer.train(Tracker(), trainer.initial_runner(), 0)
+    runner, _ = trainer.restore()
+    header, data = read_metrics(run_dir / "metrics.csv")
+    return runner, {h: data[:, i] for i, h in enumerate(header)}
+
+
+def hand_revenue(prices: np.ndarray) -> np.ndarray:
+    """[markets, A] prices -> [markets, A] revenue under cheapest-first with even ties."""
+    low = prices.min(1, keepdims=True)
+    winners = prices == low
+    return np.where(winners, prices * Q / winners.sum(1, keepdims=True), 0.0)
+
+
+def member_of_price(prices: np.ndarray) -> np.ndarray:
+    """The spy quotes 1 + s K + k: back to the member k (and check the seed)."""
+    policy = np.rint(prices - 1.0).astype(int)                       # [S * E, A]
+    seed = np.repeat(np.arange(S), E)[:, None]
+    assert np.all(policy // K == seed), "a seed's markets driven by another seed's member"
+    return policy % K
+
+
+def test_sync_drives_market_e_with_member_e_mod_k(tmp_path):
+    runner, _ = train(market("sync"), tmp_path / "r")
+    prices = np.asarray(runner.env_state.prices["sellers"])[..., 0]   # [S * E, A]
+    members = member_of_price(prices)
+    e = np.tile(np.arange(E), S)
+    np.testing.assert_array_equal(members, np.repeat((e % K)[:, None], A, 1))
+
+
+def test_table_drives_each_slot_with_its_entry(tmp_path):
+    table = [[1, 0], [0, 0], [1, 1], [0, 1]]
+    runner, _ = train(market({"kind": "table", "table": table}), tmp_path / "r")
+    members = member_of_price(np.asarray(runner.env_state.prices["sellers"])[..., 0])
+    np.testing.assert_array_equal(members, np.tile(np.asarray(table), (S, 1)))
+
+
+@pytest.mark.parametrize("mix", [False, True])
+def test_resample_is_balanced_and_each_member_sees_only_its_own_experience(tmp_path, mix):
+    runner, cols = train(market({"kind": "resample", "every": 2, "first": 1,
+                                 "mix_in_env": mix}), tmp_path / "r")
+    prices = np.asarray(runner.env_state.prices["sellers"])[..., 0]   # [S * E, A]
+    members = member_of_price(prices)
+    for s in range(S):   # balanced: every member drives E * A / K slots of each seed
+        counts = np.bincount(members[s * E:(s + 1) * E].ravel(), minlength=K)
+        np.testing.assert_array_equal(counts, [E * A // K] * K)
+        if not mix:      # a market's agents share one member
+            assert np.all(members[s * E:(s + 1) * E] == members[s * E:(s + 1) * E, :1])
+    # the last step's batch in the learner's order: learner slot j belongs to member
+    # layout[j] and must carry that member's price and the revenue of the market slot it
+    # was dealt, computed here by hand from the market's prices
+    batch = runner.learners["sellers"]["batch"]
+    gather = np.asarray(runner.assignment["sellers"][0])
+    layout = Population(K, "resample").layout(E, A)
+    policy_of_slot = np.repeat(np.arange(S), E * A) * K + np.tile(layout, S)
+    np.testing.assert_array_equal(np.asarray(batch.action)[0, :, 0], 1.0 + policy_of_slot)
+    revenue = hand_revenue(prices).ravel()                             # market slot order
+    np.testing.assert_allclose(np.asarray(batch.reward)[0], revenue[gather], rtol=1e-6)
+    assert np.any(np.asarray(batch.reward)[0] != revenue)   # the order really was permuted
+    # per-member reward columns: member k's slots' mean revenue in the last iteration
+    for k in range(K):
+        np.testing.assert_allclose(cols[f"reward/sellers/m{k}"][-1],
+                                   revenue[gather][np.tile(layout, S) == k].mean(), rtol=1e-5)
+        np.testing.assert_allclose(cols[f"price/sellers/m{k}/p0"][-1],
+                                   np.mean(1.0 + np.arange(S) * K + k), rtol=1e-6)
+
+
+def test_resample_draws_on_the_documented_schedule():
+    pop = Population(K, "resample", every=3, first=2)
+    draws = [int(episodes_trigger_draw(pop, jnp.int32(n - 1), jnp.int32(n)))
+             for n in range(1, 11)]
+    # after episodes 1 and 2 (the first 2), then at every multiple of 3
+    assert draws == [1, 1, 1, 0, 0, 1, 0, 0, 1, 0]
+    # several episodes in one iteration: a multiple of 3 crossed inside the jump counts
+    assert int(episodes_trigger_draw(pop, jnp.int32(4), jnp.int32(7))) == 1
+    assert int(episodes_trigger_draw(pop, jnp.int32(3), jnp.int32(5))) == 0
+
+
+def test_the_assignment_changes_only_when_the_schedule_says(tmp_path):
+    # no episode_length: one episode per iteration; every 3, first 1 -> draws after
+    # iterations 1, 3 and 6; step the compiled chunk one iteration at a time
+    config = market({"kind": "resample", "every": 3, "first": 1})
+    trainer = Trainer(copy.deepcopy(config), tmp_path)
+    runner = trainer.initial_runner()
+    seen = [np.asarray(runner.assignment["sellers"][0])]
+    for n in range(1, 8):
+        runner, _ = trainer.chunk_fn(1)(runner)
+        assert int(runner.episodes) == n
+        seen.append(np.asarray(runner.assignment["sellers"][0]))
+    changed = [n for n in range(1, 8) if not np.array_equal(seen[n - 1], seen[n])]
+    # a draw may repeat the old assignment by chance (1 in (4!)^2 here), never change it
+    # off-schedule
+    assert set(changed) <= {1, 3, 6} and len(changed) >= 2, changed
+
+
+def test_resume_with_a_resampled_population_is_bit_identical(tmp_path, capsys):
+    config = market({"kind": "resample", "every": 2, "first": 1, "mix_in_env": True},
+                    {"kind": "ppo_bandit", "buffer_length": 2, "initial_stddev": 1.0})
+    config["train"].update(num_iterations=12, chunk_size=4, checkpoint_every=1)
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(config))
+    from jaxmarket.train.__main__ import main
+    assert run_cli(main, [str(path), "--run-dir", str(tmp_path / "full")]) == 0
+    assert run_cli(main, [str(path), "--run-dir", str(tmp_path / "part"),
+                          "train.num_iterations=4"]) == 0
+    assert run_cli(main, ["--resume", str(tmp_path / "part"), "train.num_iterations=12"]) == 0
+    capsys.readouterr()
+    for name in ("metrics.csv", "seeds.csv"):
+        assert (tmp_path / "full" / name).read_text() == (tmp_path / "part" / name).read_text()
+    full = Trainer(copy.deepcopy(config), tmp_path / "full").restore()[0]
+    part = Trainer(copy.deepcopy(config), tmp_path / "part").restore()[0]
+    for x, y in zip(jax.tree.leaves(full), jax.tree.leaves(part)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+LEARNER_KINDS = {
+    "ppo_bandit": {"kind": "ppo_bandit", "buffer_length": 2},
+    "ucb1": {"kind": "ucb1", "grid_size": 5},
+    "ppo": {"kind": "ppo", "num_minibatches": 1},
+    "q_learning": {"kind": "q_learning", "grid_size": 3, "q_init": "zero"},
+}
+MAPPINGS = {
+    "sync": "sync",
+    "resample": {"kind": "resample", "every": 1},
+    "resample_mixed": {"kind": "resample", "every": 1, "mix_in_env": True},
+    "table": {"kind": "table", "table": [[0, 1], [1, 0], [0, 0], [1, 1]]},
+}
+
+
+KINDS, NAMES = sorted(LEARNER_KINDS), sorted(MAPPINGS)
+
+
+@pytest.mark.parametrize("shift", range(4))
+def test_every_learner_kind_trains_under_every_mapping(tmp_path, shift):
+    """A Latin square: run ``shift`` has four seller groups, group ``i`` learning with
+    kind ``i`` under mapping ``i + shift``; the four runs cover all 16 pairs."""
+    config = market("sync")
+    seller = dict(config["market"]["sellers"][0], low=1.0, high=3.0,
+                  observation=[{"kind": "history", "k": 1}])
+    config["market"]["sellers"] = [dict(seller, name=f"g{i}") for i in range(4)]
+    config["learners"] = {f"g{i}": {**LEARNER_KINDS[KINDS[i]], "population": K,
+                                    "mapping": MAPPINGS[NAMES[(i + shift) % 4]]}
+                          for i in range(4)}
+    config["train"].update(num_iterations=4, chunk_size=4, rollout_length=2)
+    runner, cols = train(config, tmp_path / "r")
+    for i in range(4):
+        g = f"g{i}"
+        # the members' columns average back to the group's (members hold equal shares
+        # here, the table's included: each member has 4 of the 8 slots)
+        members = np.stack([cols[f"reward/{g}/m{k}"] for k in range(K)])
+        np.testing.assert_allclose(members.mean(0), cols[f"reward/{g}"], rtol=1e-5)
+        prices = np.stack([cols[f"price/{g}/m{k}/p0"] for k in range(K)])
+        np.testing.assert_allclose(prices.mean(0), cols[f"price/{g}/p0"], rtol=1e-5)
+        assert np.all((prices >= 1.0 - 1e-6) & (prices <= 3.0 + 1e-6))
+        # one parameter set per member and seed in the learner's state
+        leaves = jax.tree.leaves(runner.learners[g])
+        assert any(x.ndim >= 1 and x.shape[0] == S * K for x in leaves), KINDS[i]
+
+
+@pytest.mark.parametrize("mapping, population, field, allowed", [
+    ("sync", 3, "learners.sellers.population", "a divisor of train.num_envs (4)"),
+    ("league", 2, "learners.sellers.mapping", "one of sync, resample, table"),
+    ({"kind": "table", "table": [[0, 1]]}, 2, "learners.sellers.mapping.table",
+     "a [4, 2] array"),
+    ({"kind": "table", "table": [[0, 2]] * 4}, 2, "learners.sellers.mapping.table",
+     "integers in [0, 1]"),
+    ({"kind": "resample", "balanced": False}, 2, "learners.sellers.mapping.balanced", "true"),
+    ({"kind": "resample", "evry": 3}, 2, "learners.sellers.mapping.evry", "known keys"),
+    ("sync", 0, "learners.sellers.population", "an integer >= 1"),
+])
+def test_bad_population_config_is_one_line_exit_2_before_compiling(
+        tmp_path, capsys, mapping, population, field, allowed):
+    config = market(mapping)
+    config["learners"]["sellers"]["population"] = population
+    config["learners"]["sellers"]["kind"] = "ppo_bandit"
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(config))
+    from jaxmarket.train.__main__ import main
+    code = run_cli(main, [str(path), "--run-dir", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1, err
+    assert lines[0].startswith(f"config error: {field}: got "), lines[0]
+    assert allowed in lines[0], lines[0]
+    assert not (tmp_path / "r").exists()
+
+
+def test_population_sync_config_trains_and_reports_members(tmp_path):
+    summary = start_run(str(CONFIGS / "population_sync.yaml"),
+                        ["train.num_iterations=20", "train.chunk_size=10"], str(tmp_path / "r"))
+    header, _ = read_metrics(tmp_path / "r" / "metrics.csv")
+    config = yaml.safe_load((CONFIGS / "population_sync.yaml").read_text())
+    for group, learner in config["learners"].items():
+        members = [h for h in header if h.startswith(f"reward/{group}/m")]
+        assert len(members) == learner.get("population", 0)
+    assert summary["iterations"] == 20
