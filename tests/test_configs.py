@@ -17,7 +17,7 @@ from jaxmarket.train.run import start_run
 from jaxmarket.train.tracking import read_metrics
 
 SHIPPED = sorted(p.stem for p in CONFIGS.glob("*.yaml"))
-FEW = ["train.num_iterations=3", "train.chunk_size=3", "train.num_envs=2", "train.num_seeds=1"]
+FEW = ["train.num_iterations=3", "train.chunk_size=3", "train.num_envs=4", "train.num_seeds=1"]
 
 
 def quoted_price_bounds(config: dict, group: str) -> tuple[np.ndarray, np.ndarray]:
