@@ -115,7 +115,8 @@ def load_run(run_dir: str | Path) -> RunData:
 
 def run_groups(header: list[str]) -> list[str]:
     """The agent groups of a metrics header (those with a reward column), in column order."""
-    return [h.split("/", 1)[1] for h in header if h.startswith("reward/")]
+    # reward/<group> only: a population's reward/<group>/m<k> columns are its members
+    return [h.split("/", 1)[1] for h in header if h.startswith("reward/") and h.count("/") == 1]
 
 
 def _panel_columns(header: list[str], what: str, group: str) -> list[str]:
@@ -201,7 +202,8 @@ def make_figure(s: dict, title: str = ""):
     for ax, what in zip(axes, PANELS):
         panel = s["panels"][what]
         for name, y in panel["lines"].items():
-            label = name.split("/")[-1] if name.count("/") >= 2 else "mean"
+            # p<j>, or a population member's m<k> / m<k>/p<j>
+            label = name.split("/", 2)[2] if name.count("/") >= 2 else "mean"
             (line,) = ax.plot(s["x"], y, label=label, lw=1)
             if name in panel["bands"]:
                 low, high = panel["bands"][name]
@@ -235,7 +237,49 @@ def plot_run(run_dir: str | Path, smooth: int = 1) -> list[Path]:
         path = out_dir / f"{g}.png"
         fig.savefig(path, dpi=100)
         written.append(path)
+        matrix = cross_play(run, g)
+        if matrix is not None:
+            path = out_dir / f"{g}_crossplay.png"
+            cross_play_figure(matrix, f"{run.name}: group {g}").savefig(path, dpi=100)
+            written.append(path)
     return written
+
+
+def cross_play(run: RunData, group: str) -> np.ndarray | None:
+    """``[K, K]`` mean over the last 10% of iterations of ``crossplay/<group>/m<i>/m<j>``
+    (member i's reward against member j; NaN where they never met), as in summary.json;
+    ``None`` for a group without a population of several agents per market."""
+    col = {h: i for i, h in enumerate(run.header)}
+    K = sum(1 for h in run.header if h.startswith(f"reward/{group}/m"))
+    if not K or f"crossplay/{group}/m0/m0" not in col:
+        return None
+    tail = run.data[-max(1, int(np.ceil(0.1 * len(run.data)))):]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)   # an all-NaN column: never met
+        return np.array([[np.nanmean(tail[:, col[f"crossplay/{group}/m{i}/m{j}"]])
+                          for j in range(K)] for i in range(K)])
+
+
+def cross_play_figure(matrix: np.ndarray, title: str):
+    """A heatmap of the cross-play matrix, each cell labelled with its value."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(5.5, 4.5))
+    ax = fig.subplots()
+    image = ax.imshow(np.ma.masked_invalid(matrix), cmap="viridis")
+    K = matrix.shape[0]
+    for i in range(K):
+        for j in range(K):
+            ax.text(j, i, "-" if np.isnan(matrix[i, j]) else f"{matrix[i, j]:.3g}",
+                    ha="center", va="center", color="w", fontsize="small")
+    ax.set_xticks(range(K), [f"m{j}" for j in range(K)])
+    ax.set_yticks(range(K), [f"m{i}" for i in range(K)])
+    ax.set_xlabel("against member")
+    ax.set_ylabel("member (its mean reward)")
+    fig.colorbar(image, ax=ax)
+    ax.set_title(f"{title}\ncross-play, last 10% of iterations", fontsize="small")
+    fig.tight_layout()
+    return fig
 
 
 def main(argv: list[str]) -> int:

@@ -268,3 +268,31 @@ def test_population_sync_config_trains_and_reports_members(tmp_path):
         members = [h for h in header if h.startswith(f"reward/{group}/m")]
         assert len(members) == learner.get("population", 0)
     assert summary["iterations"] == 20
+
+
+def test_cross_play_matrix_is_each_members_reward_against_each_other_member(tmp_path):
+    # one seed, members dealt per agent: the spy prices member k at 1 + k, so against
+    # another member the cheaper member 0 takes all Q queries at price 1 and member 1
+    # earns nothing; against itself a member splits the queries at its own price
+    config = market({"kind": "resample", "every": 1, "first": 0, "mix_in_env": True})
+    config["train"].update(num_seeds=1, num_iterations=50, chunk_size=50)   # window: 5 draws
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(config))
+    summary = start_run(str(path), [], str(tmp_path / "r"))
+    expected = [[1.0 * Q / 2, 1.0 * Q], [0.0, 2.0 * Q / 2]]
+    got = summary["members"]["sellers"]["crossplay"]
+    assert got[0][1] is not None and got[1][0] is not None   # mixed markets did occur
+    for i in range(K):
+        for j in range(K):
+            if got[i][j] is not None:
+                np.testing.assert_allclose(got[i][j], expected[i][j], rtol=1e-6)
+    np.testing.assert_allclose(summary["members"]["sellers"]["mean_price"], [[1.0], [2.0]])
+    # the plot draws the same matrix, and a member column is not a group of its own
+    from jaxmarket.plot import cross_play, load_run, plot_run, run_groups
+    run = load_run(tmp_path / "r")
+    assert run_groups(run.header) == ["sellers"]
+    matrix = cross_play(run, "sellers")
+    np.testing.assert_array_equal(np.isnan(matrix), [[v is None for v in row] for row in got])
+    np.testing.assert_allclose(np.nan_to_num(matrix),
+                               [[0.0 if v is None else v for v in row] for row in got])
+    assert [p.name for p in plot_run(tmp_path / "r")] == ["sellers.png", "sellers_crossplay.png"]

@@ -174,7 +174,27 @@ def make_train(env: MarketEnv, params: MarketParams, learners: dict[str, Learner
                 for k in range(w.shape[1]):   # static: one metric column per member
                     metrics[f"reward/{g}/m{k}"] = r[:, k].mean()
                     metrics[f"price/{g}/m{k}"] = pr[k]
+                if sizes[g] > 1:
+                    metrics.update(cross_play(g, rewards[g], assignment))
         return (env_state, next_obs, key), (batch, metrics)
+
+    def cross_play(g, reward, assignment):
+        """``crossplay/<g>/m<i>/m<j>``: the mean reward of member ``i``'s slots in the
+        markets where another agent of the group is member ``j`` (NaN where they never
+        met this step)::
+
+            C[i, j] = sum_{x, a} r[x, a] [m(x, a) = i] [j among the others of market x]
+                      / sum_{x, a} [m(x, a) = i] [j among the others of market x]
+        """
+        K = pops[g].size
+        member = jnp.asarray(np.tile(pops[g].layout(tcfg.num_envs, sizes[g]), S))  # learner
+        member = to_market(member, g, assignment).reshape(E, sizes[g])          # market order
+        onehot = jax.nn.one_hot(member, K, dtype=jnp.float32)                   # [E, A, K]
+        others = (onehot.sum(1, keepdims=True) - onehot) > 0                    # [E, A, K]
+        total = jnp.einsum("xa,xai,xaj->ij", reward, onehot, others)
+        count = jnp.einsum("xai,xaj->ij", onehot, others)
+        mean = jnp.where(count > 0, total / jnp.maximum(count, 1.0), jnp.nan)
+        return {f"crossplay/{g}/m{i}/m{j}": mean[i, j] for i in range(K) for j in range(K)}
 
     def iteration(runner: Runner, _):
         key = jax.random.wrap_key_data(runner.key)

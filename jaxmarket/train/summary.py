@@ -23,12 +23,36 @@ def _final(header: list[str], tail: np.ndarray, group: str, num_products: int) -
     }
 
 
+def _members(header: list[str], tail: np.ndarray, group: str, num_products: int) -> dict:
+    """A population's members over the last window: ``mean_reward [K]``, ``mean_price
+    [K][P]`` and, where the group has several agents per market, the cross-play matrix
+    ``crossplay[i][j]`` (member i's mean reward against member j; ``None`` where they
+    never met)."""
+    col = {name: i for i, name in enumerate(header)}
+    K = sum(1 for h in header if h.startswith(f"reward/{group}/m"))
+    if not K:
+        return {}
+    out = {"mean_reward": [float(tail[:, col[f"reward/{group}/m{k}"]].mean()) for k in range(K)],
+           "mean_price": [[float(tail[:, col[f"price/{group}/m{k}/p{j}"]].mean())
+                           for j in range(num_products)] for k in range(K)]}
+    if f"crossplay/{group}/m0/m0" in col:
+        with np.errstate(all="ignore"):
+            import warnings
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)   # all-NaN: never met
+                matrix = [[np.nanmean(tail[:, col[f"crossplay/{group}/m{i}/m{j}"]])
+                           for j in range(K)] for i in range(K)]
+        out["crossplay"] = [[None if np.isnan(v) else float(v) for v in row] for row in matrix]
+    return out
+
+
 def write_summary(run_dir: Path, env: MarketEnv, stopped: str | None, iterations: int) -> dict:
     """``final[group]`` = ``mean_price`` (list, one per product), ``mean_reward`` and
     ``mean_traffic`` (list per product), averaged over seeds, agents (already in the
     metrics) and the last 10% of the iterations recorded, ``ceil(0.1 * rows)``.
     ``per_seed[group]`` holds the same three for each seed (from ``seeds.csv``), as lists
-    indexed by seed."""
+    indexed by seed. ``members[group]`` (groups with a population) holds each member's
+    ``mean_reward``, ``mean_price`` and the cross-play matrix over the same window."""
     header, data = read_metrics(run_dir / "metrics.csv")
     n_tail = max(1, int(np.ceil(0.1 * len(data))))
     tail = data[-n_tail:]
@@ -36,6 +60,9 @@ def write_summary(run_dir: Path, env: MarketEnv, stopped: str | None, iterations
     final = {g: _final(header, tail, g, P) for g in env.agent_groups}
     summary = {"final": final, "iterations": iterations, "stopped": stopped,
                "averaged_over_last_iterations": int(len(tail))}
+    members = {g: _members(header, tail, g, P) for g in env.agent_groups}
+    if any(members.values()):
+        summary["members"] = {g: m for g, m in members.items() if m}
     if (run_dir / "seeds.csv").is_file():
         s_header, s_data = read_metrics(run_dir / "seeds.csv")
         seed_col, it_col = s_data[:, s_header.index("seed")], s_data[:, s_header.index("iteration")]
