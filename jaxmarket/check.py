@@ -11,6 +11,7 @@ import numpy as np
 
 from jaxmarket.cli import parser as make_parser
 from jaxmarket.cli import run_cli
+from jaxmarket import make
 from jaxmarket.config.loader import load_config
 from jaxmarket.market.spec import resolve_market, thaw
 
@@ -67,10 +68,18 @@ def describe_training(config: dict) -> list[str]:
         lines.append("learners: none (a market-only file: python -m jaxmarket.train needs a "
                      "learners: section)")
         return lines
+    from jaxmarket.learners.population import resolve_population, split_learner_config
+    env, _ = make(config)
     for group, raw in config["learners"].items():
         kind, hyper = resolve_learner(raw, f"learners.{group}")
         lines.append(f"learners.{group}: {kind}")
         lines += [f"  {k}: {v}" for k, v in hyper.items()]
+        pop = resolve_population(split_learner_config(raw)[1], f"learners.{group}",
+                                 tcfg.num_envs, env.num_agents(group))
+        if pop is not None:
+            lines.append(f"  population: {pop.size} members per seed, mapping {pop.kind}"
+                         + (f" (every {pop.every} episodes, first {pop.first}, mix_in_env "
+                            f"{pop.mix_in_env})" if pop.kind == "resample" else ""))
     return lines
 
 

@@ -296,3 +296,14 @@ def test_cross_play_matrix_is_each_members_reward_against_each_other_member(tmp_
     np.testing.assert_allclose(np.nan_to_num(matrix),
                                [[0.0 if v is None else v for v in row] for row in got])
     assert [p.name for p in plot_run(tmp_path / "r")] == ["sellers.png", "sellers_crossplay.png"]
+
+
+def test_check_prints_the_resolved_population(capsys):
+    from jaxmarket.check import main
+    assert run_cli(main, [str(CONFIGS / "population_sync.yaml"), "train.num_envs=8",
+                          "learners.sellers.mapping={kind: resample, every: 3}"]) == 0
+    out = capsys.readouterr().out
+    size = yaml.safe_load((CONFIGS / "population_sync.yaml").read_text())[
+        "learners"]["sellers"]["population"]
+    assert (f"population: {size} members per seed, mapping resample (every 3 episodes, "
+            "first 5, mix_in_env False)") in out
