@@ -54,7 +54,8 @@ def test_spaces_are_float32_boxes_and_observations_unbounded(duopoly):
 
 
 def test_view_without_quotes_computes_the_quoted_prices_itself():
-    # kills env.view 5 (params dropped when the view computes the quotes itself)
+    # kills env.view 5 (params dropped when the view computes the quotes itself) and
+    # env.view 57 (the view's documented `price` field None)
     cfg = duopoly_config()
     cfg["market"]["consumers"][0]["base_price"] = 0.5
     cfg["market"]["sellers"][0].update(action="multiplier", low=0.0, high=10.0)
