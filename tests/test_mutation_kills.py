@@ -226,3 +226,28 @@ def test_isa_option_errors_name_the_distributor(kind, options, field):
     with pytest.raises(ConfigError) as info:
         DISTRIBUTORS[kind].allocate(jax.random.key(0), None, {}, options)
     assert info.value.field == field
+
+
+from jaxmarket.market.distributors import Quotes  # noqa: E402
+
+
+def isa_quotes(reliability):
+    """Two sellers (prices 0.3 and 0.5, stakes 1 and 2), one consumer (budget 1, 10
+    queries), one product."""
+    col = lambda xs: jnp.asarray(xs, jnp.float32).reshape(-1, 1)  # noqa: E731
+    return Quotes(price=col([0.3, 0.5]), is_multiplier=jnp.zeros(2, bool),
+                  budget=col([1.0]), queries=col([10.0]), base_price=col([1.0]),
+                  quality=col([0.0, 0.0]), reliability=col(reliability),
+                  latency=col([0.0, 0.0]), freshness=col([0.0, 0.0]), stake=col([1.0, 2.0]))
+
+
+@pytest.mark.parametrize("kind, options", [("isa_2022", {"mode": "expected"}),
+                                           ("isa_greedy", {"max_sellers": 2})])
+def test_isa_reliability_above_one_counts_as_one(kind, options):
+    # kills isa.clean_reliability 3 (no upper clip): a reliability is a probability
+    alloc = lambda rel: DISTRIBUTORS[kind].allocate(  # noqa: E731
+        jax.random.key(0), isa_quotes(rel), {"stake_scale": 1.0}, options)
+    clipped, exact = alloc([1.5, 0.8]), alloc([1.0, 0.8])
+    for got, want in zip(jax.tree.leaves(clipped), jax.tree.leaves(exact)):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert float(exact.traffic[1, 0]) > 0     # both sellers serve: the test can see a change
