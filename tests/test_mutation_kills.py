@@ -15,6 +15,11 @@ import pytest
 from conftest import CONFIGS, duopoly_config
 
 import jaxmarket
+from jaxmarket.combinators.observations import build_observation, history_length
+from jaxmarket.combinators.rewards import build_reward
+from jaxmarket.combinators.view import GroupView
+from jaxmarket.config.errors import ConfigError
+from jaxmarket.market.distributors import DISTRIBUTORS, Quotes
 
 # =========================================================================== env.py
 
@@ -77,11 +82,6 @@ def test_posted_price_sellers_quote_their_price(duopoly):
 
 
 # =========================================================================== combinators
-
-from jaxmarket.combinators.observations import history_length  # noqa: E402
-from jaxmarket.combinators.rewards import build_reward  # noqa: E402
-from jaxmarket.combinators.view import GroupView  # noqa: E402
-from jaxmarket.config.errors import ConfigError  # noqa: E402
 
 
 def seller_view(fees, traffic, cost=0.0):
@@ -161,9 +161,6 @@ def test_clip_error_reports_low_and_the_high_it_exceeds():
     assert info.value.allowed == "a number <= high (1.0)"
 
 
-from jaxmarket.combinators.observations import build_observation  # noqa: E402
-
-
 def test_competitor_prices_needs_two_sellers_and_says_how_many_there_are():
     # kills observations._competitor_prices 47 (error value None)
     v = seller_view(fees=[0.0, 0.0], traffic=[0.0, 0.0])
@@ -214,8 +211,6 @@ def test_seller_only_reward_for_consumers_lists_what_consumers_may_use():
 
 # =========================================================================== isa*.py
 
-from jaxmarket.market.distributors import DISTRIBUTORS  # noqa: E402
-
 
 @pytest.mark.parametrize("kind, options, field", [
     ("isa_2022", {"mode": "median"}, "distributor(isa_2022).mode"),
@@ -228,13 +223,10 @@ def test_isa_option_errors_name_the_distributor(kind, options, field):
     assert info.value.field == field
 
 
-from jaxmarket.market.distributors import Quotes  # noqa: E402
-
-
 def isa_quotes(reliability):
     """Two sellers (prices 0.3 and 0.5, stakes 1 and 2), one consumer (budget 1, 10
     queries), one product."""
-    col = lambda xs: jnp.asarray(xs, jnp.float32).reshape(-1, 1)  # noqa: E731
+    col = lambda xs: jnp.asarray(xs, jnp.float32).reshape(-1, 1)
     return Quotes(price=col([0.3, 0.5]), is_multiplier=jnp.zeros(2, bool),
                   budget=col([1.0]), queries=col([10.0]), base_price=col([1.0]),
                   quality=col([0.0, 0.0]), reliability=col(reliability),
@@ -245,7 +237,7 @@ def isa_quotes(reliability):
                                            ("isa_greedy", {"max_sellers": 2})])
 def test_isa_reliability_above_one_counts_as_one(kind, options):
     # kills isa.clean_reliability 3 (no upper clip): a reliability is a probability
-    alloc = lambda rel: DISTRIBUTORS[kind].allocate(  # noqa: E731
+    alloc = lambda rel: DISTRIBUTORS[kind].allocate(
         jax.random.key(0), isa_quotes(rel), {"stake_scale": 1.0}, options)
     clipped, exact = alloc([1.5, 0.8]), alloc([1.0, 0.8])
     for got, want in zip(jax.tree.leaves(clipped), jax.tree.leaves(exact)):
