@@ -243,3 +243,17 @@ def test_isa_reliability_above_one_counts_as_one(kind, options):
     for got, want in zip(jax.tree.leaves(clipped), jax.tree.leaves(exact)):
         np.testing.assert_allclose(got, want, rtol=1e-6)
     assert float(exact.traffic[1, 0]) > 0     # both sellers serve: the test can see a change
+
+
+# =========================================================================== train/config.py
+
+@pytest.mark.parametrize("rule", [{"metric": "reward/sellers"},
+                                  {"metric": "reward/sellers", "above": 1.0, "below": 0.0},
+                                  {"metric": "reward/sellers", "above": 1.0, "after": 3}])
+def test_early_stop_needs_a_metric_and_exactly_one_of_above_below(rule):
+    # kills train.config.resolve_train 19 (the conditions on the metric and on the bounds
+    # joined by `or`: a rule with a metric and no bound, or two bounds, passed)
+    from jaxmarket.train.config import resolve_train
+    with pytest.raises(ConfigError) as info:
+        resolve_train({"early_stop": rule})
+    assert info.value.field == "train.early_stop"
