@@ -1,19 +1,22 @@
-"""Reproduce Calvano et al. (AER 2020): independent Q-learners collude in a logit duopoly.
+"""Reproduce Calvano et al. (AER 2020): independent Q-learners collude in a logit oligopoly.
 
-Two sellers in the baseline logit economy (a = 2, c = 1, a_0 = 0, mu = 0.25), prices on
-the m = 15 grid of :func:`jaxmarket.economics.calvano_grid` (xi = 0.1), memory k = 1
-(the state is last period's price pair), alpha = 0.15, delta = 0.95,
-eps_t = exp(-beta t) with beta = 4e-6, Q initialised to the discounted payoff against a
-uniformly random rival, random initial state, convergence once both sellers' greedy
-strategies have been unchanged for 100,000 consecutive periods. Published (1000
-sessions): average profit gain 0.849 (sd 0.112), nearly all sessions converge.
+``n`` sellers (``--firms``, default 2) in the baseline logit economy (a = 2, c = 1,
+a_0 = 0, mu = 0.25), prices on the m = 15 grid of :func:`jaxmarket.economics.calvano_grid`
+for ``n`` sellers (xi = 0.1), memory k = 1 (the state is last period's prices of all
+``n`` sellers: m^n states), alpha = 0.15 (``--alpha``), delta = 0.95,
+eps_t = exp(-beta t) with beta = 4e-6 (``--beta``), Q initialised to the discounted
+payoff against uniformly random rivals, random initial state, convergence once every
+seller's greedy strategy has been unchanged for 100,000 consecutive periods. Published
+for n = 2 (1000 sessions): average profit gain 0.849 (sd 0.112), nearly all sessions
+converge.
 
 Every session runs the ``q_learning`` learner's own ``init``/``act``/``update``
 (``jaxmarket.learners.qlearning``), vmapped over sessions, one-period transitions
 (T = 1), many periods per jitted ``lax.scan`` chunk. The per-period profits come from a
-precomputed ``m x m`` payoff table built with :func:`jaxmarket.economics.logit_profits`
+precomputed ``[m^n, n]`` payoff table built with :func:`jaxmarket.economics.logit_profits`
 (the same numbers the market's logit distributor would produce for these prices; the
-table keeps this benchmark independent of the market simulator).
+table keeps this benchmark independent of the market simulator). The Nash and
+joint-monopoly prices and profits of ``n`` sellers come from :mod:`jaxmarket.economics`.
 
 Sessions that have converged stop learning (the learner's own rule) and, once a quarter
 of the batch has converged, are compacted out of the running batch (a session's
@@ -23,13 +26,20 @@ beta = 4e-6, eps is below 1e-17 after 1e7 periods, and the cap keeps a session t
 never settles from holding the whole run).
 
 Once every session has converged (or hit the cap), each session plays its greedy
-strategies from its final state: after a burn-in of m^2 periods the play is on its
+strategies from its final state: after a burn-in of m^n periods the play is on its
 limit cycle; profits are averaged over exactly one cycle, and
-``Delta = (pi - pi_N) / (pi_M - pi_N)`` with ``pi`` the mean profit of the two sellers
+``Delta = (pi - pi_N) / (pi_M - pi_N)`` with ``pi`` the mean profit of the ``n`` sellers
 and ``pi_N``, ``pi_M`` from :mod:`jaxmarket.economics`.
 
-    python benchmarks/calvano.py                       # 1000 sessions, beta = 4e-6
+Grid mode (``--grid-alpha A1,A2,.. --grid-beta B1,B2,..``): a coarse version of the
+paper's alpha x beta heat map of the profit gain: every (alpha, beta) cell is a run of
+``--sessions`` sessions (default 32 in grid mode), one after the other; a table (and
+with ``--json`` a JSON summary with one row per cell) is printed.
+
+    python benchmarks/calvano.py                       # 1000 sessions, n = 2, beta = 4e-6
     python benchmarks/calvano.py --sessions 64 --beta 2e-4 --window 10000 --json
+    python benchmarks/calvano.py --firms 3 --sessions 100
+    python benchmarks/calvano.py --grid-alpha 0.05,0.1,0.15,0.2 --grid-beta 4e-6,1e-5,2e-5
 """
 
 from __future__ import annotations
@@ -58,51 +68,78 @@ from jaxmarket import economics
 from jaxmarket.learners import qlearning  # noqa: F401  (registers "q_learning")
 from jaxmarket.learners.base import LEARNERS, Learner, LearnerSpec, Transition
 
+#: Published average profit gain of the baseline (n = 2, alpha = 0.15, beta = 4e-6).
 PUBLISHED_PROFIT_GAIN = 0.849
 ECONOMY = {"quality": 2.0, "cost": 1.0, "outside_quality": 0.0, "mu": 0.25}
+BASELINE = {"firms": 2, "alpha": 0.15, "beta": 4e-6}
 
 
 @dataclass(frozen=True)
 class CalvanoSetup:
     learner: Learner
     spec: LearnerSpec
+    hyper: dict                # the learner's settings (what ``make`` was given)
     grid: np.ndarray           # [m] float64 prices
-    profit_table: jax.Array    # [m, m, 2] float32: profits of both sellers per price pair
+    profit_table: jax.Array    # [m^n, n] float32: profits of every seller per price profile
+    radix: tuple[int, ...]     # m^(n-1-j): price profile (grid indices) -> table row
+    p_nash: float
+    p_monopoly: float
     pi_nash: float
     pi_monopoly: float
 
+    @property
+    def firms(self) -> int:
+        return len(self.radix)
+
 
 def make_setup(beta: float = 4e-6, window: int = 100_000, m: int = 15, xi: float = 0.1,
-               alpha: float = 0.15, delta: float = 0.95) -> CalvanoSetup:
-    """The economy, the price grid, the payoff table and the ``q_learning`` learner."""
-    grid = economics.calvano_grid(n=2, m=m, xi=xi, **ECONOMY)
-    pair = np.stack(np.meshgrid(grid, grid, indexing="ij"), axis=-1)  # [m, m, 2]
-    profit_table = jnp.asarray(economics.logit_profits(pair, **ECONOMY), dtype=jnp.float32)
-    p_nash = economics.nash_price(2, **ECONOMY)
-    p_monopoly = economics.joint_monopoly_price(2, **ECONOMY)
-    pi_nash = float(economics.logit_profits([p_nash, p_nash], **ECONOMY)[0])
-    pi_monopoly = float(economics.logit_profits([p_monopoly, p_monopoly], **ECONOMY)[0])
+               alpha: float = 0.15, delta: float = 0.95, firms: int = 2) -> CalvanoSetup:
+    """The economy of ``firms`` sellers, the price grid, the payoff table and the
+    ``q_learning`` learner."""
+    n = firms
+    if n < 2:
+        raise ValueError(f"--firms: got {n}; Calvano's experiment needs at least 2 firms")
+    grid = economics.calvano_grid(n=n, m=m, xi=xi, **ECONOMY)
+    # every price profile, row-major (the first seller's index is the most significant
+    # digit), exactly the learner's mixed-radix state numbering
+    joint = np.indices((m,) * n).reshape(n, -1).T                      # [m^n, n]
+    profit_table = jnp.asarray(economics.logit_profits(grid[joint], **ECONOMY),
+                               dtype=jnp.float32)                      # [m^n, n]
+    radix = tuple(m ** (n - 1 - j) for j in range(n))
+    p_nash = economics.nash_price(n, **ECONOMY)
+    p_monopoly = economics.joint_monopoly_price(n, **ECONOMY)
+    pi_nash = float(economics.logit_profits([p_nash] * n, **ECONOMY)[0])
+    pi_monopoly = float(economics.logit_profits([p_monopoly] * n, **ECONOMY)[0])
     low, spacing = float(grid[0]), float(grid[1] - grid[0])
+    weights = jnp.asarray(radix, jnp.int32)
 
     def payoff(prices: jax.Array) -> jax.Array:
-        """One-shot profits of a price pair ``[2, 1]`` (snapped to the grid) -> ``[2]``."""
+        """One-shot profits of a price profile ``[n, 1]`` (snapped to the grid) -> ``[n]``."""
         index = jnp.clip(jnp.round((prices[:, 0] - low) / spacing), 0, m - 1).astype(jnp.int32)
-        return profit_table[index[0], index[1]]
+        return profit_table[jnp.sum(index * weights)]
 
-    spec = LearnerSpec(num_agents=2, obs_dim=2, num_products=1,
-                       action_low=np.full((2, 1), grid[0], np.float32),
-                       action_high=np.full((2, 1), grid[-1], np.float32), payoff=payoff)
+    spec = LearnerSpec(num_agents=n, obs_dim=n, num_products=1,
+                       action_low=np.full((n, 1), grid[0], np.float32),
+                       action_high=np.full((n, 1), grid[-1], np.float32), payoff=payoff)
     hyper = {"grid_low": float(grid[0]), "grid_high": float(grid[-1]), "grid_size": m,
              "memory": 1, "learning_rate": alpha, "discount": delta,
              "exploration_decay": beta, "convergence_window": window,
              "q_init": "random_rival"}
     learner = LEARNERS["q_learning"].make(hyper, spec)
-    return CalvanoSetup(learner, spec, grid, profit_table, pi_nash, pi_monopoly)
+    return CalvanoSetup(learner, spec, hyper, grid, profit_table, radix, p_nash, p_monopoly,
+                        pi_nash, pi_monopoly)
 
 
 def _observe(prices: jax.Array) -> jax.Array:
-    """Both sellers observe last period's price pair: ``[2, 1]`` -> obs ``[2, 2]``."""
-    return jnp.broadcast_to(prices[:, 0][None, :], (2, 2))
+    """Every seller observes last period's prices of all sellers: ``[n, 1]`` -> obs
+    ``[n, n]``."""
+    n = prices.shape[0]
+    return jnp.broadcast_to(prices[:, 0][None, :], (n, n))
+
+
+def _profits(setup: CalvanoSetup, action_index: jax.Array) -> jax.Array:
+    """Profits ``[n]`` of the price profile with grid indices ``action_index [n]``."""
+    return setup.profit_table[jnp.sum(action_index * jnp.asarray(setup.radix, jnp.int32))]
 
 
 def make_chunk(setup: CalvanoSetup, length: int, devices: int = 1):
@@ -113,17 +150,17 @@ def make_chunk(setup: CalvanoSetup, length: int, devices: int = 1):
     device (``jax.shard_map`` over the first ``devices`` of ``jax.devices()``): with
     ``--xla_force_host_platform_device_count`` set to the number of cores, each core runs
     its own block in its own thread. Sessions are independent, so no result changes."""
-    learner, table = setup.learner, setup.profit_table
+    learner, n = setup.learner, setup.firms
 
     def period(carry, t):
         state, obs, session_key = carry
         key = jax.random.fold_in(session_key, t)
         prices, aux = learner.act(state, obs, key)
         a = aux["action_index"]
-        reward = table[a[0], a[1]]
+        reward = _profits(setup, a)
         next_obs = _observe(prices)
         batch = Transition(obs=obs[None], action=prices[None], reward=reward[None],
-                           next_obs=next_obs[None], done=jnp.zeros((1, 2), bool),
+                           next_obs=next_obs[None], done=jnp.zeros((1, n), bool),
                            aux={"action_index": a[None]})
         state, _ = learner.update(state, batch)
         return (state, next_obs, session_key), None
@@ -143,23 +180,27 @@ def make_chunk(setup: CalvanoSetup, length: int, devices: int = 1):
 
 
 def init_sessions(setup: CalvanoSetup, key: jax.Array, sessions: int):
-    """Initial learner states, random initial price pairs and per-session keys."""
-    m = setup.grid.shape[0]
+    """Initial learner states, random initial price profiles and per-session keys."""
+    m, n = setup.grid.shape[0], setup.firms
     init_key, start_key, run_key = jax.random.split(key, 3)
-    state = jax.vmap(lambda k: setup.learner.init(k, setup.spec))(
-        jax.random.split(init_key, sessions))
-    start = jax.random.randint(start_key, (sessions, 2), 0, m)
-    prices = jnp.asarray(setup.grid, jnp.float32)[start][..., None]  # [S, 2, 1]
+    # The initial Q is deterministic (random-rival values, the same in every session): one
+    # session's state, computed op by op as before (jitting it changes float32 roundings,
+    # and with them the sessions of the recorded runs), copied to every session.
+    one = setup.learner.init(init_key, setup.spec)
+    state = jax.tree.map(lambda x: jnp.array(jnp.broadcast_to(x, (sessions,) + x.shape)), one)
+    start = jax.random.randint(start_key, (sessions, n), 0, m)
+    prices = jnp.asarray(setup.grid, jnp.float32)[start][..., None]  # [S, n, 1]
     obs = jax.vmap(_observe)(prices)
     return state, obs, jax.random.split(run_key, sessions)
 
 
 def greedy_cycle_profits(setup: CalvanoSetup, state, obs) -> jax.Array:
-    """``[S, 2]`` each seller's profit averaged over one limit cycle of greedy play from
-    the final state (burn-in of m^2 periods, then exactly one cycle)."""
-    learner, table = setup.learner, setup.profit_table
+    """``[S, n]`` each seller's profit averaged over one limit cycle of greedy play from
+    the final state (burn-in of m^n periods, then exactly one cycle)."""
+    learner = setup.learner
     m = setup.grid.shape[0]
-    horizon = m * m  # a deterministic play over m^2 states enters its cycle within m^2
+    horizon = m ** setup.firms  # a deterministic play over m^n states enters its cycle
+                                # within m^n periods, and its cycle is at most m^n long
 
     def one_session(state, obs):
         greedy = state.replace(converged=jnp.ones((), bool))  # act greedily
@@ -168,7 +209,7 @@ def greedy_cycle_profits(setup: CalvanoSetup, state, obs) -> jax.Array:
         def play(obs, _):
             prices, aux = learner.act(greedy, obs, dummy_key)
             a = aux["action_index"]
-            return _observe(prices), (a, table[a[0], a[1]])
+            return _observe(prices), (a, _profits(setup, a))
 
         obs, _ = jax.lax.scan(play, obs, None, length=horizon)
         _, (actions, profits) = jax.lax.scan(play, obs, None, length=horizon + 1)
@@ -192,9 +233,40 @@ def _bucket(active: int, sessions: int, granularity: int = 64) -> int:
     return min(sessions, -(-active // granularity) * granularity)
 
 
+def q_table_bytes(firms: int, sessions: int, m: int = 15) -> int:
+    """Bytes of the packed Q tables of ``sessions`` sessions of ``firms`` sellers
+    (``firms`` tables of ``m^firms`` rows of ``m + 1`` float32 each per session)."""
+    return sessions * firms * m ** firms * (m + 1) * 4
+
+
+def check_arguments(firms: int, alpha: float, beta: float, sessions: int = 1,
+                    m: int = 15) -> None:
+    """``ValueError`` (one line, naming the flag) for settings outside the experiment:
+    fewer than 2 firms, alpha outside (0, 1], beta <= 0, fewer than 1 session, or Q
+    tables that cannot fit in this machine's memory."""
+    if firms < 2:
+        raise ValueError(f"--firms: got {firms}; Calvano's experiment needs at least 2 firms")
+    if not 0.0 < alpha <= 1.0:
+        raise ValueError(f"--alpha: got {alpha:g}; the learning rate must be in (0, 1]")
+    if not beta > 0.0:
+        raise ValueError(f"--beta: got {beta:g}; the exploration decay must be > 0")
+    if sessions < 1:
+        raise ValueError(f"--sessions: got {sessions}; need at least 1")
+    need = 3 * q_table_bytes(firms, sessions, m)  # the batch, its copy and the carry
+    try:
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        have = None
+    if have is not None and need > have:
+        raise ValueError(f"--firms {firms} --sessions {sessions}: the Q tables need about "
+                         f"{need / 2**30:.1f} GiB, more than this machine's "
+                         f"{have / 2**30:.1f} GiB; use fewer sessions")
+
+
 def run(sessions: int = 1000, beta: float = 4e-6, window: int = 100_000,
         max_periods: int = 10_000_000, chunk: int = 20_000, seed: int = 0,
-        progress: bool = True, compact: bool = True, devices: int | None = None) -> dict:
+        progress: bool = True, compact: bool = True, devices: int | None = None,
+        firms: int = 2, alpha: float = 0.15) -> dict:
     """Run every session until all have converged or ``max_periods``; return a summary.
 
     Sessions run in lockstep in a batch; once at most 3/4 of the batch is still learning,
@@ -205,16 +277,17 @@ def run(sessions: int = 1000, beta: float = 4e-6, window: int = 100_000,
     ``jax.devices()``) splits the batch across devices (see :func:`make_chunk`).
     """
     start = time.perf_counter()
+    check_arguments(firms, alpha, beta, sessions)
     # The non-partitionable threefry draws two 32-bit words per hash instead of one: half
-    # the hashing for the two sellers' exploration draws (streams differ, not statistics).
+    # the hashing for the sellers' exploration draws (streams differ, not statistics).
     with jax.threefry_partitionable(False):
-        setup = make_setup(beta=beta, window=window)
-        full_state, full_obs, keys = init_sessions(setup, jax.random.key(seed), sessions)
+        setup = make_setup(beta=beta, window=window, alpha=alpha, firms=firms)
         available = len(jax.devices())
         devices = available if devices is None else devices
         if not 1 <= devices <= available:
             raise ValueError(f"--devices: got {devices}; allowed: 1 .. {available} (the XLA "
                              f"devices of this process)")
+        full_state, full_obs, keys = init_sessions(setup, jax.random.key(seed), sessions)
         chunks: dict[int, object] = {}
 
         def run_chunk(carry, first_period):
@@ -255,6 +328,7 @@ def run(sessions: int = 1000, beta: float = 4e-6, window: int = 100_000,
         index = jnp.asarray(batch[:real])
         full_state = _put(full_state, index, _take(carry[0], slice(0, real)))
         full_obs = _put(full_obs, index, carry[1][:real])
+        del carry
         profits = np.asarray(greedy_cycle_profits(setup, full_state, full_obs), np.float64)
     gain = economics.profit_gain(profits.mean(axis=1), setup.pi_nash, setup.pi_monopoly)
     converged = np.asarray(full_state.converged)
@@ -269,16 +343,88 @@ def run(sessions: int = 1000, beta: float = 4e-6, window: int = 100_000,
         "session_periods": session_periods,
         "sessions": sessions,
         "devices": devices,
-        "beta": beta,
-        "convergence_window": window,
+        "beta": setup.hyper["exploration_decay"],
+        "convergence_window": setup.hyper["convergence_window"],
         "wall_s": time.perf_counter() - start,
+        # added with --firms / --alpha (the keys above are unchanged)
+        "firms": setup.firms,
+        "alpha": setup.hyper["learning_rate"],
+        "delta": setup.hyper["discount"],
+        "grid_size": setup.hyper["grid_size"],
+        "states": int(setup.grid.shape[0]) ** setup.firms,
+        "grid_low": float(setup.grid[0]),
+        "grid_high": float(setup.grid[-1]),
+        "p_nash": setup.p_nash,
+        "p_monopoly": setup.p_monopoly,
+        "pi_nash": setup.pi_nash,
+        "pi_monopoly": setup.pi_monopoly,
     }
 
 
+def run_grid(alphas: list[float], betas: list[float], sessions: int = 32,
+             progress: bool = True, **kwargs) -> dict:
+    """The coarse alpha x beta heat map: :func:`run` for every cell (``sessions`` each,
+    the other settings in ``kwargs`` shared), one cell after the other. Returns
+    ``{"cells": [run summary per cell, alpha-major], "alphas", "betas", ...}``; each
+    cell's ``alpha`` and ``beta`` are those its learner was made with."""
+    for alpha in alphas:
+        for beta in betas:
+            check_arguments(kwargs.get("firms", 2), alpha, beta, sessions)
+    start = time.perf_counter()
+    cells = []
+    for alpha in alphas:
+        for beta in betas:
+            cell = run(sessions=sessions, beta=beta, alpha=alpha, progress=False, **kwargs)
+            cells.append(cell)
+            if progress:
+                period = cell["mean_convergence_period"]
+                print(f"  alpha {alpha:<6g} beta {beta:<8.2g} Delta {cell['profit_gain']:.3f} "
+                      f"(sd {cell['profit_gain_sd']:.3f})  converged "
+                      f"{cell['converged_share']:6.1%}  mean convergence "
+                      f"{'n/a' if period is None else f'{period:,.0f}'}  "
+                      f"{cell['wall_s']:6.1f} s", flush=True)
+    return {"grid": True, "firms": cells[0]["firms"], "sessions": sessions,
+            "alphas": list(alphas), "betas": list(betas), "cells": cells,
+            "wall_s": time.perf_counter() - start}
+
+
+def grid_table(result: dict) -> str:
+    """The heat map as text: one row per alpha, one column per beta, Delta (converged
+    share) per cell."""
+    betas = result["betas"]
+    cells = {(c["alpha"], c["beta"]): c for c in result["cells"]}
+    lines = ["alpha \\ beta " + "".join(f"{b:>16.2g}" for b in betas)]
+    for alpha in result["alphas"]:
+        row = "".join(f"{cells[alpha, b]['profit_gain']:>9.3f} "
+                      f"({cells[alpha, b]['converged_share']:4.0%})" for b in betas)
+        lines.append(f"{alpha:<13g}" + row)
+    return "\n".join(lines)
+
+
+class _Parser(argparse.ArgumentParser):
+    """Bad flags: one line on stderr, exit status 2 (argparse's status)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _float_list(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of numbers: {text!r}")
+    if not values:
+        raise argparse.ArgumentTypeError("empty list")
+    return values
+
+
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sessions", type=int, default=1000)
-    parser.add_argument("--beta", type=float, default=4e-6, help="exploration decay")
+    parser = _Parser(prog="calvano.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--firms", type=int, default=2, help="number of sellers n (>= 2)")
+    parser.add_argument("--alpha", type=float, default=0.15, help="learning rate, in (0, 1]")
+    parser.add_argument("--beta", type=float, default=4e-6, help="exploration decay, > 0")
+    parser.add_argument("--sessions", type=int, default=None,
+                        help="sessions (default 1000; per cell in grid mode: 32)")
     parser.add_argument("--window", type=int, default=100_000, help="convergence window")
     parser.add_argument("--max-periods", type=int, default=10_000_000,
                         help="stop every session after this many periods (published: 1e9; "
@@ -288,20 +434,51 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--devices", type=int, default=None,
                         help="split the sessions over this many devices (default: all; the "
                              "script makes one XLA CPU device per core)")
+    parser.add_argument("--grid-alpha", type=_float_list, default=None, metavar="A1,A2,..",
+                        help="grid mode: these learning rates (default: --alpha)")
+    parser.add_argument("--grid-beta", type=_float_list, default=None, metavar="B1,B2,..",
+                        help="grid mode: these exploration decays (default: --beta)")
     parser.add_argument("--json", action="store_true", help="print a JSON summary last")
     args = parser.parse_args(argv)
-    print(f"Calvano et al. (2020) reproduction: {args.sessions} sessions, beta={args.beta:g}, "
-          f"window={args.window:,d}, backend={jax.default_backend()}", flush=True)
-    result = run(args.sessions, args.beta, args.window, args.max_periods, args.chunk, args.seed,
-                 devices=args.devices)
-    print(f"profit gain        {result['profit_gain']:.4f} (sd {result['profit_gain_sd']:.3f}; "
-          f"published {PUBLISHED_PROFIT_GAIN})")
-    print(f"converged share    {result['converged_share']:.3f}")
-    mean_period = result["mean_convergence_period"]
-    print(f"mean convergence   {mean_period:,.0f} periods" if mean_period is not None
-          else "mean convergence   n/a")
-    print(f"periods simulated  {result['periods_simulated']:,d}")
-    print(f"wall time          {result['wall_s']:.1f} s")
+    grid_mode = args.grid_alpha is not None or args.grid_beta is not None
+    sessions = args.sessions if args.sessions is not None else (32 if grid_mode else 1000)
+    alphas = args.grid_alpha or [args.alpha]
+    betas = args.grid_beta or [args.beta]
+    try:
+        for alpha in alphas:
+            for beta in betas:
+                check_arguments(args.firms, alpha, beta, sessions)
+        if args.window < 1 or args.chunk < 1 or args.max_periods < 1:
+            raise ValueError("--window, --chunk and --max-periods must be >= 1")
+        if args.devices is not None and not 1 <= args.devices <= len(jax.devices()):
+            raise ValueError(f"--devices: got {args.devices}; allowed: 1 .. "
+                             f"{len(jax.devices())} (the XLA devices of this process)")
+    except ValueError as error:
+        parser.error(str(error))
+    shared = {"window": args.window, "max_periods": args.max_periods, "chunk": args.chunk,
+              "seed": args.seed, "devices": args.devices, "firms": args.firms}
+    print(f"Calvano et al. (2020) reproduction: {args.firms} firms, {sessions} sessions"
+          f"{' per cell' if grid_mode else ''}, alpha={','.join(f'{a:g}' for a in alphas)}, "
+          f"beta={','.join(f'{b:g}' for b in betas)}, window={args.window:,d}, "
+          f"backend={jax.default_backend()}", flush=True)
+    if grid_mode:
+        result = run_grid(alphas, betas, sessions, **shared)
+        print(grid_table(result))
+        print(f"wall time          {result['wall_s']:.1f} s")
+    else:
+        result = run(sessions, args.beta, progress=True, alpha=args.alpha, **shared)
+        baseline = (args.firms, args.alpha, args.beta) == tuple(BASELINE.values())
+        published = f"; published {PUBLISHED_PROFIT_GAIN}" if baseline else ""
+        print(f"economics          p_N {result['p_nash']:.4f}  p_M {result['p_monopoly']:.4f}  "
+              f"pi_N {result['pi_nash']:.4f}  pi_M {result['pi_monopoly']:.4f}")
+        print(f"profit gain        {result['profit_gain']:.4f} (sd "
+              f"{result['profit_gain_sd']:.3f}{published})")
+        print(f"converged share    {result['converged_share']:.3f}")
+        mean_period = result["mean_convergence_period"]
+        print(f"mean convergence   {mean_period:,.0f} periods" if mean_period is not None
+              else "mean convergence   n/a")
+        print(f"periods simulated  {result['periods_simulated']:,d}")
+        print(f"wall time          {result['wall_s']:.1f} s")
     if args.json:
         print(json.dumps(result))
     return result
