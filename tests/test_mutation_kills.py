@@ -257,3 +257,19 @@ def test_early_stop_needs_a_metric_and_exactly_one_of_above_below(rule):
     with pytest.raises(ConfigError) as info:
         resolve_train({"early_stop": rule})
     assert info.value.field == "train.early_stop"
+
+
+def test_each_consumer_group_draws_its_own_demand_noise():
+    # kills env.step_env 16 (split(k_demand) into 2 keys whatever the number of consumer
+    # groups: the third group reused the second's key, out-of-range index clamped)
+    cfg = duopoly_config()
+    group = cfg["market"]["consumers"][0]
+    cfg["market"]["consumers"] = [
+        {**group, "name": f"c{i}", "queries": 10.0, "demand": {"kind": "noisy", "sigma": 0.5}}
+        for i in range(3)]
+    env, params = jaxmarket.make(cfg)
+    _, state = env.reset(jax.random.key(0), params)
+    _, _, _, _, _, info = env.step(jax.random.key(1), state,
+                                   {"sellers": jnp.array([[1.5], [1.5]])}, params)
+    q = [float(info["queries"][f"c{i}"][0, 0]) for i in range(3)]
+    assert len(set(q)) == 3, q      # three independent draws, no two equal
