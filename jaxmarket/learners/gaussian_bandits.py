@@ -132,6 +132,9 @@ class GaussianBanditState:
     count: jax.Array        # () int32: valid samples in the buffer (same for every slot)
     steps: jax.Array        # () int32: transitions received so far
     updates: jax.Array      # () int32: parameter updates performed so far
+    # per-policy hyperparameters {name: [N] float32} (PBT mutates them in-graph, so a new
+    # value never recompiles): learning_rate, entropy_coef, pullback_coef (+ clip_eps)
+    hyper: Any = None
 
 
 def normal_log_prob(x: jax.Array, mean: jax.Array, log_std: jax.Array) -> jax.Array:
@@ -222,9 +225,11 @@ def _make(kind: str, fields: Mapping[str, Field], algo: str, rolling: bool):
         layout = SlotLayout(spec)  # slots [A] as [S, M, n]; parameters broadcast over M
         slot_weight = 1.0 / jnp.asarray(np.bincount(index_np, minlength=num_policies),
                                         jnp.float32)[index]          # [A]
-        opt = (optax.adam if h["optimizer"] == "adam" else optax.sgd)(h["learning_rate"])
-        ent_coef, pull_coef = h["entropy_coef"], h["pullback_coef"]
-        clip_eps = h.get("clip_eps", 0.2)
+        # unit step size: the per-policy learning rate (state.hyper) scales the update,
+        # ``lr * (-u)``, bit for bit what ``optax.adam(lr)`` computes as ``u * -lr``
+        opt = (optax.adam if h["optimizer"] == "adam" else optax.sgd)(1.0)
+        hyper_names = ("learning_rate", "entropy_coef", "pullback_coef") + (
+            ("clip_eps",) if algo == "ppo" else ())
         epochs = h.get("update_epochs", 1) if algo == "ppo" else 1
 
         def init(key, spec_=None):
@@ -241,6 +246,8 @@ def _make(kind: str, fields: Mapping[str, Field], algo: str, rolling: bool):
                 count=jnp.zeros((), jnp.int32),
                 steps=jnp.zeros((), jnp.int32),
                 updates=jnp.zeros((), jnp.int32),
+                hyper={name: jnp.full((num_policies,), h[name], jnp.float32)
+                       for name in hyper_names},
             )
 
         def act(state, obs, key):
@@ -256,6 +263,9 @@ def _make(kind: str, fields: Mapping[str, Field], algo: str, rolling: bool):
             action = jnp.clip(value, low_j, high_j)
             return action, {"sample": z, "log_prob": log_prob}
 
+        def slot_hyper(state, name):   # per-policy [N] -> per-slot [A]
+            return layout.view(state.hyper[name][:, None])[:, 0]
+
         def loss_fn(params, state, mask):
             mean = layout.params(params["mean"])                      # [S, 1, n, P]
             log_std = layout.params(params["log_std"])
@@ -268,12 +278,14 @@ def _make(kind: str, fields: Mapping[str, Field], algo: str, rolling: bool):
                 surrogate = adv * logp
             else:
                 ratio = jnp.exp(logp - state.buf_logp)
+                clip_eps = slot_hyper(state, "clip_eps")
                 surrogate = jnp.minimum(ratio * adv,
                                         jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv)
             pg = -(surrogate * mask).sum(0) / n                       # [A]
             entropy = (log_std + 0.5 * (_LOG_2PI + 1.0)).sum(-1)      # [A]
             pull = jnp.square(mean - layout.view(state.initial_mean)).sum(-1)   # [A]
-            per_slot = pg - ent_coef * entropy + pull_coef * pull
+            per_slot = (pg - slot_hyper(state, "entropy_coef") * entropy
+                        + slot_hyper(state, "pullback_coef") * pull)
             return (slot_weight * per_slot).sum()
 
         def project(params, initial_mean):
@@ -298,6 +310,9 @@ def _make(kind: str, fields: Mapping[str, Field], algo: str, rolling: bool):
                 params, opt_state = carry
                 loss, grads = jax.value_and_grad(loss_fn)(params, state, mask)
                 updates, opt_state = opt.update(grads, opt_state, params)
+                lr = state.hyper["learning_rate"]
+                updates = jax.tree.map(lambda u: lr.reshape((-1,) + (1,) * (u.ndim - 1)) * u,
+                                       updates)
                 params = project(optax.apply_updates(params, updates), state.initial_mean)
                 return (params, opt_state), loss
 

@@ -33,6 +33,8 @@ class TrainConfig:
     early_stop: Any
     # group -> Population (or None): filled from the learners: section by prepare()
     populations: Any = None
+    # group -> jaxmarket.train.pbt.PbtConfig: filled from the pbt blocks by prepare()
+    pbt: Any = None
 
 
 def resolve_train(raw: Any, where: str = "train") -> TrainConfig:
@@ -56,6 +58,9 @@ def resolve_training(config: dict) -> TrainConfig:
     if "seed" in config:
         if not isinstance(config["seed"], int) or isinstance(config["seed"], bool) or config["seed"] < 0:
             raise ConfigError("seed", config["seed"], "an integer >= 0")
+    from jaxmarket.train.pbt import strip_pbt
+
+    config = strip_pbt(config)   # pbt blocks are validated by prepare(), not the learners
     if "learners" in config:
         env, params = make(config)
         build_controller(env, params, config["learners"])

@@ -39,6 +39,7 @@ from jaxmarket.learners.population import (Population, draw_assignment,
                                            episodes_trigger_draw)
 from jaxmarket.market.env import MarketEnv
 from jaxmarket.market.spec import MarketParams
+from jaxmarket.train import pbt as pbt_mod
 from jaxmarket.train.config import TrainConfig
 
 
@@ -56,6 +57,9 @@ class Runner:
     # current assignment of market slots to the learner's member-grouped slots
     assignment: Any = struct.field(default_factory=dict)
     episodes: jax.Array = struct.field(default_factory=lambda: jnp.zeros((), jnp.int32))
+    # groups under PBT: the running sum [S, K] of each member's per-iteration mean reward
+    # since the last PBT period boundary (its objective)
+    pbt: Any = struct.field(default_factory=dict)
 
 
 def tile_spec(spec: LearnerSpec, num_envs: int, num_seeds: int = 1,
@@ -101,6 +105,7 @@ def make_train(env: MarketEnv, params: MarketParams, learners: dict[str, Learner
         onehot = (layout[:, None] == np.arange(pop.size)[None]).astype(np.float32)
         member_weights[g] = jnp.asarray(onehot / np.maximum(onehot.sum(0, keepdims=True), 1))
     groups = env.agent_groups
+    pbts = {g: c for g, c in (tcfg.pbt or {}).items() if c is not None}
     sizes = {g: env.num_agents(g) for g in groups}
     seller_groups = {g.name for g in env.spec.sellers}
     vstep = jax.vmap(env.step, in_axes=(0, 0, 0, None))
@@ -117,8 +122,12 @@ def make_train(env: MarketEnv, params: MarketParams, learners: dict[str, Learner
         # the first assignment is drawn from a key of its own (fold_in): scenarios without
         # a resampled population keep exactly the random streams they had
         assignment = draw(jax.random.fold_in(k_run, 1)) if dynamic else {}
+        for i, g in enumerate(pbts):   # per-member initial hyperparameters (pbt.init)
+            lstates[g] = pbt_mod.initial_hyper(jax.random.fold_in(jax.random.fold_in(k_run, 4), i),
+                                               pbts[g], lstates[g], S)
+        objective = {g: jnp.zeros((S, pbts[g].size), jnp.float32) for g in pbts}
         return Runner(env_state, obs, lstates, jax.random.key_data(k_run),
-                      jnp.zeros((), jnp.int32), assignment, jnp.zeros((), jnp.int32))
+                      jnp.zeros((), jnp.int32), assignment, jnp.zeros((), jnp.int32), objective)
 
     def to_learner(x, g, assignment):   # market slot order -> the learner's slot order
         return x[assignment[g][0]] if g in assignment else x
@@ -171,6 +180,8 @@ def make_train(env: MarketEnv, params: MarketParams, learners: dict[str, Learner
                 r = batch[g].reward.reshape(S, -1) @ w                           # [S, K]
                 pr = jnp.einsum("sjp,jk->kp", learner_view(price, g).reshape(
                     (S, -1, price.shape[-1])), w) / S                            # [K, P]
+                if g in pbts:   # PBT's objective signal, per seed and member
+                    metrics[f"{pbt_mod.OBJECTIVE}{g}"] = r
                 for k in range(w.shape[1]):   # static: one metric column per member
                     metrics[f"reward/{g}/m{k}"] = r[:, k].mean()
                     metrics[f"price/{g}/m{k}"] = pr[k]
@@ -224,9 +235,36 @@ def make_train(env: MarketEnv, params: MarketParams, learners: dict[str, Learner
             new_states[g], lm = learners[g].update(lstates[g], traj[g])
             for name, value in lm.items():
                 metrics[f"learner/{g}/{name}"] = jnp.mean(value)
+        objective = {}
+        for i, g in enumerate(pbts):
+            new_states[g], objective[g], events = pbt_iteration(
+                jax.random.fold_in(jax.random.fold_in(key, 3), i), g, new_states[g],
+                runner.pbt[g] + metrics.pop(f"{pbt_mod.OBJECTIVE}{g}"), runner.iteration + 1)
+            metrics.update({f"{pbt_mod.PREFIX}{g}/{k}": v for k, v in events.items()})
         runner = Runner(env_state, obs, new_states, jax.random.key_data(key),
-                        runner.iteration + 1, assignment, episodes)
+                        runner.iteration + 1, assignment, episodes, objective)
         return runner, metrics
+
+    def pbt_iteration(key, g, state, total, iteration):
+        """After the learners' update of iteration ``iteration`` (1-based): a PBT step
+        when a period ends at or after ``start``; the objective sum restarts at every
+        period boundary."""
+        cfg = pbts[g]
+        boundary = iteration % cfg.period == 0
+        act = boundary & (iteration >= cfg.start)
+        tree = pbt_mod.members(state)
+        objective = total / cfg.period
+
+        def step(tree):
+            return pbt_mod.pbt_step(key, tree, objective, cfg)
+
+        def skip(tree):
+            return tree, pbt_mod.no_events(tree, objective, cfg)
+
+        # only the member leaves go through the branch (not the sample buffers)
+        tree, events = jax.lax.cond(act, step, skip, tree)
+        total = jnp.where(boundary, jnp.zeros_like(total), total)
+        return pbt_mod.with_members(state, tree), total, events
 
     def run_chunk(runner: Runner, length: int):
         return jax.lax.scan(iteration, runner, length=length)

@@ -34,6 +34,8 @@ from jaxmarket.learners.population import resolve_population, split_learner_conf
 from jaxmarket.train.config import TrainConfig, resolve_train, resolve_training
 from jaxmarket.cli import Interrupted
 from jaxmarket.train.loop import PER_SEED, Runner, make_train, tile_spec
+from jaxmarket.train.pbt import CSV_COLUMNS as PBT_COLUMNS, PREFIX as PBT_PREFIX
+from jaxmarket.train.pbt import event_rows, resolve_pbt, strip_pbt
 from jaxmarket.train.summary import write_summary
 from jaxmarket.train.tracking import CsvMetrics, Tracker, with_tracker
 
@@ -52,6 +54,7 @@ def learners_template(env) -> str:
 def prepare(config: dict):
     """Everything static: env, params, learners, specs, train config, all validated
     (the early-stop metric name too) before anything compiles or touches the disk."""
+    raw, config = config, strip_pbt(config)   # the pbt blocks: resolve_pbt below
     tcfg = resolve_training(config)
     env, params = make(config)
     if "learners" not in config:
@@ -60,7 +63,9 @@ def prepare(config: dict):
                               "(a seller group, or a consumer group with agent: true)")
         raise ConfigError("learners", "<missing>", "a learners: section mapping each agent group "
                           "to a learner (docs/learners.md), e.g.\n" + learners_template(env))
-    tcfg = dataclasses.replace(tcfg, populations=resolve_populations(env, params, config, tcfg))
+    populations = resolve_populations(env, params, config, tcfg)
+    tcfg = dataclasses.replace(tcfg, populations=populations,
+                               pbt=resolve_pbt(raw, populations))
     base_specs = {g: group_learner_spec(env, params, g) for g in env.agent_groups}
     specs = {g: tile_spec(s, tcfg.num_envs, tcfg.num_seeds, tcfg.populations.get(g))
              for g, s in base_specs.items()}
@@ -97,7 +102,7 @@ def metric_columns(env, params, learners, specs, tcfg) -> list[str]:
     runner = jax.eval_shape(init, jax.random.key(0))
     _, metrics = jax.eval_shape(lambda r: run_chunk(r, 1), runner)
     zeros = {k: np.zeros(v.shape, np.float32) for k, v in metrics.items()
-             if not k.startswith(PER_SEED)}
+             if not k.startswith(PER_SEED) and not k.startswith(PBT_PREFIX)}
     return [k for k in _flatten_metrics(zeros, 0)[0] if k != "iteration"]
 
 
@@ -157,6 +162,7 @@ class Trainer:
         self._run_chunk = run_chunk
         self.metrics = CsvMetrics(self.run_dir / "metrics.csv")
         self.seed_metrics = CsvMetrics(self.run_dir / "seeds.csv")
+        self.pbt_events = CsvMetrics(self.run_dir / "pbt.csv")
         self._ckpt = None
 
     @property
@@ -219,6 +225,11 @@ class Trainer:
         tcfg = self.tcfg
         self.metrics.truncate_after(start)
         self.seed_metrics.truncate_after(start)
+        if tcfg.pbt:
+            self.pbt_events.truncate_after(start)
+            if not self.pbt_events.path.exists():   # the header, even before any event
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+                self.pbt_events.path.write_text(",".join(PBT_COLUMNS) + "\n")
         runner, done_iters = start_runner, start
         total = tcfg.num_iterations
         chunk_index = start // tcfg.chunk_size
@@ -236,6 +247,9 @@ class Trainer:
                 runner, metrics = self.chunk_fn(length)(runner)
                 metrics = jax.device_get(metrics)
                 dt = time.perf_counter() - t0
+                events = {k: metrics.pop(k) for k in list(metrics) if k.startswith(PBT_PREFIX)}
+                if events:
+                    self.pbt_events.append(event_rows(events, done_iters))
                 rows = _flatten_metrics(metrics, done_iters)
                 self.metrics.append(rows)
                 self.seed_metrics.append(_seed_rows(metrics, done_iters))
