@@ -239,3 +239,19 @@ def test_bad_pbt_config_exits_2(tmp_path, capsys):
     assert code == 2
     assert "learners.seller.pbt.hyperparams.learning_rate" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+def test_top_level_pbt_applies_to_groups_with_a_population_and_group_keys_override():
+    """Catches the top-level block being ignored, or overriding the group's own keys."""
+    config = small()
+    config["pbt"] = {**config["learners"]["seller"].pop("pbt"), "period": 7, "start": 3}
+    tcfg = prepare(config)[-1]
+    assert (tcfg.pbt["seller"].period, tcfg.pbt["seller"].start) == (7, 3)
+    config["learners"]["seller"]["pbt"] = {"period": 9}
+    tcfg = prepare(config)[-1]
+    assert (tcfg.pbt["seller"].period, tcfg.pbt["seller"].start) == (9, 3)
+    config["learners"]["seller"].pop("pbt")
+    config["learners"]["seller"].pop("population")
+    with pytest.raises(ConfigError) as err:
+        prepare(config)
+    assert err.value.field == "pbt"
