@@ -138,10 +138,9 @@ def test_sum_sub_chains_see_the_group_size_and_their_own_path():
         build_reward([{"kind": "sum", "terms": [{"kind": "revenue"},
                                                 {"kind": "team", "teams": [0, 1, 1]}]}],
                      2, "g.reward", "seller")
-    # the path names the sub-term (today it reads "g.reward[0].terms[1][0].teams": the
-    # sub-chain is built as a one-element list, hence the extra [0]; reported)
-    assert info.value.field.startswith("g.reward[0].terms[1]")
-    assert info.value.field.endswith(".teams")
+    # the path names the sub-term as the user wrote it (the sub-chain is built as a
+    # one-element list; its extra [0] must not leak into the path)
+    assert info.value.field == "g.reward[0].terms[1].teams"
     assert info.value.allowed == "a list of 2 team ids (one per agent)"
 
 

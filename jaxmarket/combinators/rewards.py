@@ -117,7 +117,7 @@ def _build_sum(s, n, where) -> RewardFn:
     weights = s["weights"] or (1.0,) * len(terms)
     if len(weights) != len(terms):
         raise ConfigError(f"{where}.weights", list(weights), f"a list of {len(terms)} numbers")
-    fns = [build_reward([t], n, f"{where}.terms[{i}]", s["_side"]) for i, t in enumerate(terms)]
+    fns = [_term(t, n, f"{where}.terms[{i}]", s["_side"]) for i, t in enumerate(terms)]
 
     def total(r, v):
         return r + sum(w * f(v) for w, f in zip(weights, fns))
@@ -131,6 +131,16 @@ REWARDS["scale"] = RewardDef("scale", _build_scale, {"factor": Field("float")},
                              doc=_build_scale.__doc__)
 REWARDS["clip"] = RewardDef("clip", _build_clip, {"low": Field("float"), "high": Field("float")},
                             doc=_build_clip.__doc__)
+def _term(term: Any, n: int, where: str, side: str):
+    """One ``sum`` term, built as a one-item reward list; its errors name
+    ``...terms[i].<field>``, not the list's own ``...terms[i][0].<field>``."""
+    try:
+        return build_reward([term], n, where, side)
+    except ConfigError as err:
+        field = err.field.replace(f"{where}[0]", where, 1)
+        raise ConfigError(field, err.value, err.allowed) from None
+
+
 REWARDS["sum"] = RewardDef("sum", _build_sum, {"terms": Field("any"),
                                                "weights": Field("floats", None, optional=True)},
                            doc=_build_sum.__doc__)
