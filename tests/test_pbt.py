@@ -135,7 +135,7 @@ def test_no_events_is_the_identity():
 
 # ---- through the training loop ---------------------------------------------------------
 
-PBT = {"period": 5, "mutation_rate": 1.0, "replace_fraction": 0.5,
+PBT = {"period": 4, "mutation_rate": 1.0, "replace_fraction": 0.5,
        "replace_reward_gap": {"relative": 0.0, "absolute": 0.0},
        "hyperparams": {"learning_rate": [1e-5, 1e-1]}, "init": {"learning_rate": "log_spaced"}}
 
@@ -168,7 +168,7 @@ def test_training_run_logs_events_that_match_the_state_and_resumes_bit_identical
     """Catches: events missing from or inconsistent with pbt.csv, PBT outputs leaking into
     metrics.csv, initial log-spaced learning rates not applied, a resumed run that
     differs from an uninterrupted one (objective sums or keys not checkpointed), pbt.csv
-    rows duplicated on resume."""
+    rows past the checkpoint kept on resume."""
     config = small()
     full = Trainer(config, tmp_path / "full")
     runner0 = full.initial_runner()
@@ -177,7 +177,7 @@ def test_training_run_logs_events_that_match_the_state_and_resumes_bit_identical
     full.train(Tracker(), runner0, 0)
     final = full.restore()[0].learners["seller"]
     events = rows(tmp_path / "full" / "pbt.csv")
-    assert events and {int(e["iteration"]) for e in events} <= {5, 10, 15, 20}
+    assert events and {int(e["iteration"]) for e in events} <= {4, 8, 12, 16, 20}
     header, _ = read_metrics(tmp_path / "full" / "metrics.csv")
     assert not any(h.startswith("pbt") for h in header)
     # the last iteration (20) was a PBT step and nothing trained after it: the replaced
@@ -191,10 +191,23 @@ def test_training_run_logs_events_that_match_the_state_and_resumes_bit_identical
                                       np.asarray(final.params["mean"][src]))
         assert float(e["source_objective"]) > float(e["objective"])
 
-    # stopped after the first chunk, then restored from its checkpoint and continued:
+    # the objective of the step at iteration 8 is each member's mean reward over
+    # iterations 5..8 (its mean over seeds: the reward/seller/m<k> columns)
+    _, out = full.chunk_fn(10)(full.initial_runner())
+    for k in range(4):
+        np.testing.assert_allclose(np.asarray(out["pbt/seller/objective"][7, :, k]).mean(),
+                                   np.asarray(out[f"reward/seller/m{k}"][4:8]).mean(),
+                                   rtol=1e-5)
+
+    # stopped after the first chunk (mid-period: the objective sums must be checkpointed),
+    # then restored from its checkpoint and continued:
     # identical files (the same Trainer's compiled chunk, retargeted, saves a compile)
     first = retarget(full, tmp_path / "resumed", 10)
     first.train(Tracker(), first.initial_runner(), 0)
+    # a chunk whose rows were written but whose checkpoint was lost (a crash): resume
+    # must drop them
+    with open(tmp_path / "resumed" / "pbt.csv", "a") as f:
+        f.write("15,seller,0,1,2,0.1,0.2,learning_rate,0.001,0.002\n")
     second = retarget(full, tmp_path / "resumed", 20)
     runner, start = second.restore()
     assert start == 10
