@@ -70,7 +70,9 @@ def describe_training(config: dict) -> list[str]:
         return lines
     from jaxmarket.learners.population import resolve_population, split_learner_config
     env, _ = make(config)
+    from jaxmarket.train.pbt import split_pbt
     for group, raw in config["learners"].items():
+        raw, pbt = split_pbt(raw)
         kind, hyper = resolve_learner(raw, f"learners.{group}")
         lines.append(f"learners.{group}: {kind}")
         lines += [f"  {k}: {v}" for k, v in hyper.items()]
@@ -80,6 +82,8 @@ def describe_training(config: dict) -> list[str]:
             lines.append(f"  population: {pop.size} members per seed, mapping {pop.kind}"
                          + (f" (every {pop.every} episodes, first {pop.first}, mix_in_env "
                             f"{pop.mix_in_env})" if pop.kind == "resample" else ""))
+        if pbt is not None or "pbt" in config:
+            lines.append(f"  pbt: {pbt if pbt is not None else config['pbt']}")
     return lines
 
 

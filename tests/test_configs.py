@@ -37,8 +37,17 @@ def quoted_price_bounds(config: dict, group: str) -> tuple[np.ndarray, np.ndarra
     return low, high
 
 
+def few(name: str) -> list[str]:
+    """A few iterations of one seed; a population keeps its num_envs (K must divide it)."""
+    learners = yaml.safe_load((CONFIGS / f"{name}.yaml").read_text()).get("learners", {})
+    if any(isinstance(c, dict) and "population" in c for c in learners.values()):
+        return [o for o in FEW if not o.startswith("train.num_envs")]
+    return FEW
+
+
 @pytest.mark.parametrize("name", SHIPPED)
 def test_every_shipped_config_trains(name, tmp_path):
+    FEW = few(name)
     config = load_config(CONFIGS / f"{name}.yaml", FEW)
     assert "learners" in config, f"{name}.yaml has no learners: section"
     summary = start_run(str(CONFIGS / f"{name}.yaml"), FEW, str(tmp_path / "run"))

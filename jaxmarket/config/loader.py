@@ -17,7 +17,7 @@ import yaml
 
 from jaxmarket.config.errors import ConfigError
 
-TOP_LEVEL = ("market", "learners", "train", "seed", "name", "description")
+TOP_LEVEL = ("market", "learners", "train", "seed", "name", "description", "pbt")
 _TOKEN = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
 
 
