@@ -11,7 +11,6 @@ import numpy as np
 
 from jaxmarket.cli import parser as make_parser
 from jaxmarket.cli import run_cli
-from jaxmarket import make
 from jaxmarket.config.loader import load_config
 from jaxmarket.market.spec import resolve_market, thaw
 
@@ -56,28 +55,23 @@ def describe_training(config: dict) -> list[str]:
     """The ``train:`` settings and each group's learner with every default filled in
     (validated, the early-stop metric included), or a note for a market-only file."""
     from jaxmarket.learners.controller import resolve_learner
+    from jaxmarket.train.config import TRAIN_FIELDS, resolve_training
+    from jaxmarket.train.pbt import split_pbt
     from jaxmarket.train.run import prepare
 
-    _, _, _, _, tcfg = prepare(config) if "learners" in config else (None,) * 5
-    if tcfg is None:
-        from jaxmarket.train.config import resolve_training
-        tcfg = resolve_training(config)
-    lines = ["train: " + ", ".join(f"{k}={v}" for k, v in vars(tcfg).items()),
+    tcfg = prepare(config)[-1] if "learners" in config else resolve_training(config)
+    lines = ["train: " + ", ".join(f"{k}={getattr(tcfg, k)}" for k in TRAIN_FIELDS),
              f"seed: {config.get('seed', 0)}"]
     if "learners" not in config:
         lines.append("learners: none (a market-only file: python -m jaxmarket.train needs a "
                      "learners: section)")
         return lines
-    from jaxmarket.learners.population import resolve_population, split_learner_config
-    env, _ = make(config)
-    from jaxmarket.train.pbt import split_pbt
     for group, raw in config["learners"].items():
         raw, pbt = split_pbt(raw)
         kind, hyper = resolve_learner(raw, f"learners.{group}")
         lines.append(f"learners.{group}: {kind}")
         lines += [f"  {k}: {v}" for k, v in hyper.items()]
-        pop = resolve_population(split_learner_config(raw)[1], f"learners.{group}",
-                                 tcfg.num_envs, env.num_agents(group))
+        pop = tcfg.populations.get(group)   # resolved by prepare()
         if pop is not None:
             lines.append(f"  population: {pop.size} members per seed, mapping {pop.kind}"
                          + (f" (every {pop.every} episodes, first {pop.first}, mix_in_env "

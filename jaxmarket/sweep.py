@@ -563,10 +563,8 @@ def run_sweep(sweep: Sweep | None, run_dir: str | Path | None, resume: bool = Fa
     else:
         if run_dir is None:
             run_dir = f"runs/sweep-{Path(sweep.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-        run_dir = Path(run_dir)
-        if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
-            raise ConfigError("--run-dir", str(run_dir), "a new or empty directory (to "
-                              f"continue that sweep: python -m jaxmarket.sweep --resume {run_dir})")
+        from jaxmarket.train.run import require_new_dir
+        run_dir = require_new_dir(run_dir, "that sweep: python -m jaxmarket.sweep --resume")
     cells = validate(sweep)
     metric = check_metric(metric, cells)
     if backend == "ray":

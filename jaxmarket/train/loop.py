@@ -99,11 +99,13 @@ def make_train(env: MarketEnv, params: MarketParams, learners: dict[str, Learner
     dynamic = [g for g in env.agent_groups if g in pops and pops[g].dynamic]
     episodic = env.spec is not None and int(params.episode_length) < 2**31 - 1
     # per-member means: [E * A, K] weights, column k averaging member k's slots of a seed
-    member_weights = {}
+    # and the member of each learner slot of every seed [S * E * A] (cross-play)
+    member_weights, slot_member = {}, {}
     for g, pop in pops.items():
         layout = pop.layout(tcfg.num_envs, env.num_agents(g))
         onehot = (layout[:, None] == np.arange(pop.size)[None]).astype(np.float32)
         member_weights[g] = jnp.asarray(onehot / np.maximum(onehot.sum(0, keepdims=True), 1))
+        slot_member[g] = jnp.asarray(np.tile(layout, S))
     groups = env.agent_groups
     pbts = {g: c for g, c in (tcfg.pbt or {}).items() if c is not None}
     sizes = {g: env.num_agents(g) for g in groups}
@@ -198,8 +200,7 @@ def make_train(env: MarketEnv, params: MarketParams, learners: dict[str, Learner
                       / sum_{x, a} [m(x, a) = i] [j among the others of market x]
         """
         K = pops[g].size
-        member = jnp.asarray(np.tile(pops[g].layout(tcfg.num_envs, sizes[g]), S))  # learner
-        member = to_market(member, g, assignment).reshape(E, sizes[g])          # market order
+        member = to_market(slot_member[g], g, assignment).reshape(E, sizes[g])  # market order
         onehot = jax.nn.one_hot(member, K, dtype=jnp.float32)                   # [E, A, K]
         others = (onehot.sum(1, keepdims=True) - onehot) > 0                    # [E, A, K]
         total = jnp.einsum("xa,xai,xaj->ij", reward, onehot, others)

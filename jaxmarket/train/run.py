@@ -27,12 +27,12 @@ import yaml
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from jaxmarket import make
+from jaxmarket.cli import Interrupted
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.loader import load_config
 from jaxmarket.learners.controller import build_controller, group_learner_spec
 from jaxmarket.learners.population import resolve_population, split_learner_config
 from jaxmarket.train.config import TrainConfig, resolve_train, resolve_training
-from jaxmarket.cli import Interrupted
 from jaxmarket.train.loop import PER_SEED, Runner, make_train, tile_spec
 from jaxmarket.train.pbt import CSV_COLUMNS as PBT_COLUMNS, PREFIX as PBT_PREFIX
 from jaxmarket.train.pbt import event_rows, resolve_pbt, strip_pbt
@@ -301,16 +301,23 @@ def _write_config(run_dir: Path, config: dict) -> None:
     tmp.replace(run_dir / "config.yaml")
 
 
+def require_new_dir(run_dir: str | Path, resume: str) -> Path:
+    """``run_dir`` as a Path if it is new or empty, else a ``--run-dir`` config error
+    saying how to continue it (``resume`` + the directory)."""
+    run_dir = Path(run_dir)
+    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+        raise ConfigError("--run-dir", str(run_dir),
+                          f"a new or empty directory (to continue {resume} {run_dir})")
+    return run_dir
+
+
 def start_run(config_path: str | None, overrides: list[str], run_dir: str | None,
               tracker: str = "files", mongo_url: str | None = None) -> dict:
     config = load_config(config_path, overrides)
     _ = resolve_train(config.get("train"))
     if run_dir is None:
         run_dir = f"runs/{Path(config_path).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir = Path(run_dir)
-    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
-        raise ConfigError("--run-dir", str(run_dir), "a new or empty directory (to continue "
-                          f"that run: python -m jaxmarket.train --resume {run_dir})")
+    run_dir = require_new_dir(run_dir, "that run: python -m jaxmarket.train --resume")
     trainer = Trainer(config, run_dir)   # validates everything before writing
     run_dir.mkdir(parents=True, exist_ok=True)
     _write_config(run_dir, config)
