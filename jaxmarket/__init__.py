@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -10,6 +11,11 @@ from jaxmarket.config.loader import load_config
 from jaxmarket.market.env import MarketEnv
 from jaxmarket.market.spec import MarketParams, MarketSpec, resolve_market, to_device
 from jaxmarket.market.state import MarketState
+
+try:
+    __version__ = version("jaxmarket")     # pyproject's version, from the installed metadata
+except PackageNotFoundError:              # a source tree that was never pip-installed
+    __version__ = "unknown"
 
 __all__ = ["ConfigError", "MarketEnv", "MarketParams", "MarketSpec", "MarketState",
            "load_config", "make", "resolve_market"]

@@ -18,6 +18,9 @@ import yaml
 from jaxmarket.config.errors import ConfigError
 
 TOP_LEVEL = ("market", "learners", "train", "seed", "name", "description", "pbt")
+# the scenario files shipped with the package (a link to the repository's configs/ in a
+# checkout, a copy inside an installed wheel)
+SHIPPED_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 _TOKEN = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
 
 
@@ -79,6 +82,17 @@ def yaml_error(path: Path, err: yaml.YAMLError) -> ConfigError:
     return ConfigError(where, text, "valid YAML")
 
 
+def shipped_path(source: str | Path) -> Path:
+    """``source`` as a path; a relative ``configs/NAME.yaml`` that does not exist from
+    the working directory (outside a checkout: an installed wheel, a notebook) is the
+    shipped file of that name, so the paths in the docs work everywhere."""
+    path = Path(source)
+    if (not path.exists() and not path.is_absolute() and len(path.parts) == 2
+            and path.parts[0] == "configs" and (SHIPPED_CONFIGS / path.name).is_file()):
+        return SHIPPED_CONFIGS / path.name
+    return path
+
+
 def load_config(source: str | Path | Mapping[str, Any], overrides: Sequence[str] = ()) -> dict:
     """Read a scenario (a YAML path or a mapping), apply overrides, check top-level keys.
 
@@ -88,7 +102,7 @@ def load_config(source: str | Path | Mapping[str, Any], overrides: Sequence[str]
     if isinstance(source, Mapping):
         config = copy.deepcopy(dict(source))
     else:
-        path = Path(source)
+        path = shipped_path(source)
         if not path.is_file():
             raise ConfigError("config", str(source), "an existing YAML file")
         try:

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 from jaxmarket.cli import parser as make_parser
 from jaxmarket.cli import run_cli
 from jaxmarket.config.errors import ConfigError
+from jaxmarket.config.loader import SHIPPED_CONFIGS
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "legacy_default.yaml"
+# inside the package, so an installed wheel finds it too (jaxmarket/configs -> configs/)
+DEFAULT_CONFIG = SHIPPED_CONFIGS / "legacy_default.yaml"
 
 
 def split_positional(items: list[str]) -> tuple[str | None, list[str]]:

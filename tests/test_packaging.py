@@ -1,0 +1,106 @@
+"""Packaging as a user meets it: the wheel carries every scenario file, an installed
+wheel trains the default scenario from a directory that is not a checkout, shipped
+``configs/NAME.yaml`` paths work anywhere, and ``jaxmarket --version`` is pyproject's
+version."""
+
+import os
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import CONFIGS, ROOT
+
+from jaxmarket.__main__ import main as jaxmarket_main
+from jaxmarket.config.errors import ConfigError
+from jaxmarket.config.loader import SHIPPED_CONFIGS, load_config
+
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
+                           str(out), str(ROOT)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    (path,) = out.glob("jaxmarket-*.whl")
+    return path
+
+
+def test_wheel_ships_every_scenario_file_byte_for_byte(wheel):
+    with zipfile.ZipFile(wheel) as zf:
+        shipped = {n[len("jaxmarket/configs/"):]: zf.read(n) for n in zf.namelist()
+                   if n.startswith("jaxmarket/configs/")}
+    on_disk = {p.name: p.read_bytes() for p in CONFIGS.glob("*.yaml")}
+    assert "legacy_default.yaml" in on_disk and shipped == on_disk
+
+
+def test_wheel_declares_the_console_script_and_its_version(wheel):
+    version = PYPROJECT["project"]["version"]
+    assert wheel.name.startswith(f"jaxmarket-{version}-")
+    with zipfile.ZipFile(wheel) as zf:
+        entry = zf.read(f"jaxmarket-{version}.dist-info/entry_points.txt").decode()
+    assert "jaxmarket = jaxmarket.__main__:main" in entry
+
+
+def test_installed_wheel_trains_the_default_scenario_outside_the_checkout(wheel, tmp_path):
+    target, work = tmp_path / "site", tmp_path / "elsewhere"
+    work.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q",
+                           "--target", str(target), str(wheel)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    script = ("import runpy, sys, jaxmarket\n"
+              "print('imported', jaxmarket.__file__)\n"
+              "print('calvano', jaxmarket.load_config('configs/calvano.yaml')['market']"
+              "['distributor']['kind'])\n"
+              "sys.argv = ['jaxmarket.train', 'train.num_iterations=20', 'train.chunk_size=10']\n"
+              "runpy.run_module('jaxmarket.train', run_name='__main__')\n")
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    proc = subprocess.run([sys.executable, "-c", script], cwd=work, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # the installed copy ran, not the checkout
+    assert f"imported {target / 'jaxmarket' / '__init__.py'}" in proc.stdout
+    assert "calvano logit" in proc.stdout
+    (run_dir,) = (work / "runs").glob("legacy_default-*")
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    shipped = yaml.safe_load((CONFIGS / "legacy_default.yaml").read_text())
+    assert config["market"] == shipped["market"] and config["train"]["num_iterations"] == 20
+    assert (run_dir / "summary.json").is_file()
+
+
+def test_shipped_configs_resolve_from_any_directory_and_are_the_checkouts_files(
+        tmp_path, monkeypatch):
+    assert SHIPPED_CONFIGS.resolve() == CONFIGS.resolve()
+    monkeypatch.chdir(tmp_path)
+    assert load_config("configs/logit_duopoly.yaml") == load_config(CONFIGS / "logit_duopoly.yaml")
+    # a file of that name in the working directory wins over the shipped one
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "logit_duopoly.yaml").write_text("market: {num_products: 7}\n")
+    assert load_config("configs/logit_duopoly.yaml")["market"] == {"num_products": 7}
+    with pytest.raises(ConfigError, match="an existing YAML file"):
+        load_config("configs/no_such_scenario.yaml")
+
+
+def test_console_script_prints_the_pyproject_version():
+    script = Path(sys.executable).parent / "jaxmarket"
+    proc = subprocess.run([str(script), "--version"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"jaxmarket {PYPROJECT['project']['version']}"
+
+
+def test_console_script_subcommands_delegate_to_the_modules(capsys):
+    assert jaxmarket_main(["check", str(CONFIGS / "calvano.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "distributor: logit" in out
+    # a configuration error keeps the shared CLI behaviour: one line, exit 2
+    assert jaxmarket_main(["check", str(CONFIGS / "calvano.yaml"), "market.num_products=-1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("config error: market.num_products") and "\n" not in err
+    with pytest.raises(SystemExit) as exc:
+        jaxmarket_main(["fly"])
+    assert exc.value.code == 2 and "invalid choice: 'fly'" in capsys.readouterr().err
