@@ -221,6 +221,12 @@ class PPOState:
     opt_state: Any         # Adam state, every leaf [num_policies, ...]
     policy_index: jax.Array  # [A] int32, slot -> policy
     key: jax.Array         # minibatch shuffling
+    # per-policy hyperparameters {name: [num_policies] float32} (PBT mutates them
+    # in-graph without recompiling): learning_rate, ent_coef, vf_coef, clip_eps
+    hyper: Any = None
+
+
+HYPERPARAMS = ("learning_rate", "ent_coef", "vf_coef", "clip_eps")
 
 
 def _resolve(hyper: Mapping[str, Any]) -> dict[str, Any]:
@@ -249,16 +255,27 @@ def make_ppo(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
     network = ActorCritic(hidden_sizes=h["hidden_sizes"], activation=h["activation"], head=head,
                           num_products=P, num_actions=K, log_std_init=h["log_std_init"])
 
-    if h["anneal_lr"]:
-        steps_per_update = epochs * num_mb
-        lr0, total = h["learning_rate"], h["num_updates"]
+    steps_per_update, total = epochs * num_mb, h["num_updates"]
 
-        def learning_rate(count):  # PureJaxRL's linear schedule
-            return lr0 * (1.0 - (count // steps_per_update) / total)
-    else:
-        learning_rate = h["learning_rate"]
+    def step_size(lr, count):
+        """The Adam step size of a policy with learning rate ``lr`` after ``count``
+        optimizer steps: ``lr``, or PureJaxRL's linear schedule
+        ``lr (1 - floor(count / (epochs * minibatches)) / num_updates)``."""
+        if h["anneal_lr"]:
+            return lr * (1.0 - (count // steps_per_update) / total)
+        return lr
+
+    # unit step size: the policy's own learning rate (state.hyper) scales the Adam
+    # direction, ``u * -step_size``, as ``optax.adam(lr)`` computes it
     tx = optax.chain(optax.clip_by_global_norm(h["max_grad_norm"]),
-                     optax.adam(learning_rate=learning_rate, eps=h["adam_eps"]))
+                     optax.scale_by_adam(eps=h["adam_eps"]))
+
+    def tx_update(grads, opt_state, params, lr):
+        """One policy's optimizer step (vmapped over policies)."""
+        count = opt_state[1].count            # Adam's step count before this step
+        direction, opt_state = tx.update(grads, opt_state, params)
+        step = -step_size(lr, count)
+        return jax.tree.map(lambda u: u * step.astype(u.dtype), direction), opt_state
 
     def apply(params, index, x):
         """Network outputs for rows ``x[i]`` (any trailing batch dims) with the parameters
@@ -279,8 +296,9 @@ def make_ppo(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
         key, shuffle_key = jax.random.split(key)
         dummy = jnp.zeros((max(spec.obs_dim, 0),), jnp.float32)
         params = jax.vmap(lambda k: network.init(k, dummy))(jax.random.split(key, num_policies))
+        hyper = {name: jnp.full((num_policies,), h[name], jnp.float32) for name in HYPERPARAMS}
         return PPOState(params=params, opt_state=jax.vmap(tx.init)(params),
-                        policy_index=spec.index(), key=shuffle_key)
+                        policy_index=spec.index(), key=shuffle_key, hyper=hyper)
 
     def init(key: jax.Array, spec_: LearnerSpec | None = None) -> PPOState:
         del spec_  # the learner was built for its spec
@@ -302,7 +320,7 @@ def make_ppo(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
         return action, {"log_prob": log_prob, "value": value, "raw_action": sample}
 
     # -- update -------------------------------------------------------------------------
-    def minibatch_loss(params, mb):
+    def minibatch_loss(params, hyper, mb):
         policy_out, value = apply(params, mb["policy"], mb["obs"])
         dist = make_distribution(head, policy_out)
         log_prob = dist.log_prob(mb["sample"])
@@ -321,9 +339,10 @@ def make_ppo(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
                    * (1.0 / jnp.maximum(counts, 1.0)))[pol]
             adv = (adv - mean) / (jnp.sqrt(var) + 1e-8)
 
+        eps = hyper["clip_eps"][pol]                    # each sample's policy's values
         pg = clipped_surrogate(log_prob, mb["log_prob"], adv, eps)
         vl = value_loss(value, mb["value"], mb["target"], eps, h["clip_value_loss"])
-        per_sample = pg + h["vf_coef"] * vl - h["ent_coef"] * entropy
+        per_sample = pg + hyper["vf_coef"][pol] * vl - hyper["ent_coef"][pol] * entropy
         total = jnp.sum(weight * per_sample)
 
         log_ratio = log_prob - mb["log_prob"]
@@ -375,8 +394,9 @@ def make_ppo(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
         # 4. epochs x minibatches
         def minibatch_step(carry, mb):
             params, opt_state = carry
-            grads, metrics = jax.grad(minibatch_loss, has_aux=True)(params, mb)
-            updates, new_opt_state = jax.vmap(tx.update)(grads, opt_state, params)
+            grads, metrics = jax.grad(minibatch_loss, has_aux=True)(params, state.hyper, mb)
+            updates, new_opt_state = jax.vmap(tx_update)(grads, opt_state, params,
+                                                         state.hyper["learning_rate"])
             new_params = optax.apply_updates(params, updates)
             if not single:  # a policy without samples in this minibatch takes no step
                 present = jax.ops.segment_sum(jnp.ones_like(mb["policy"]), mb["policy"],

@@ -105,6 +105,9 @@ class QLearningState:
     step: jax.Array            # [S] int32 periods learnt from (t of eps_t)
     stable_periods: jax.Array  # [S] int32 consecutive periods without a greedy change
     converged: jax.Array       # [S] bool
+    # per-policy hyperparameters {name: [num_policies] float32}: learning_rate (alpha)
+    # and exploration_decay (beta); PBT mutates them in-graph without recompiling
+    hyper: Any = None
 
     @property
     def q(self) -> jax.Array:
@@ -271,9 +274,20 @@ def make(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
             return jnp.any(x)
         return jnp.any(x.reshape(num_sessions, slots_per_session), axis=-1)
 
+    def slot_epsilon(state: QLearningState) -> jax.Array:
+        """``[A]`` exploration probability of each slot: ``exp(-beta_k t_s)`` with its
+        policy's ``beta_k`` and its session's ``t_s`` (0 once the session converged)."""
+        beta_slot = state.hyper["exploration_decay"][state.policy_index]
+        t = per_slot(state.step.astype(jnp.float32))
+        return jnp.where(per_slot(state.converged), 0.0, jnp.exp(-beta_slot * t))
+
     def epsilon(state: QLearningState) -> jax.Array:
-        """``[S]`` exploration probability of each session (0 once converged)."""
-        return jnp.where(state.converged, 0.0, jnp.exp(-beta * state.step.astype(jnp.float32)))
+        """``[S]`` mean exploration probability of each session's slots (0 once
+        converged; the session's ``exp(-beta t)`` when its policies share one beta)."""
+        eps = slot_epsilon(state)
+        if num_sessions == 1:
+            return jnp.mean(eps)
+        return jnp.mean(eps.reshape(num_sessions, slots_per_session), axis=-1)
 
     if hyper["q_init"] == "random_rival":
         if spec.payoff is None:
@@ -302,13 +316,17 @@ def make(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
         return QLearningState(rows=rows, policy_index=index,
                               step=jnp.zeros(session_shape, jnp.int32),
                               stable_periods=jnp.zeros(session_shape, jnp.int32),
-                              converged=jnp.zeros(session_shape, bool))
+                              converged=jnp.zeros(session_shape, bool),
+                              hyper={"learning_rate": jnp.full((spec.policies,), alpha,
+                                                               jnp.float32),
+                                     "exploration_decay": jnp.full((spec.policies,), beta,
+                                                                   jnp.float32)})
 
     def act(state: QLearningState, obs: jax.Array, key: jax.Array):
         num_agents = obs.shape[0]
         s = grid.state_index(obs)                               # [A]
         greedy = state.rows[state.policy_index, s, m].astype(jnp.int32)
-        eps = per_slot(epsilon(state))                          # [A] (or [] for one session)
+        eps = slot_epsilon(state)                               # [A]
         # One uniform per agent decides both whether to explore (u < eps) and, given that
         # it does, which price: u / eps is then uniform on [0, 1).
         u = jax.random.bits(key, (num_agents,), jnp.uint32).astype(jnp.float32) * 2.0**-32
@@ -329,7 +347,8 @@ def make(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
         target = r + delta * jnp.where(done, 0.0, next_value)
         is_action = jnp.arange(m, dtype=jnp.int32) == a[:, None]  # [A, m]
         q_sa = jnp.take_along_axis(row, a[:, None], axis=-1)[:, 0]
-        increment = jnp.where(learning, alpha * (target - q_sa), 0.0)
+        alpha_slot = state.hyper["learning_rate"][policy]
+        increment = jnp.where(learning, alpha_slot * (target - q_sa), 0.0)
         if exclusive_policies:
             new_row = jnp.where(is_action, (q_sa + increment)[:, None], row)
             _, new_greedy = max_and_argmax(new_row)

@@ -253,7 +253,7 @@ def make_train(env: MarketEnv, params: MarketParams, learners: dict[str, Learner
         cfg = pbts[g]
         boundary = iteration % cfg.period == 0
         act = boundary & (iteration >= cfg.start)
-        tree = pbt_mod.members(state)
+        tree = pbt_mod.members(state, cfg.kind)
         objective = total / cfg.period
 
         def step(tree):

@@ -53,7 +53,15 @@ HYPERPARAMS = {
     "vpg_bandit": ("learning_rate", "entropy_coef", "pullback_coef"),
     "ppo_bandit": ("learning_rate", "entropy_coef", "pullback_coef", "clip_eps"),
     "rolling_ppo_bandit": ("learning_rate", "entropy_coef", "pullback_coef", "clip_eps"),
+    "q_learning": ("learning_rate", "exploration_decay"),
+    "ppo": ("learning_rate", "ent_coef", "vf_coef", "clip_eps"),
 }
+# what a replaced member copies from its source, per learner state: the fields whose
+# leaves are policy-stacked (the rest, e.g. sample buffers or a session's step, stay)
+MEMBER_FIELDS = {
+    "q_learning": ("rows", "hyper"),            # Q tables (with their greedy column)
+}
+DEFAULT_MEMBER_FIELDS = ("params", "opt_state", "hyper")
 INIT_MODES = ("log_spaced", "log_uniform")
 
 FIELDS = {
@@ -204,10 +212,10 @@ def _resolve_one(raw: Mapping, where: str, group: str, learner: Any, size: int) 
 
 # ---- in-graph ------------------------------------------------------------------------
 
-def members(state: Any) -> dict:
-    """The per-member part of a (Gaussian bandit) learner state: what a replaced member
-    copies (parameters, optimizer state) and what it mutates (``hyper``)."""
-    return {"params": state.params, "opt_state": state.opt_state, "hyper": state.hyper}
+def members(state: Any, kind: str) -> dict:
+    """The per-member part of a learner state of ``kind``: what a replaced member copies
+    (parameters and optimizer state, or Q tables) and what it mutates (``hyper``)."""
+    return {f: getattr(state, f) for f in MEMBER_FIELDS.get(kind, DEFAULT_MEMBER_FIELDS)}
 
 
 def with_members(state: Any, tree: dict) -> Any:
