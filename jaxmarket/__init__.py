@@ -8,6 +8,7 @@ from typing import Any, Mapping, Sequence
 
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.loader import load_config
+from jaxmarket.learners.population import register_mapping
 from jaxmarket.market.env import MarketEnv
 from jaxmarket.market.spec import MarketParams, MarketSpec, resolve_market, to_device
 from jaxmarket.market.state import MarketState
@@ -18,7 +19,7 @@ except PackageNotFoundError:              # a source tree that was never pip-ins
     __version__ = "unknown"
 
 __all__ = ["ConfigError", "MarketEnv", "MarketParams", "MarketSpec", "MarketState",
-           "load_config", "make", "resolve_market"]
+           "load_config", "make", "register_mapping", "resolve_market"]
 
 
 def make(source: str | Path | Mapping[str, Any],

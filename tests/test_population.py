@@ -307,3 +307,95 @@ def test_check_prints_the_resolved_population(capsys):
         "learners"]["sellers"]["population"]
     assert (f"population: {size} members per seed, mapping resample (every 3 episodes, "
             "first 5, mix_in_env False)") in out
+
+
+# ---- custom mappings (jaxmarket.register_mapping) ---------------------------------------
+
+def _stripes(key, episode, market, agent, K):
+    """Member (market + agent + episode) mod K: balanced, and it moves every episode."""
+    del key
+    return (market + agent + episode) % K
+
+
+def _lopsided(key, episode, market, agent, K):
+    """Everything to member 0 from episode 1 on (balanced only at episode 0)."""
+    del key, agent
+    return jnp.where(episode == 0, market % K, 0)
+
+
+def test_a_registered_mapping_drives_each_slot_as_its_fn_says_after_real_steps(tmp_path):
+    """Catches: the fn's member ignored or transposed (market vs agent), the episode count
+    not passed, the data of a slot reaching another member's update."""
+    import jaxmarket
+    jaxmarket.register_mapping("test_stripes", _stripes)
+    runner, _ = train(market({"kind": "test_stripes", "every": 1, "first": 0}),
+                      tmp_path / "r")
+    # 7 iterations = 7 episodes (no episode_length); the draw after each one: the
+    # market's prices of the last step come from the draw after 6 episodes
+    members = member_of_price(np.asarray(runner.env_state.prices["sellers"])[..., 0])
+    e, a = np.meshgrid(np.arange(E), np.arange(A), indexing="ij")
+    np.testing.assert_array_equal(members, np.tile((e + a + 6) % K, (S, 1)))
+    # and the learner's view of the last step: slot j of member layout[j] holds its own
+    # price and the reward of the market slot it drove
+    batch = runner.learners["sellers"]["batch"]
+    gather = np.asarray(runner.assignment["sellers"][0])
+    layout = Population(K, "test_stripes").layout(E, A)
+    policy = np.repeat(np.arange(S), E * A) * K + np.tile(layout, S)
+    np.testing.assert_array_equal(np.asarray(batch.action)[0, :, 0], 1.0 + policy)
+
+
+def test_an_unbalanced_custom_draw_is_repaired_into_equal_shares_and_counted(tmp_path):
+    import jaxmarket
+    jaxmarket.register_mapping("test_lopsided", _lopsided)
+    runner, cols = train(market({"kind": "test_lopsided", "every": 1, "first": 0}),
+                         tmp_path / "r")
+    members = member_of_price(np.asarray(runner.env_state.prices["sellers"])[..., 0])
+    for s in range(S):
+        counts = np.bincount(members[s * E:(s + 1) * E].ravel(), minlength=K)
+        np.testing.assert_array_equal(counts, [E * A // K] * K)
+    # each draw asked for all E A slots of both seeds on member 0: E A / K of each seed's
+    # slots overflow member 0's share
+    np.testing.assert_array_equal(cols["mapping/sellers/repaired"], [S * E * A // K] * 7)
+
+
+def test_assignment_from_members_is_a_permutation_that_keeps_balanced_draws_exact():
+    from jaxmarket.learners.population import assignment_from_members
+    rng = np.random.default_rng(0)
+    for trial in range(20):
+        balanced = trial % 2 == 0
+        if balanced:
+            m = np.stack([rng.permutation(np.repeat(np.arange(K), E * A // K)) for _ in range(S)])
+        else:
+            m = rng.integers(0, K, (S, E * A))
+        gather, scatter, repaired = map(np.asarray, assignment_from_members(
+            jnp.asarray(m.reshape(S, E, A)), K))
+        assert sorted(scatter) == list(range(S * E * A))                    # a permutation
+        np.testing.assert_array_equal(gather[scatter], np.arange(S * E * A))  # inverses
+        assert np.all(scatter // (E * A) == np.repeat(np.arange(S), E * A))  # seeds apart
+        layout = Population(K, "resample").layout(E, A)
+        got = layout[scatter % (E * A)].reshape(S, E * A)
+        counts = [np.bincount(row, minlength=K) for row in m]
+        assert repaired == sum(np.maximum(c - E * A // K, 0).sum() for c in counts)
+        if balanced:
+            np.testing.assert_array_equal(got, m)
+        else:   # a slot keeps its member unless it overflowed (past its member's share)
+            rank = np.array([[np.sum(row[:i] == row[i]) for i in range(E * A)] for row in m])
+            keep = rank < E * A // K
+            np.testing.assert_array_equal(got[keep], m[keep])
+
+
+def test_custom_mapping_errors_before_compiling(tmp_path):
+    import jaxmarket
+    from jaxmarket.config.errors import ConfigError
+    from jaxmarket.train.run import prepare
+    jaxmarket.register_mapping("test_all_zero", lambda key, ep, m, a, K: m * 0)
+    jaxmarket.register_mapping("test_float", lambda key, ep, m, a, K: 0.5 * m)
+    for name, needle in (("test_all_zero", f"[{E * A}, 0]"), ("test_float", "float32")):
+        with pytest.raises(ConfigError) as err:
+            prepare(market(name))
+        assert err.value.field == "learners.sellers.mapping" and needle in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        prepare(market({"kind": "test_all_zero", "mix_in_env": True}))
+    assert err.value.field == "learners.sellers.mapping.mix_in_env"
+    with pytest.raises(ValueError):
+        jaxmarket.register_mapping("sync", _stripes)

@@ -250,7 +250,7 @@ def test_shared_policy_gets_all_gradients_and_the_other_none():
 
     assert _max_abs_diff(policy(n2, 1), policy(s2, 1)) == 0.0  # untouched
     assert _max_abs_diff(policy(n2, 0), policy(s2, 0)) > 1e-5  # trained
-    mu1 = jax.tree.map(lambda x: x[1], n2.opt_state[1][0].mu)
+    mu1 = jax.tree.map(lambda x: x[1], n2.opt_state[1].mu)
     assert all(float(jnp.max(jnp.abs(x))) == 0.0 for x in jax.tree.leaves(mu1))
     assert _max_abs_diff(policy(n2, 0), policy(n1, 0)) < 1e-5
     for k in m1:

@@ -22,6 +22,19 @@ With ``E = train.num_envs`` markets per seed of ``A`` agents each:
   equal shares of ``E / K`` markets' worth of slots. An episode is ``episode_length``
   steps; a market without one counts each iteration as an episode.
 * ``table``: an explicit ``[E, A]`` array of members, the same in every seed. Static.
+* a custom mapping registered from Python (sample-factory's TODO)::
+
+      jaxmarket.register_mapping("stripes", lambda key, episode, market, agent, K:
+                                 (market + agent + episode) % K)
+
+  and selected by name (``mapping: stripes`` or ``{kind: stripes, every: 1}``; ``every``
+  and ``first`` as for ``resample``). ``fn(key, episode, market, agent, K) -> member`` is
+  jittable and called on scalars (vmapped over the seed's ``E`` markets and ``A``
+  agents; ``key`` is one key per seed and draw, ``episode`` the episodes completed).
+  Members must get equal shares, ``E A / K`` slots per seed (checked on the first draw
+  before compiling); a later unbalanced draw is *repaired*: the slots past a member's
+  share, in slot order, move to the members with room, and ``mapping/<group>/repaired``
+  counts them.
 
 Design: the learner sees its slots in a fixed *member-grouped* order (slot ``j`` of
 seed ``s`` is driven by member ``s K + layout[j]``, ``layout[j] = (j // A) mod K`` for
@@ -36,7 +49,7 @@ the training runner's state, so they are checkpointed and resumed bit-identicall
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -47,6 +60,23 @@ from jaxmarket.config.fields import Field, check_mapping
 
 KEYS = ("population", "mapping")
 MAPPINGS = ("sync", "resample", "table")
+CUSTOM_MAPPINGS: dict[str, Callable] = {}   # name -> fn(key, episode, market, agent, K)
+
+
+def register_mapping(name: str, fn: Callable) -> Callable:
+    """Register a custom agent -> member mapping under ``name`` (usable as
+    ``learners.<group>.mapping: name``). ``fn(key, episode, market, agent, K) -> member``
+    must be jittable: a pure function of a key, the completed-episode count, the market
+    index within the seed, the agent index within the group and the population size,
+    returning an integer in ``[0, K)``. Returns ``fn`` (usable as a decorator factory's
+    result)."""
+    if not isinstance(name, str) or not name or name in MAPPINGS or name == "league":
+        raise ValueError(f"register_mapping: name {name!r} must be a new, non-empty string "
+                         f"(built-in mappings: {', '.join(MAPPINGS)}, league)")
+    if not callable(fn):
+        raise TypeError(f"register_mapping: fn for {name!r} must be callable")
+    CUSTOM_MAPPINGS[name] = fn
+    return fn
 
 RESAMPLE_FIELDS = {
     "every": Field("int", 10, low=1, doc="episodes between draws"),
@@ -69,7 +99,11 @@ class Population:
 
     @property
     def dynamic(self) -> bool:
-        return self.kind == "resample"
+        return self.kind == "resample" or self.custom
+
+    @property
+    def custom(self) -> bool:
+        return self.kind in CUSTOM_MAPPINGS
 
     def layout(self, num_envs: int, num_agents: int) -> np.ndarray:
         """``[E * A]`` member of each slot of one seed, in the learner's slot order."""
@@ -102,9 +136,10 @@ def resolve_population(keys: Mapping[str, Any], where: str, num_envs: int,
         raise ConfigError(f"{where}.population", size, "an integer >= 1 (members per seed)")
     raw = keys.get("mapping", "sync")
     kind = raw if isinstance(raw, str) else raw.get("kind") if isinstance(raw, Mapping) else None
-    if kind not in MAPPINGS:
-        raise ConfigError(f"{where}.mapping", raw, "one of " + ", ".join(MAPPINGS) +
-                          " (a name, or a mapping with a 'kind' key)")
+    if kind not in MAPPINGS and kind not in CUSTOM_MAPPINGS:
+        raise ConfigError(f"{where}.mapping", raw, "one of " + ", ".join(
+            MAPPINGS + tuple(CUSTOM_MAPPINGS)) + " (a name, or a mapping with a 'kind' key; "
+            "custom ones come from jaxmarket.register_mapping)")
     opts = {k: v for k, v in raw.items() if k != "kind"} if isinstance(raw, Mapping) else {}
     if kind == "table":
         return _table(opts, where, size, num_envs, num_agents)
@@ -117,6 +152,12 @@ def resolve_population(keys: Mapping[str, Any], where: str, num_envs: int,
                           "every member drives the same number of markets")
     if kind == "sync":
         return Population(size, "sync")
+    if kind in CUSTOM_MAPPINGS:
+        h = check_mapping({k: RESAMPLE_FIELDS[k] for k in ("every", "first")}, opts,
+                          f"{where}.mapping")
+        pop = Population(size, kind, every=h["every"], first=h["first"])
+        _check_custom(pop, f"{where}.mapping", num_envs, num_agents)
+        return pop
     h = check_mapping(RESAMPLE_FIELDS, opts, f"{where}.mapping")
     if not h["balanced"]:
         raise ConfigError(f"{where}.mapping.balanced", False,
@@ -148,12 +189,85 @@ def _table(opts: Mapping[str, Any], where: str, size: int, num_envs: int,
     return Population(size, "table", table=tuple(tuple(int(x) for x in row) for row in arr))
 
 
+def custom_members(key: jax.Array, pop: Population, episode: jax.Array, num_seeds: int,
+                   num_envs: int, num_agents: int) -> jax.Array:
+    """``[S, E, A]`` int32: the registered ``fn``'s member of every slot, ``fn(fold_in(key,
+    s), episode, e, a, K)``, clipped to ``[0, K)``."""
+    fn = CUSTOM_MAPPINGS[pop.kind]
+    K = pop.size
+    keys = jax.vmap(lambda s: jax.random.fold_in(key, s))(jnp.arange(num_seeds))
+    market, agent = jnp.arange(num_envs), jnp.arange(num_agents)
+    per_agent = jax.vmap(lambda k, e, a: fn(k, episode, e, a, K), in_axes=(None, None, 0))
+    per_market = jax.vmap(per_agent, in_axes=(None, 0, None))
+    members = jax.vmap(per_market, in_axes=(0, None, None))(keys, market, agent)
+    return jnp.clip(jnp.asarray(members).astype(jnp.int32), 0, K - 1)
+
+
+def assignment_from_members(members: jax.Array, size: int) -> tuple[jax.Array, jax.Array,
+                                                                     jax.Array]:
+    """Members ``[S, E, A]`` of the market slots -> ``(gather, scatter, repaired)``.
+
+    The learner's slot order gives member ``k`` the slots ``j`` with ``(j // A) mod K =
+    k``; its ``r``-th of them is ``j = ((r // A) K + k) A + r mod A``. Market slot ``i``
+    with member ``m_i`` and rank ``r_i`` among the seed's slots of that member (in slot
+    order) goes to that slot while ``r_i < E A / K`` (the member's share); the slots
+    past their member's share ("overflow", ``repaired`` counts them over all seeds) take
+    the learner slots left free, both in increasing order."""
+    S, E, A = members.shape
+    K, n = size, E * A
+    m = members.reshape(S, n)
+    onehot = jax.nn.one_hot(m, K, dtype=jnp.int32)                        # [S, n, K]
+    rank = jnp.take_along_axis(jnp.cumsum(onehot, axis=1), m[..., None], axis=2)[..., 0] - 1
+    share = n // K
+    fits = rank < share
+    target = ((rank // A) * K + m) * A + rank % A                           # [S, n]
+    target = jnp.where(fits, target, n)                                    # n: dropped
+    rows = jnp.arange(S)[:, None]
+    taken = jnp.zeros((S, n + 1), bool).at[rows, target].set(True)[:, :n]
+    free = jnp.argsort(taken, axis=1, stable=True)                         # free slots first
+    overflow_rank = jnp.cumsum(~fits, axis=1) - 1
+    target = jnp.where(fits, target, jnp.take_along_axis(free, jnp.maximum(overflow_rank, 0),
+                                                         axis=1))
+    offset = (jnp.arange(S) * n)[:, None]
+    scatter = (target + offset).reshape(-1).astype(jnp.int32)
+    gather = jnp.zeros_like(scatter).at[scatter].set(jnp.arange(S * n, dtype=jnp.int32))
+    return gather, scatter, jnp.sum(~fits).astype(jnp.int32)
+
+
+def _check_custom(pop: Population, where: str, num_envs: int, num_agents: int) -> None:
+    """The registered fn traces to integer members and its first draw is balanced."""
+    fn = CUSTOM_MAPPINGS[pop.kind]
+    try:
+        out = jax.eval_shape(lambda k, t: fn(k, t, jnp.int32(0), jnp.int32(0), pop.size),
+                             jax.random.key(0), jnp.int32(0))
+    except Exception as exc:   # noqa: BLE001 - any tracing failure is the user's fn
+        raise ConfigError(where, pop.kind, f"a jittable fn(key, episode, market, agent, K) "
+                          f"(tracing it failed: {type(exc).__name__}: {exc})".replace("\n", " "))
+    if out.shape != () or not jnp.issubdtype(out.dtype, jnp.integer):
+        raise ConfigError(where, pop.kind, "a fn(key, episode, market, agent, K) returning one "
+                          f"integer member (it returned {out.dtype}{list(out.shape)})")
+    members = np.asarray(custom_members(jax.random.key(0), pop, jnp.int32(0), 1, num_envs,
+                                        num_agents))
+    counts = np.bincount(members.ravel(), minlength=pop.size)
+    if np.any(counts != counts[0]):
+        raise ConfigError(where, pop.kind, f"a mapping that gives each of the {pop.size} "
+                          f"members {num_envs * num_agents // pop.size} of a seed's "
+                          f"{num_envs * num_agents} slots (its first draw gives "
+                          f"{counts.tolist()})")
+
+
 def draw_assignment(key: jax.Array, pop: Population, num_seeds: int, num_envs: int,
-                    num_agents: int) -> tuple[jax.Array, jax.Array]:
+                    num_agents: int, episode: jax.Array | int = 0
+                    ) -> tuple[jax.Array, jax.Array]:
     """A balanced random assignment as ``(gather, scatter)``, each ``[S * E * A]`` int32:
     learner slot ``j`` reads market slot ``gather[j]``; market slot ``i`` is learner slot
-    ``scatter[i]`` (its inverse). Seed ``s``'s slots stay within seed ``s``."""
+    ``scatter[i]`` (its inverse). Seed ``s``'s slots stay within seed ``s``. A custom
+    mapping's draw (after ``episode`` episodes) goes through
+    :func:`assignment_from_members`."""
     E, A = num_envs, num_agents
+    if pop.custom:
+        members = custom_members(key, pop, jnp.asarray(episode, jnp.int32), num_seeds, E, A)
+        return assignment_from_members(members, pop.size)[:2]
     keys = jax.random.split(key, num_seeds)
     if pop.mix_in_env:
         perm = jax.vmap(lambda k: jax.random.permutation(k, E * A))(keys)          # [S, E A]
@@ -179,4 +293,5 @@ def episodes_trigger_draw(pop: Population, before: jax.Array, after: jax.Array) 
 
 
 __all__ = ["Population", "resolve_population", "split_learner_config", "draw_assignment",
-           "identity_assignment", "episodes_trigger_draw", "MAPPINGS"]
+           "identity_assignment", "episodes_trigger_draw", "MAPPINGS", "register_mapping",
+           "assignment_from_members", "custom_members"]

@@ -35,7 +35,8 @@ import numpy as np
 from flax import struct
 
 from jaxmarket.learners.base import Learner, LearnerSpec, Transition, materialize
-from jaxmarket.learners.population import (Population, draw_assignment,
+from jaxmarket.learners.population import (Population, assignment_from_members,
+                                           custom_members, draw_assignment,
                                            episodes_trigger_draw)
 from jaxmarket.market.env import MarketEnv
 from jaxmarket.market.spec import MarketParams
@@ -112,9 +113,19 @@ def make_train(env: MarketEnv, params: MarketParams, learners: dict[str, Learner
     seller_groups = {g.name for g in env.spec.sellers}
     vstep = jax.vmap(env.step, in_axes=(0, 0, 0, None))
 
-    def draw(key: jax.Array) -> dict:
-        return {g: draw_assignment(jax.random.fold_in(key, i), pops[g], S, tcfg.num_envs,
-                                   sizes[g]) for i, g in enumerate(dynamic)}
+    def draw(key: jax.Array, episode: jax.Array) -> tuple[dict, dict]:
+        """A fresh assignment of every dynamic group, and the slots a custom mapping's
+        draw had to repair (``mapping/<g>/repaired``)."""
+        out, repaired = {}, {}
+        for i, g in enumerate(dynamic):
+            k = jax.random.fold_in(key, i)
+            if pops[g].custom:
+                members = custom_members(k, pops[g], episode, S, tcfg.num_envs, sizes[g])
+                *out[g], repaired[g] = assignment_from_members(members, pops[g].size)
+                out[g] = tuple(out[g])
+            else:
+                out[g] = draw_assignment(k, pops[g], S, tcfg.num_envs, sizes[g])
+        return out, repaired
 
     def init(key: jax.Array) -> Runner:
         k_env, k_learn, k_run = jax.random.split(key, 3)
@@ -123,7 +134,8 @@ def make_train(env: MarketEnv, params: MarketParams, learners: dict[str, Learner
         lstates = {g: learners[g].init(lkeys[i], specs[g]) for i, g in enumerate(groups)}
         # the first assignment is drawn from a key of its own (fold_in): scenarios without
         # a resampled population keep exactly the random streams they had
-        assignment = draw(jax.random.fold_in(k_run, 1)) if dynamic else {}
+        assignment = draw(jax.random.fold_in(k_run, 1), jnp.zeros((), jnp.int32))[0] \
+            if dynamic else {}
         for i, g in enumerate(pbts):   # per-member initial hyperparameters (pbt.init)
             lstates[g] = pbt_mod.initial_hyper(jax.random.fold_in(jax.random.fold_in(k_run, 4), i),
                                                pbts[g], lstates[g], S)
@@ -227,10 +239,15 @@ def make_train(env: MarketEnv, params: MarketParams, learners: dict[str, Learner
         if dynamic:
             redraw = {g: episodes_trigger_draw(pops[g], runner.episodes, episodes)
                       for g in dynamic}
-            fresh = draw(jax.random.fold_in(key, 2))   # not a split: other streams unchanged
+            # not a split: other streams unchanged
+            fresh, repaired = draw(jax.random.fold_in(key, 2), episodes)
             assignment = {g: jax.tree.map(lambda new, old: jnp.where(redraw[g], new, old),
                                           fresh[g], assignment[g]) for g in dynamic}
         metrics = jax.tree.map(lambda x: x.mean(0), metrics)
+        if dynamic:
+            for g, count in repaired.items():
+                metrics[f"mapping/{g}/repaired"] = jnp.where(redraw[g], count, 0).astype(
+                    jnp.float32)
         new_states = {}
         for g in groups:
             new_states[g], lm = learners[g].update(lstates[g], traj[g])
