@@ -1,0 +1,135 @@
+"""python -m jaxmarket.offline --dataset D --algo ALGO [--run-dir R] [options] [key=value ...]
+python -m jaxmarket.offline --resume R [--steps N]
+
+Trains an offline algorithm (bc, cql, iql, td3_bc, dm, dr) on a dataset directory made
+by python -m jaxmarket.collect (or a D4RL .hdf5 file), in compiled chunks of --chunk
+updates, writing R/metrics.csv as it trains (the chunk's mean losses and the --eval
+evaluators: sim = value in the scenario's simulator, fqe, ope = IPS/SNIPS/DM/DR,
+action_diff, value, td) and an orbax checkpoint per chunk. Stops after --steps updates,
+or earlier by --time-budget, --patience/--target on --metric, or a non-finite value.
+key=value settings are the algorithm's hyperparameters (e.g. gamma=0.9 hidden=[64,64]).
+--resume continues R from its last checkpoint, bit-identical to an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+from jaxmarket.cli import parser as make_parser
+from jaxmarket.cli import run_cli
+from jaxmarket.config.errors import ConfigError
+
+EVALUATORS = ("sim", "fqe", "ope", "action_diff", "value", "td")
+
+
+def build_evaluators(names: list[str], ds, gamma: float, horizon: int, fqe_steps: int) -> dict:
+    from jaxmarket.offline import (
+        FQE,
+        BanditOPE,
+        SimulatorValue,
+        action_difference,
+        td_error,
+        value_estimate,
+    )
+    out = {}
+    for name in names:
+        if name not in EVALUATORS:
+            raise ConfigError("--eval", name, "names from " + ", ".join(EVALUATORS))
+        if name == "sim":
+            out[name] = SimulatorValue(ds, steps=horizon, gamma=gamma)
+        elif name == "fqe":
+            out[name] = FQE(ds, gamma=gamma, steps=fqe_steps)
+        elif name == "ope":
+            out[name] = BanditOPE(ds)
+        elif name == "action_diff":
+            out[name] = action_difference(ds)
+        elif name == "value":
+            out[name] = value_estimate(ds)
+        else:
+            out[name] = td_error(ds, gamma)
+    return out
+
+
+def parse_hyper(items: list[str]) -> dict:
+    hyper = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError("hyperparameters", item, "KEY=VALUE settings, e.g. gamma=0.9")
+        k, v = item.split("=", 1)
+        hyper[k.strip()] = yaml.safe_load(v)
+    return hyper
+
+
+def main(argv: list[str]) -> int:
+    p = make_parser("python -m jaxmarket.offline", __doc__)
+    p.add_argument("--dataset", default=None, help="dataset directory or D4RL .hdf5 file")
+    p.add_argument("--group", default=None, help="the dataset's group (default: its primary)")
+    p.add_argument("--algo", default=None, help="bc, cql, iql, td3_bc, dm or dr")
+    p.add_argument("--run-dir", default=None, help="output directory (default runs/offline-ALGO)")
+    p.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue a run")
+    p.add_argument("--steps", type=int, default=None, help="total updates (default 10000)")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--chunk", type=int, default=1000, help="updates per compiled chunk")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--eval", default="", help="comma-separated: " + ", ".join(EVALUATORS))
+    p.add_argument("--eval-gamma", type=float, default=0.9, help="discount of sim and fqe")
+    p.add_argument("--eval-horizon", type=int, default=200, help="sim: steps per rollout")
+    p.add_argument("--fqe-steps", type=int, default=5000)
+    p.add_argument("--metric", default=None, help="the metrics.csv column of --patience/--target")
+    p.add_argument("--mode", default="max", choices=("max", "min"))
+    p.add_argument("--patience", type=int, default=None)
+    p.add_argument("--target", type=float, default=None)
+    p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS")
+    p.add_argument("hyper", nargs="*", metavar="key=value")
+    args = p.parse_intermixed_args(argv)
+    from jaxmarket.offline import Stop, fit, load_dataset, make_algo
+    from jaxmarket.offline.fit import write_fit_config
+
+    if args.resume:
+        run_dir = Path(args.resume)
+        if not (run_dir / "offline.json").is_file():
+            raise ConfigError("--resume", str(run_dir), "a run directory holding offline.json")
+        info = json.loads((run_dir / "offline.json").read_text())
+        if args.steps is not None:
+            info["stop"]["steps"] = args.steps
+    else:
+        if not args.dataset or not args.algo:
+            raise ConfigError("--dataset/--algo", None, "both (or --resume RUN_DIR)")
+        run_dir = Path(args.run_dir or f"runs/offline-{args.algo}")
+        if run_dir.exists() and any(run_dir.iterdir()):
+            raise ConfigError("--run-dir", str(run_dir), "a new or empty directory (to continue "
+                              f"it: python -m jaxmarket.offline --resume {run_dir})")
+        info = {"dataset": str(Path(args.dataset).absolute()), "group": args.group,
+                "algo": args.algo, "hyper": parse_hyper(args.hyper),
+                "batch_size": args.batch_size, "chunk": args.chunk, "seed": args.seed,
+                "eval": [e for e in args.eval.split(",") if e],
+                "eval_gamma": args.eval_gamma, "eval_horizon": args.eval_horizon,
+                "fqe_steps": args.fqe_steps,
+                "stop": {"steps": args.steps or 10_000, "time_s": args.time_budget,
+                         "metric": args.metric, "patience": args.patience,
+                         "target": args.target, "mode": args.mode}}
+    ds = load_dataset(info["dataset"], info["group"])
+    algo = make_algo(info["algo"], ds, **info["hyper"])
+    stop = Stop(**info["stop"])
+    evaluators = build_evaluators(info["eval"], ds, info["eval_gamma"], info["eval_horizon"],
+                                  info["fqe_steps"])
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_fit_config(run_dir, info)
+    result = fit(algo, ds, evaluators=evaluators, stop=stop, batch_size=info["batch_size"],
+                 chunk=info["chunk"], seed=info["seed"], run_dir=run_dir,
+                 resume=bool(args.resume), verbose=True)
+    summary = {"run_dir": str(run_dir), "algo": info["algo"], "steps": result.steps,
+               "stopped": result.stopped, "updates_per_s": round(result.updates_per_s, 1),
+               "final": result.history[-1] if result.history else {}}
+    tmp = run_dir / "summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=1))
+    tmp.replace(run_dir / "summary.json")
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

@@ -1,0 +1,325 @@
+"""Offline datasets: one agent group's transitions, in memory and on disk.
+
+A :class:`Dataset` is a dict of row-aligned numpy arrays plus metadata. Rows are
+transitions of one agent slot of one market ("stream"):
+
+=====================  =========  ==================================================
+field                  shape      meaning
+=====================  =========  ==================================================
+``observations``       ``[N, D]`` the agent's observation before acting
+``actions``            ``[N, P]`` its action (prices, multipliers or budgets)
+``rewards``            ``[N]``    its reward
+``next_observations``  ``[N, D]`` the observation after the step (before an auto-reset)
+``terminals``          ``[N]``    the episode ended in a terminal state (never, in a market)
+``timeouts``           ``[N]``    the episode was truncated after this step
+``log_probs``          ``[N]``    behaviour log-probability (density) of the action; NaN
+                                  where the behaviour policy has none
+``action_index``       ``[N]``    discrete datasets only: the index into ``action_values``
+``stream``             ``[N]``    int32 id of the (market, agent) stream or episode
+``step``               ``[N]``    int32 time step within the stream
+``info/<name>``        ``[N, P]`` market info of the row (traffic, fees, prices, ...)
+=====================  =========  ==================================================
+
+Native on-disk format (a directory)::
+
+    D/manifest.json                       format, version, groups, metadata, chunk list
+    D/<group>/<field>.<chunk:05d>.npy     one plain .npy file per field and chunk
+
+Plain ``.npy`` files are memory-mapped by :func:`load_dataset` (``np.load(mmap_mode="r")``)
+so a dataset larger than memory is read lazily; chunks are appended as a collection
+streams, and each chunk's row count and CRC-32 per file are in the manifest, so a
+truncated or corrupt file is one clear error. Writers build the whole directory under a
+temporary name and rename it at the end: a failed or interrupted write leaves nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import zlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jaxmarket.config.errors import ConfigError
+
+FORMAT = "jaxmarket-offline"
+VERSION = 1
+CORE = ("observations", "actions", "rewards", "next_observations", "terminals", "timeouts")
+INT_FIELDS = ("stream", "step", "action_index")
+
+
+@dataclasses.dataclass
+class Dataset:
+    """One group's transitions (``fields``) and what they mean (``meta``).
+
+    ``meta`` keys: ``group``, ``obs_dim``, ``action_dim``, ``action_low``/``action_high``
+    (``[P]`` lists), ``discrete`` (bool), ``action_values`` (``[K, P]`` grid of a discrete
+    dataset), ``config`` (the scenario that produced it, if any), ``behaviour``."""
+
+    fields: dict[str, np.ndarray]
+    meta: dict[str, Any]
+
+    def __len__(self) -> int:
+        return int(self.fields["rewards"].shape[0])
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.fields[name]
+
+    @property
+    def obs_dim(self) -> int:
+        return int(self.fields["observations"].shape[1])
+
+    @property
+    def action_dim(self) -> int:
+        return int(self.fields["actions"].shape[1])
+
+    @property
+    def discrete(self) -> bool:
+        return bool(self.meta.get("discrete", False))
+
+    def take(self, index: np.ndarray) -> Dataset:
+        """The rows ``index`` (a copy, in that order)."""
+        return Dataset({k: np.asarray(v)[index] for k, v in self.fields.items()}, dict(self.meta))
+
+    def episodes(self) -> list[np.ndarray]:
+        """Row indices of each episode, in time order: rows sorted by ``(stream, step)``
+        and cut after every terminal or timeout, and between streams."""
+        stream, step = np.asarray(self.fields["stream"]), np.asarray(self.fields["step"])
+        order = np.lexsort((step, stream))
+        end = np.asarray(self.fields["terminals"])[order] | np.asarray(self.fields["timeouts"])[order]
+        new_stream = np.r_[stream[order][1:] != stream[order][:-1], True]
+        cuts = np.flatnonzero(end | new_stream) + 1
+        return [e for e in np.split(order, cuts) if e.size]
+
+
+def validate(ds: Dataset, where: str = "dataset") -> Dataset:
+    """Shapes and dtypes consistent, at least one row; a ``ConfigError`` otherwise."""
+    for name in CORE:
+        if name not in ds.fields:
+            raise ConfigError(f"{where}.{name}", "<missing>", "the fields " + ", ".join(CORE))
+    n = len(ds)
+    if n == 0:
+        raise ConfigError(where, "0 transitions", "a dataset with at least one transition")
+    for name, value in ds.fields.items():
+        if value.shape[0] != n:
+            raise ConfigError(f"{where}.{name}", f"{value.shape[0]} rows",
+                              f"{n} rows (as many as rewards)")
+    for name in ("observations", "next_observations", "actions"):
+        if ds.fields[name].ndim != 2:
+            raise ConfigError(f"{where}.{name}", f"shape {ds.fields[name].shape}", "[N, dim]")
+    if ds.fields["next_observations"].shape != ds.fields["observations"].shape:
+        raise ConfigError(f"{where}.next_observations", ds.fields["next_observations"].shape,
+                          f"the shape of observations {ds.fields['observations'].shape}")
+    if ds.discrete:
+        if "action_index" not in ds.fields or "action_values" not in ds.meta:
+            raise ConfigError(f"{where}.action_index", "<missing>",
+                              "action_index and meta action_values in a discrete dataset")
+        k = len(ds.meta["action_values"])
+        idx = np.asarray(ds.fields["action_index"])
+        if idx.min() < 0 or idx.max() >= k:
+            raise ConfigError(f"{where}.action_index", f"range [{idx.min()}, {idx.max()}]",
+                              f"indices in [0, {k - 1}]")
+    return ds
+
+
+def make_dataset(observations, actions, rewards, next_observations=None, terminals=None,
+                 timeouts=None, log_probs=None, stream=None, step=None, meta=None,
+                 **extra) -> Dataset:
+    """A validated :class:`Dataset` from arrays (defaults: no terminals or timeouts, one
+    stream, steps ``0..N-1``, unknown log-probabilities, bounds from the data)."""
+    obs = np.asarray(observations, np.float32)
+    obs = obs.reshape(obs.shape[0], -1)
+    act = np.asarray(actions, np.float32)
+    act = act.reshape(act.shape[0], -1)
+    n = obs.shape[0]
+    fields = {
+        "observations": obs, "actions": act, "rewards": np.asarray(rewards, np.float32).reshape(-1),
+        "next_observations": (obs if next_observations is None
+                              else np.asarray(next_observations, np.float32).reshape(n, -1)),
+        "terminals": np.zeros(n, bool) if terminals is None else np.asarray(terminals, bool),
+        "timeouts": np.zeros(n, bool) if timeouts is None else np.asarray(timeouts, bool),
+        "log_probs": (np.full(n, np.nan, np.float32) if log_probs is None
+                      else np.asarray(log_probs, np.float32)),
+        "stream": np.zeros(n, np.int32) if stream is None else np.asarray(stream, np.int32),
+        "step": np.arange(n, dtype=np.int32) if step is None else np.asarray(step, np.int32),
+    }
+    for k, v in extra.items():
+        fields[k] = np.asarray(v)
+    meta = dict(meta or {})
+    meta.setdefault("group", "agent")
+    meta.setdefault("obs_dim", obs.shape[1])
+    meta.setdefault("action_dim", act.shape[1])
+    if n:
+        meta.setdefault("action_low", act.min(0).tolist())
+        meta.setdefault("action_high", act.max(0).tolist())
+    meta.setdefault("discrete", "action_index" in fields)
+    return validate(Dataset(fields, meta))
+
+
+# ----------------------------------------------------------------------------- writing
+
+def _crc(path: Path) -> int:
+    crc = 0
+    with path.open("rb") as f:
+        while block := f.read(1 << 22):
+            crc = zlib.crc32(block, crc)
+    return crc
+
+
+class DatasetWriter:
+    """Streams chunks of per-group rows into a native dataset directory.
+
+    Everything goes to ``<out>.partial-<pid>`` first; :meth:`close` writes the manifest
+    and renames the directory to ``out``; :meth:`abort` (or leaving a ``with`` block by an
+    exception) removes it."""
+
+    def __init__(self, out: str | Path, meta: Mapping[str, Mapping[str, Any]],
+                 extra: Mapping[str, Any] | None = None):
+        self.out = Path(out)
+        if self.out.exists() and (not self.out.is_dir() or any(self.out.iterdir())):
+            raise ConfigError("--out", str(self.out), "a new or empty directory")
+        self.tmp = self.out.with_name(f"{self.out.name}.partial-{os.getpid()}")
+        if self.tmp.exists():
+            shutil.rmtree(self.tmp)
+        self.tmp.mkdir(parents=True)
+        self.groups = {g: {"meta": dict(m), "fields": None, "chunks": []} for g, m in meta.items()}
+        self.extra = dict(extra or {})
+
+    def write(self, group: str, fields: Mapping[str, np.ndarray]) -> None:
+        entry = self.groups[group]
+        index = len(entry["chunks"])
+        (self.tmp / group).mkdir(exist_ok=True)
+        rows = int(next(iter(fields.values())).shape[0])
+        chunk = {"rows": rows, "files": {}}
+        spec = {}
+        for name, value in fields.items():
+            value = np.ascontiguousarray(value)
+            rel = f"{group}/{name.replace('/', '__')}.{index:05d}.npy"
+            np.save(self.tmp / rel, value, allow_pickle=False)
+            chunk["files"][name] = {"path": rel, "crc32": _crc(self.tmp / rel)}
+            spec[name] = {"dtype": value.dtype.str, "shape": list(value.shape[1:])}
+        if entry["fields"] is None:
+            entry["fields"] = spec
+        entry["chunks"].append(chunk)
+
+    def close(self) -> Path:
+        manifest = {"format": FORMAT, "version": VERSION, **self.extra,
+                    "groups": self.groups}
+        tmp_manifest = self.tmp / "manifest.json.tmp"
+        tmp_manifest.write_text(json.dumps(manifest, indent=1, default=_json_default))
+        tmp_manifest.replace(self.tmp / "manifest.json")
+        if self.out.exists():          # an empty directory (checked in __init__)
+            self.out.rmdir()
+        self.tmp.replace(self.out)
+        return self.out
+
+    def abort(self) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+        return False
+
+
+def _json_default(x):
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (np.floating,)):
+        return float(x)
+    if isinstance(x, np.bool_):
+        return bool(x)
+    raise TypeError(f"not JSON serialisable: {type(x)}")
+
+
+def save_dataset(ds: Dataset | Mapping[str, Dataset], out: str | Path,
+                 extra: Mapping[str, Any] | None = None) -> Path:
+    """Write one dataset (or ``{group: dataset}``) in the native format, atomically."""
+    sets = ds if isinstance(ds, Mapping) else {ds.meta.get("group", "agent"): ds}
+    with DatasetWriter(out, {g: d.meta for g, d in sets.items()}, extra) as w:
+        for g, d in sets.items():
+            w.write(g, d.fields)
+    return Path(out)
+
+
+# ----------------------------------------------------------------------------- reading
+
+def read_manifest(path: str | Path) -> dict:
+    path = Path(path)
+    mf = path / "manifest.json"
+    if not path.is_dir() or not mf.is_file():
+        raise ConfigError("--dataset", str(path), "a dataset directory holding manifest.json "
+                          "(python -m jaxmarket.collect --out DIR) or a D4RL .hdf5 file")
+    try:
+        manifest = json.loads(mf.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ConfigError("--dataset", str(mf), f"a valid JSON manifest ({err.msg if hasattr(err, 'msg') else err})") from None
+    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+        raise ConfigError("--dataset", str(mf), f"a {FORMAT} manifest of version {VERSION}")
+    return manifest
+
+
+def load_dataset(path: str | Path, group: str | None = None, verify: bool = True,
+                 mmap: bool = True) -> Dataset:
+    """One group's :class:`Dataset` from a native directory (or a D4RL ``.hdf5`` file).
+
+    ``group`` defaults to the manifest's ``primary`` group (the one ``collect`` made
+    noisy), else the only group. Chunk files are memory-mapped; with ``verify`` their
+    CRC-32 is checked against the manifest."""
+    path = Path(path)
+    if path.suffix in (".hdf5", ".h5"):
+        from jaxmarket.offline.d4rl import load_d4rl
+        return load_d4rl(path)
+    manifest = read_manifest(path)
+    groups = manifest["groups"]
+    if group is None:
+        group = manifest.get("primary") or (next(iter(groups)) if len(groups) == 1 else None)
+        if group is None:
+            raise ConfigError("--group", None, "one of " + ", ".join(groups))
+    if group not in groups:
+        raise ConfigError("--group", group, "one of " + ", ".join(groups))
+    entry = groups[group]
+    if not entry["chunks"]:
+        raise ConfigError("--dataset", str(path), "a dataset with at least one transition")
+    parts: dict[str, list[np.ndarray]] = {name: [] for name in entry["fields"]}
+    for chunk in entry["chunks"]:
+        for name, f in chunk["files"].items():
+            file = path / f["path"]
+            if not file.is_file():
+                raise ConfigError("--dataset", str(file), "an existing chunk file (listed in "
+                                  "manifest.json); the dataset is incomplete")
+            if verify and _crc(file) != f["crc32"]:
+                raise ConfigError("--dataset", str(file), "a chunk file whose CRC-32 matches "
+                                  "manifest.json (the file is corrupt or truncated)")
+            try:
+                arr = np.load(file, mmap_mode="r" if mmap else None, allow_pickle=False)
+            except (ValueError, OSError, EOFError) as err:
+                raise ConfigError("--dataset", str(file), "a readable .npy chunk file (the file "
+                                  f"is corrupt or truncated: {str(err).splitlines()[0]})") from None
+            spec = entry["fields"][name]
+            if arr.shape != (chunk["rows"], *spec["shape"]) or arr.dtype.str != spec["dtype"]:
+                raise ConfigError("--dataset", str(file), f"{chunk['rows']} rows of shape "
+                                  f"{spec['shape']} and dtype {spec['dtype']} (manifest.json)")
+            parts[name].append(arr)
+    fields = {name: (p[0] if len(p) == 1 else np.concatenate(p)) for name, p in parts.items()}
+    meta = dict(entry["meta"])
+    meta.setdefault("group", group)
+    if "config" in manifest:
+        meta.setdefault("config", manifest["config"])
+    return validate(Dataset(fields, meta), f"dataset {path}")
+
+
+__all__ = ["Dataset", "DatasetWriter", "load_dataset", "make_dataset", "read_manifest",
+           "save_dataset", "validate"]

@@ -1,0 +1,206 @@
+"""``fit``: train an offline algorithm on a fixed dataset (d3rlpy's ``_run``, in JAX).
+
+The dataset lives on the device; each chunk of ``chunk`` updates is one jitted
+``lax.scan`` that draws its minibatches there (``randint`` indices, a gather), so no
+batch crosses to the host. Between chunks the host: averages the chunk's training
+metrics, runs the evaluators (``evaluators[name](algo, state) -> float | dict``), appends
+the row to ``run_dir/metrics.csv`` and to ``logger``, calls the ``callbacks``, saves an
+orbax checkpoint (atomic: orbax writes a temporary directory and renames it) and checks
+the :class:`~jaxmarket.offline.stop.Stop` rules.
+
+The key of the chunk starting at update ``n`` is ``fold_in(key(seed), n)``, so a run
+resumed from the checkpoint at update ``n`` (``resume=True``) replays nothing and ends
+bit-identical to an uninterrupted one (same ``chunk``).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+
+from jaxmarket.config.errors import ConfigError
+from jaxmarket.offline.algos.common import Algo, device_data, sample_batch
+from jaxmarket.offline.dataset import Dataset
+from jaxmarket.offline.stop import Stop, StopTracker
+
+
+@dataclasses.dataclass
+class FitResult:
+    state: Any
+    steps: int
+    stopped: str | None
+    history: list[dict[str, float]]
+    seconds: float
+    updates_per_s: float
+
+
+def make_chunk(algo: Algo, batch_size: int):
+    """``run(state, data, key, length) -> (state, metrics [length])``: ``length``
+    updates on minibatches drawn on device."""
+
+    def one(carry, key):
+        state, data = carry
+        k_batch, k_update = jax.random.split(key)
+        state, metrics = algo.update(state, sample_batch(k_batch, data, batch_size), k_update)
+        return (state, data), metrics
+
+    def run(state, data, key, length):
+        (state, _), metrics = jax.lax.scan(one, (state, data), jax.random.split(key, length))
+        return state, metrics
+
+    return jax.jit(run, static_argnums=3, donate_argnums=0)
+
+
+def _saveable(state: Any) -> dict:
+    return {f"leaf{i:05d}": x for i, x in enumerate(jax.tree.leaves(state)) if np.size(x) > 0}
+
+
+def _restore_tree(saved: dict, target: Any) -> Any:
+    leaves, treedef = jax.tree.flatten(target)
+    out = [saved[f"leaf{i:05d}"] if np.size(x) > 0 else jnp.zeros(x.shape, x.dtype)
+           for i, x in enumerate(leaves)]
+    return jax.tree.unflatten(treedef, out)
+
+
+def _evaluate(evaluators: Mapping[str, Callable], algo: Algo, state: Any) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for name, fn in evaluators.items():
+        value = fn(algo, state)
+        if isinstance(value, Mapping):
+            out.update({f"{name}/{k}": float(v) for k, v in value.items()})
+        else:
+            out[name] = float(value)
+    return out
+
+
+def _read_rows(path: Path, upto: int) -> list[dict[str, float]]:
+    if not path.exists():
+        return []
+    with path.open() as f:
+        return [{k: float(v) for k, v in r.items()} for r in csv.DictReader(f)
+                if int(float(r["step"])) <= upto]
+
+
+def _write_rows(path: Path, rows: list[dict[str, float]]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", newline="") as f:
+        if rows:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+    tmp.replace(path)
+
+
+def _append_row(path: Path, row: dict[str, float]) -> None:
+    new = not path.exists() or path.stat().st_size == 0
+    with path.open("a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(row))
+        if new:
+            w.writeheader()
+        w.writerow(row)
+
+
+def fit(algo: Algo, dataset: Dataset, *, evaluators: Mapping[str, Callable] | None = None,
+        callbacks: Sequence[Callable] = (), stop: Stop | int | None = None,
+        logger: Any = None, batch_size: int = 256, chunk: int = 1000, seed: int = 0,
+        run_dir: str | Path | None = None, resume: bool = False, eval_every: int = 1,
+        checkpoint_every: int = 1, verbose: bool = False) -> FitResult:
+    """Train ``algo`` on ``dataset``; see the module docstring. ``stop`` may be an int
+    (a number of updates). ``callbacks[i](step, state, row)`` may return a string (a
+    reason) to stop. ``logger`` is a callable ``(step, row)`` or has ``.log(step, row)``
+    (a :class:`jaxmarket.train.tracking.Tracker`)."""
+    stop = Stop(steps=stop) if isinstance(stop, int) else (stop or Stop())
+    for name, value in (("batch_size", batch_size), ("chunk", chunk), ("eval_every", eval_every),
+                        ("checkpoint_every", checkpoint_every)):
+        if not isinstance(value, int) or value < 1:
+            raise ConfigError(f"fit.{name}", value, "an integer >= 1")
+    evaluators = dict(evaluators or {})
+    data = device_data(dataset, algo.norm)
+    base = jax.random.key(seed)
+    state = jax.jit(algo.init)(jax.random.fold_in(base, 0x5EED))
+    run = make_chunk(algo, batch_size)
+    done, history, tracker = 0, [], StopTracker(stop)
+    ckpt, metrics_path = None, None
+    if run_dir is not None:
+        run_dir = Path(run_dir)
+        metrics_path = run_dir / "metrics.csv"
+        has_ckpt = (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").iterdir())
+        if has_ckpt and not resume:
+            raise ConfigError("run_dir", str(run_dir), "a new directory (or resume=True / "
+                              "--resume to continue it)")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        ckpt = ocp.CheckpointManager(
+            (run_dir / "checkpoints").absolute(),
+            options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True,
+                                                 enable_async_checkpointing=False))
+        latest = ckpt.latest_step() if resume else None
+        if latest is not None:
+            target = jax.eval_shape(lambda: state)
+            saved = ckpt.restore(latest, args=ocp.args.StandardRestore(_saveable(target)))
+            state, done = _restore_tree(saved, target), int(latest)
+            history = _read_rows(metrics_path, done)
+            for row in history:   # replay the stop rules' state (best value, patience)
+                tracker.check(row, 0.0)
+        _write_rows(metrics_path, history)
+    if done >= stop.steps:
+        return FitResult(state, done, None, history, 0.0, 0.0)
+    t0, chunk_index, stopped, update_time = time.perf_counter(), done // chunk, None, 0.0
+    start = done
+    while done < stop.steps:
+        length = min(chunk, stop.steps - done)
+        t1 = time.perf_counter()
+        state, metrics = run(state, data, jax.random.fold_in(base, done), length)
+        metrics = jax.device_get(metrics)
+        update_time += time.perf_counter() - t1
+        done += length
+        chunk_index += 1
+        row = {"step": float(done)}
+        with np.errstate(all="ignore"):
+            row.update({k: float(np.nanmean(np.asarray(v, np.float64))) if np.isfinite(v).any()
+                        else float(np.mean(v)) for k, v in metrics.items()})
+        if evaluators and (chunk_index % eval_every == 0 or done >= stop.steps):
+            row.update(_evaluate(evaluators, algo, state))
+        history.append(row)
+        if metrics_path is not None:
+            _append_row(metrics_path, row)
+        if logger is not None:
+            (logger.log if hasattr(logger, "log") else logger)(done, dict(row))
+        if verbose:
+            print(" ".join(f"{k}={v:.5g}" for k, v in row.items()), flush=True)
+        reason = tracker.check(row, time.perf_counter() - t0)
+        for cb in callbacks:
+            out = cb(done, state, row)
+            if out and reason is None:
+                reason = str(out) if isinstance(out, str) else f"callback at step {done}"
+        finite = all(math.isfinite(v) for v in row.values())
+        if ckpt is not None and finite and (chunk_index % checkpoint_every == 0 or reason
+                                            or done >= stop.steps):
+            ckpt.save(done, args=ocp.args.StandardSave(_saveable(state)))
+            ckpt.wait_until_finished()
+        if reason:
+            stopped = reason
+            break
+    seconds = time.perf_counter() - t0
+    # updates per second of the compiled chunks (the first chunk's compile included)
+    return FitResult(state, done, stopped, history, seconds,
+                     (done - start) / update_time if update_time > 0 else 0.0)
+
+
+def write_fit_config(run_dir: Path, info: dict) -> None:
+    tmp = run_dir / "offline.json.tmp"
+    tmp.write_text(json.dumps(info, indent=1))
+    tmp.replace(run_dir / "offline.json")
+
+
+__all__ = ["FitResult", "fit", "make_chunk", "write_fit_config"]
