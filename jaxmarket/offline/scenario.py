@@ -127,7 +127,9 @@ def make_step(sc: Scenario, override: dict[str, Callable] | None = None):
             jax.random.split(k_step, E), env_state, actions, params)
         for g in groups:
             n = sc.size(g)
-            rep = lambda x: jnp.repeat(x, n)
+            def rep(x, n=n):   # [E] -> [E * n]
+                return jnp.repeat(x, n)
+
             r = rows[g]
             r["rewards"] = rewards[g].reshape(E * n)
             fin = info["final_observation"][g]
