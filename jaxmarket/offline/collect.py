@@ -60,6 +60,14 @@ def collect(config: Any = None, steps: int = 1000, out: str | Path = "dataset", 
             raise ConfigError(name, value, f"an integer >= {low}")
     if capacity is not None and (not isinstance(capacity, int) or capacity < 1):
         raise ConfigError("--capacity", capacity, "an integer >= 1")
+    if noise is not None and grid is not None:
+        raise ConfigError("--noise", noise, "either --noise or --grid, not both")
+    if noise is not None and not noise > 0:
+        raise ConfigError("--noise", noise, "a number > 0")
+    if grid is not None and (not isinstance(grid, int) or grid < 2):
+        raise ConfigError("--grid", grid, "an integer >= 2")
+    if not 0.0 <= epsilon <= 1.0:
+        raise ConfigError("--epsilon", epsilon, "a number in [0, 1]")
     sc = load_scenario(config, policy_dir, overrides, seed)
     primary = group or sc.groups[0]
     if primary not in sc.groups:

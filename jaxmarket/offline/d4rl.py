@@ -89,7 +89,8 @@ def load_d4rl(path: str | Path) -> Dataset:
         meta["action_low"] = np.asarray(attrs["action_low"], np.float32).reshape(-1).tolist()
         meta["action_high"] = np.asarray(attrs["action_high"], np.float32).reshape(-1).tolist()
     ds = make_dataset(obs, np.asarray(actions, np.float32).reshape(n, -1), arr["rewards"],
-                      nxt.reshape(n, -1), terminals, timeouts, logp, episode, step, meta, **extra)
+                      nxt.reshape(n, -1), terminals, timeouts, logp, np.zeros(n, np.int32), step,
+                      meta, episode, **extra)
     return ds if keep.all() else ds.take(np.flatnonzero(keep))
 
 

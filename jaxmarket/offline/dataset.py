@@ -15,8 +15,9 @@ field                  shape      meaning
 ``log_probs``          ``[N]``    behaviour log-probability (density) of the action; NaN
                                   where the behaviour policy has none
 ``action_index``       ``[N]``    discrete datasets only: the index into ``action_values``
-``stream``             ``[N]``    int32 id of the (market, agent) stream or episode
-``step``               ``[N]``    int32 time step within the stream
+``stream``             ``[N]``    int32 id of the (market, agent) slot the row comes from
+``episode``            ``[N]``    int32 episode number within the stream
+``step``               ``[N]``    int32 time step within the episode (0: an initial state)
 ``info/<name>``        ``[N, P]`` market info of the row (traffic, fees, prices, ...)
 =====================  =========  ==================================================
 
@@ -50,7 +51,7 @@ from jaxmarket.config.errors import ConfigError
 FORMAT = "jaxmarket-offline"
 VERSION = 1
 CORE = ("observations", "actions", "rewards", "next_observations", "terminals", "timeouts")
-INT_FIELDS = ("stream", "step", "action_index")
+INT_FIELDS = ("stream", "episode", "step", "action_index")
 
 
 @dataclasses.dataclass
@@ -87,13 +88,13 @@ class Dataset:
         return Dataset({k: np.asarray(v)[index] for k, v in self.fields.items()}, dict(self.meta))
 
     def episodes(self) -> list[np.ndarray]:
-        """Row indices of each episode, in time order: rows sorted by ``(stream, step)``
-        and cut after every terminal or timeout, and between streams."""
+        """Row indices of each episode, in time order: rows sorted by ``(stream,
+        episode, step)`` and cut wherever the stream or the episode changes."""
         stream, step = np.asarray(self.fields["stream"]), np.asarray(self.fields["step"])
-        order = np.lexsort((step, stream))
-        end = np.asarray(self.fields["terminals"])[order] | np.asarray(self.fields["timeouts"])[order]
-        new_stream = np.r_[stream[order][1:] != stream[order][:-1], True]
-        cuts = np.flatnonzero(end | new_stream) + 1
+        episode = np.asarray(self.fields["episode"])
+        order = np.lexsort((step, episode, stream))
+        key = np.stack([stream[order], episode[order]], 1)
+        cuts = np.flatnonzero(np.any(key[1:] != key[:-1], axis=1)) + 1
         return [e for e in np.split(order, cuts) if e.size]
 
 
@@ -129,24 +130,33 @@ def validate(ds: Dataset, where: str = "dataset") -> Dataset:
 
 def make_dataset(observations, actions, rewards, next_observations=None, terminals=None,
                  timeouts=None, log_probs=None, stream=None, step=None, meta=None,
-                 **extra) -> Dataset:
+                 episode=None, **extra) -> Dataset:
     """A validated :class:`Dataset` from arrays (defaults: no terminals or timeouts, one
-    stream, steps ``0..N-1``, unknown log-probabilities, bounds from the data)."""
+    stream whose episodes end at the terminals and timeouts, steps counted within them,
+    unknown log-probabilities, bounds from the data)."""
     obs = np.asarray(observations, np.float32)
-    obs = obs.reshape(obs.shape[0], -1)
-    act = np.asarray(actions, np.float32)
-    act = act.reshape(act.shape[0], -1)
     n = obs.shape[0]
+    if n == 0:
+        raise ConfigError("dataset", "0 transitions", "a dataset with at least one transition")
+    obs = obs.reshape(n, -1)
+    act = np.asarray(actions, np.float32).reshape(n, -1)
+    term = np.zeros(n, bool) if terminals is None else np.asarray(terminals, bool)
+    tout = np.zeros(n, bool) if timeouts is None else np.asarray(timeouts, bool)
+    if episode is None:
+        episode = np.r_[0, np.cumsum((term | tout)[:-1])]
+    episode = np.asarray(episode, np.int32)
+    if step is None:
+        starts = np.r_[0, np.flatnonzero(episode[1:] != episode[:-1]) + 1]
+        step = np.arange(n) - np.repeat(starts, np.diff(np.r_[starts, n]))
     fields = {
         "observations": obs, "actions": act, "rewards": np.asarray(rewards, np.float32).reshape(-1),
         "next_observations": (obs if next_observations is None
                               else np.asarray(next_observations, np.float32).reshape(n, -1)),
-        "terminals": np.zeros(n, bool) if terminals is None else np.asarray(terminals, bool),
-        "timeouts": np.zeros(n, bool) if timeouts is None else np.asarray(timeouts, bool),
+        "terminals": term, "timeouts": tout, "episode": episode,
         "log_probs": (np.full(n, np.nan, np.float32) if log_probs is None
                       else np.asarray(log_probs, np.float32)),
         "stream": np.zeros(n, np.int32) if stream is None else np.asarray(stream, np.int32),
-        "step": np.arange(n, dtype=np.int32) if step is None else np.asarray(step, np.int32),
+        "step": np.asarray(step, np.int32),
     }
     for k, v in extra.items():
         fields[k] = np.asarray(v)

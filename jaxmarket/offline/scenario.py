@@ -95,7 +95,7 @@ CONSUMER_INFO = ("queries", "unserved", "spend", "budgets")
 def make_step(sc: Scenario, override: dict[str, Callable] | None = None):
     """``step(carry, key) -> (carry, rows)`` for all ``num_markets`` markets.
 
-    ``carry = (env_state [E], obs {g: [E, A, D]}, t [E])``; ``override[g](obs [E*A, D],
+    ``carry = (env_state [E], obs {g: [E, A, D]}, t [E], episode [E])``; ``override[g](obs [E*A, D],
     key, base_action [E*A, P], base_aux) -> (action, extra dict)`` replaces group ``g``'s
     action (behaviour noise, a learned policy). ``rows[g]`` holds ``[E*A, ...]`` arrays."""
     env, params, E = sc.env, sc.params, sc.num_markets
@@ -107,7 +107,7 @@ def make_step(sc: Scenario, override: dict[str, Callable] | None = None):
     highs = {g: jnp.asarray(np.tile(sc.bounds(g)[1], (E, 1))) for g in groups}
 
     def step(carry, key):
-        env_state, obs, t = carry
+        env_state, obs, t, episode = carry
         k_act, k_step = jax.random.split(key)
         akeys = jax.random.split(k_act, 2 * len(groups))
         actions, rows = {}, {}
@@ -138,17 +138,18 @@ def make_step(sc: Scenario, override: dict[str, Callable] | None = None):
             r["timeouts"] = rep(jnp.logical_and(trunc, jnp.logical_not(term)))
             r["stream"] = jnp.arange(E * n, dtype=jnp.int32)
             r["step"] = rep(t)
+            r["episode"] = rep(episode)
             r.setdefault("log_probs", jnp.full((E * n,), jnp.nan, jnp.float32))
             for name in (SELLER_INFO if g in sellers else CONSUMER_INFO):
                 x = info[name][g]
                 r[f"info/{name}"] = x.reshape((E * n,) + x.shape[2:])
         done = jnp.logical_or(term, trunc)
         t = jnp.where(done, 0, t + 1)
-        return (env_state, next_obs, t), rows
+        return (env_state, next_obs, t, episode + done.astype(jnp.int32)), rows
 
     def reset(key):
         obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(key, E), params)
-        return env_state, obs, jnp.zeros((E,), jnp.int32)
+        return env_state, obs, jnp.zeros((E,), jnp.int32), jnp.zeros((E,), jnp.int32)
 
     return reset, step
 
