@@ -231,9 +231,49 @@ def test_every_learner_kind_trains_under_every_mapping(tmp_path, shift):
         assert any(x.ndim >= 1 and x.shape[0] == S * K for x in leaves), KINDS[i]
 
 
+def _alternate(key, episode, market, agent, K):
+    """Member (market + episode) mod K for every agent of the market."""
+    del key, agent
+    return (market + episode) % K
+
+
+@pytest.mark.parametrize("mapping", ["league", "custom"])
+def test_every_learner_kind_trains_under_league_and_a_custom_mapping(tmp_path, mapping):
+    import jaxmarket
+    jaxmarket.register_mapping("test_alternate", _alternate)
+    spec = ({"kind": "league", "snapshot_every": 2, "pool_size": 2} if mapping == "league"
+            else {"kind": "test_alternate", "every": 1})
+    config = market("sync")
+    seller = dict(config["market"]["sellers"][0], low=1.0, high=3.0,
+                  observation=[{"kind": "history", "k": 1}])
+    config["market"]["sellers"] = [dict(seller, name=f"g{i}") for i in range(4)]
+    config["learners"] = {f"g{i}": {**LEARNER_KINDS[KINDS[i]], "population": K,
+                                    "mapping": spec} for i in range(4)}
+    config["train"].update(num_iterations=4, chunk_size=4, rollout_length=2)
+    runner, cols = train(config, tmp_path / "r")
+    for i in range(4):
+        g = f"g{i}"
+        prices = np.stack([cols[f"price/{g}/m{k}/p0"] for k in range(K)])
+        assert np.all((prices >= 1.0 - 1e-6) & (prices <= 3.0 + 1e-6)), KINDS[i]
+        leaves = jax.tree.leaves(runner.learners[g])
+        assert any(x.ndim >= 1 and x.shape[0] == S * K for x in leaves), KINDS[i]
+        if mapping == "league":   # snapshots after iterations 2 and 4, ring of 2
+            np.testing.assert_array_equal(cols[f"league/{g}/pool"], [1, 2, 2, 2])
+            # the newest entry (ring position (3 - 1) mod 2 = 0) is the snapshot taken
+            # after the last update: the learner's current parameters (or Q tables)
+            from jaxmarket.train.loop import snapshot_fields
+            assert int(runner.league[g]["count"]) == 3
+            for now, pooled in zip(jax.tree.leaves(snapshot_fields(runner.learners[g])),
+                                   jax.tree.leaves(runner.league[g]["pool"])):
+                np.testing.assert_array_equal(np.asarray(pooled[0]), np.asarray(now))
+        else:     # the members' columns average back to the group's (equal shares)
+            members = np.stack([cols[f"reward/{g}/m{k}"] for k in range(K)])
+            np.testing.assert_allclose(members.mean(0), cols[f"reward/{g}"], rtol=1e-5)
+
+
 @pytest.mark.parametrize("mapping, population, field, allowed", [
     ("sync", 3, "learners.sellers.population", "a divisor of train.num_envs (4)"),
-    ("league", 2, "learners.sellers.mapping", "one of sync, resample, table"),
+    ("elo", 2, "learners.sellers.mapping", "one of sync, resample, table, league"),
     ({"kind": "table", "table": [[0, 1]]}, 2, "learners.sellers.mapping.table",
      "a [4, 2] array"),
     ({"kind": "table", "table": [[0, 2]] * 4}, 2, "learners.sellers.mapping.table",
@@ -399,3 +439,109 @@ def test_custom_mapping_errors_before_compiling(tmp_path):
     assert err.value.field == "learners.sellers.mapping.mix_in_env"
     with pytest.raises(ValueError):
         jaxmarket.register_mapping("sync", _stripes)
+
+
+# ---- league (fictitious self-play) -------------------------------------------------------
+
+from flax import struct  # noqa: E402
+
+
+@struct.dataclass
+class AgeSpyState:
+    params: jax.Array      # [policies] float32: the number of updates each policy has seen
+    batch: Transition
+
+
+def make_age_spy(hyper, spec) -> Learner:
+    """Prices every slot at ``1 + params[policy]`` (the updates its parameters have seen),
+    so a frozen snapshot's price tells its age; records the last batch."""
+    index, num_slots, P = spec.index(), spec.num_agents, spec.num_products
+
+    def init(key, spec_=None):
+        z = jnp.zeros((1, num_slots))
+        return AgeSpyState(jnp.zeros((spec.policies,), jnp.float32),
+                           Transition(obs=jnp.zeros((1, num_slots, 0)),
+                                      action=jnp.zeros((1, num_slots, P)), reward=z,
+                                      next_obs=jnp.zeros((1, num_slots, 0)),
+                                      done=z.astype(bool), aux={}))
+
+    def act(state, obs, key):
+        price = 1.0 + state.params[index]
+        return jnp.broadcast_to(price[:, None], (obs.shape[0], P)).astype(jnp.float32), {}
+
+    def update(state, batch):
+        return AgeSpyState(state.params + 1.0, batch), {}
+
+    return Learner(init, act, update)
+
+
+if "test_age_spy" not in LEARNERS:
+    register(LearnerDef("test_age_spy", make_age_spy, {}, doc="tests/test_population.py"))
+
+
+def league(iterations, latest_prob, envs=16):
+    config = market({"kind": "league", "snapshot_every": 2, "pool_size": 3,
+                     "latest_prob": latest_prob}, {"kind": "test_age_spy"})
+    config["learners"]["sellers"]["population"] = 1
+    config["train"].update(num_iterations=iterations, chunk_size=iterations, num_envs=envs,
+                           num_seeds=1)
+    return config
+
+
+@pytest.mark.parametrize("latest_prob", [1.0, 0.0])
+def test_league_opponents_are_frozen_snapshots_and_only_the_live_seat_learns(tmp_path,
+                                                                             latest_prob):
+    """8 iterations, snapshots after updates 2, 4, 6 into a pool of 3 that starts with
+    the initial parameters (age 0): at the last step the live seat is 7 updates old; with
+    latest_prob 1 every opponent plays the newest snapshot (age 6); with 0 the opponents
+    draw uniformly from the pool, whose ring now holds ages {6, 2, 4} (6 replaced 0)."""
+    runner, cols = train(league(8, latest_prob), tmp_path / "r")
+    prices = np.asarray(runner.env_state.prices["sellers"])[..., 0]     # [E, A]
+    np.testing.assert_array_equal(prices[:, 0], 1.0 + 7)
+    ages = prices[:, 1] - 1.0
+    if latest_prob == 1.0:
+        np.testing.assert_array_equal(ages, 6.0)
+    else:
+        assert set(ages) <= {2.0, 4.0, 6.0} and len(set(ages)) >= 2
+    np.testing.assert_array_equal(cols["league/sellers/pool"], [1, 2, 2, 3, 3, 3, 3, 3])
+    # the learner's batch holds the live seats only: their prices and their revenue
+    batch = runner.learners["sellers"].batch
+    assert batch.action.shape[1] == 16
+    np.testing.assert_array_equal(np.asarray(batch.action)[0, :, 0], prices[:, 0])
+    np.testing.assert_allclose(np.asarray(batch.reward)[0], hand_revenue(prices)[:, 0])
+
+
+def test_league_resumes_bit_identically(tmp_path):
+    """The pool, its count and the draws are checkpointed."""
+    config = league(6, 0.5, envs=8)
+    config["train"].update(chunk_size=3, checkpoint_every=1)
+    full, _ = train(config, tmp_path / "full")
+    (tmp_path / "half").mkdir()
+    t = Trainer(copy.deepcopy({**config, "train": {**config["train"], "num_iterations": 3}}),
+                tmp_path / "half")
+    t.train(Tracker(), t.initial_runner(), 0)
+    t2 = Trainer(copy.deepcopy(config), tmp_path / "half")
+    runner, start = t2.restore()
+    assert start == 3
+    t2.train(Tracker(), runner, start)
+    assert (tmp_path / "half" / "metrics.csv").read_text() == \
+        (tmp_path / "full" / "metrics.csv").read_text()
+    half, _ = t2.restore()
+    for a, b in zip(jax.tree.leaves(half.league), jax.tree.leaves(full.league)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_league_errors_before_compiling():
+    from jaxmarket.config.errors import ConfigError
+    from jaxmarket.train.run import prepare
+    for mapping, field in (({"kind": "league", "pool_size": 0}, "mapping.pool_size"),
+                           ({"kind": "league", "latest_prob": 1.5}, "mapping.latest_prob"),
+                           ({"kind": "league", "opponents": "buyers"}, "mapping.opponents")):
+        with pytest.raises(ConfigError) as err:
+            prepare(market(mapping))
+        assert err.value.field == f"learners.sellers.{field}"
+    one = market("league")
+    one["market"]["sellers"][0]["count"] = 1
+    with pytest.raises(ConfigError) as err:
+        prepare(one)
+    assert err.value.field == "learners.sellers.mapping"

@@ -22,6 +22,16 @@ With ``E = train.num_envs`` markets per seed of ``A`` agents each:
   equal shares of ``E / K`` markets' worth of slots. An episode is ``episode_length``
   steps; a market without one counts each iteration as an episode.
 * ``table``: an explicit ``[E, A]`` array of members, the same in every seed. Static.
+* ``league`` (fictitious self-play): agent 0 of every market (the *live seat*) is driven
+  by member ``e mod K`` and learns; the group's other agents are frozen *snapshots* of
+  that member drawn from a pool. Every ``snapshot_every`` iterations (after the update)
+  the members' current parameters enter the pool of ``pool_size`` (a ring: the oldest
+  leaves); the pool starts with the initial parameters. Each iteration each market draws
+  its opponents' snapshot: the newest with probability ``latest_prob``, else uniformly
+  from the pool. The learner sees only the live seats (``E`` slots per seed); the
+  opponents' actions are computed under every pool entry and the drawn one kept (cost:
+  ``pool_size`` extra ``act`` evaluations per opponent seat and step). The pool, its
+  count and the draws are part of the runner (checkpointed).
 * a custom mapping registered from Python (sample-factory's TODO)::
 
       jaxmarket.register_mapping("stripes", lambda key, episode, market, agent, K:
@@ -59,7 +69,7 @@ from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.fields import Field, check_mapping
 
 KEYS = ("population", "mapping")
-MAPPINGS = ("sync", "resample", "table")
+MAPPINGS = ("sync", "resample", "table")   # and "league", and the registered ones
 CUSTOM_MAPPINGS: dict[str, Callable] = {}   # name -> fn(key, episode, market, agent, K)
 
 
@@ -77,6 +87,15 @@ def register_mapping(name: str, fn: Callable) -> Callable:
         raise TypeError(f"register_mapping: fn for {name!r} must be callable")
     CUSTOM_MAPPINGS[name] = fn
     return fn
+
+LEAGUE_FIELDS = {
+    "snapshot_every": Field("int", 10, low=1, doc="iterations between pool snapshots"),
+    "pool_size": Field("int", 8, low=1, doc="snapshots kept (a ring)"),
+    "latest_prob": Field("float", 0.5, low=0.0, high=1.0,
+                         doc="chance that a market's opponents are the newest snapshot"),
+    "opponents": Field("choice", "self", choices=("self",),
+                       doc="who plays the snapshots: the group's other agents"),
+}
 
 RESAMPLE_FIELDS = {
     "every": Field("int", 10, low=1, doc="episodes between draws"),
@@ -96,6 +115,13 @@ class Population:
     first: int = 5
     mix_in_env: bool = False
     table: tuple[tuple[int, ...], ...] | None = None
+    snapshot_every: int = 10          # league
+    pool_size: int = 8
+    latest_prob: float = 0.5
+
+    @property
+    def league(self) -> bool:
+        return self.kind == "league"
 
     @property
     def dynamic(self) -> bool:
@@ -109,6 +135,8 @@ class Population:
         """``[E * A]`` member of each slot of one seed, in the learner's slot order."""
         if self.kind == "table":
             return np.asarray(self.table, np.int64).reshape(-1)
+        if self.kind == "league":            # the live seats only: one per market
+            return np.arange(num_envs) % self.size
         slot = np.arange(num_envs * num_agents)
         return (slot // num_agents) % self.size
 
@@ -136,9 +164,9 @@ def resolve_population(keys: Mapping[str, Any], where: str, num_envs: int,
         raise ConfigError(f"{where}.population", size, "an integer >= 1 (members per seed)")
     raw = keys.get("mapping", "sync")
     kind = raw if isinstance(raw, str) else raw.get("kind") if isinstance(raw, Mapping) else None
-    if kind not in MAPPINGS and kind not in CUSTOM_MAPPINGS:
+    if kind not in MAPPINGS + ("league",) and kind not in CUSTOM_MAPPINGS:
         raise ConfigError(f"{where}.mapping", raw, "one of " + ", ".join(
-            MAPPINGS + tuple(CUSTOM_MAPPINGS)) + " (a name, or a mapping with a 'kind' key; "
+            MAPPINGS + ("league",) + tuple(CUSTOM_MAPPINGS)) + " (a name, or a mapping with a 'kind' key; "
             "custom ones come from jaxmarket.register_mapping)")
     opts = {k: v for k, v in raw.items() if k != "kind"} if isinstance(raw, Mapping) else {}
     if kind == "table":
@@ -152,6 +180,14 @@ def resolve_population(keys: Mapping[str, Any], where: str, num_envs: int,
                           "every member drives the same number of markets")
     if kind == "sync":
         return Population(size, "sync")
+    if kind == "league":
+        h = check_mapping(LEAGUE_FIELDS, opts, f"{where}.mapping")
+        if num_agents < 2:
+            raise ConfigError(f"{where}.mapping", raw, "a group of >= 2 agents per market for "
+                              f"mapping league (agent 0 learns, the others play snapshots; "
+                              f"this group has {num_agents})")
+        return Population(size, "league", snapshot_every=h["snapshot_every"],
+                          pool_size=h["pool_size"], latest_prob=h["latest_prob"])
     if kind in CUSTOM_MAPPINGS:
         h = check_mapping({k: RESAMPLE_FIELDS[k] for k in ("every", "first")}, opts,
                           f"{where}.mapping")

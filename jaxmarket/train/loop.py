@@ -61,6 +61,19 @@ class Runner:
     # groups under PBT: the running sum [S, K] of each member's per-iteration mean reward
     # since the last PBT period boundary (its objective)
     pbt: Any = struct.field(default_factory=dict)
+    # groups with a league mapping: {"pool": snapshot fields [pool_size, S K, ...],
+    # "count": snapshots taken (int32), "draw": [S E] each market's pool entry}
+    league: Any = struct.field(default_factory=dict)
+
+
+def snapshot_fields(state: Any) -> dict:
+    """The part of a learner state a league snapshot freezes: what ``act`` reads of the
+    members (Q tables, parameters, or a discrete bandit's whole per-policy statistics)."""
+    if hasattr(state, "rows"):
+        return {"rows": state.rows}
+    if hasattr(state, "params"):
+        return {"params": state.params}
+    return {f.name: getattr(state, f.name) for f in dataclasses.fields(state)}  # all stats
 
 
 def tile_spec(spec: LearnerSpec, num_envs: int, num_seeds: int = 1,
@@ -69,6 +82,9 @@ def tile_spec(spec: LearnerSpec, num_envs: int, num_seeds: int = 1,
     ``S * E * A``, policies ``S * K``, seed ``s`` owning policies ``s*K .. s*K + K - 1``.
     With a ``population``, ``K`` is its size and slot ``j`` of a seed (in the learner's
     member-grouped order) is driven by member ``population.layout(E, A)[j]``."""
+    if population is not None and population.league:   # the learner sees the live seats
+        spec = dataclasses.replace(spec, num_agents=1, action_low=spec.action_low[:1],
+                                   action_high=spec.action_high[:1], payoff=None)
     if population is not None:
         layout = population.layout(num_envs, spec.num_agents)              # [E * A]
         spec = dataclasses.replace(spec, num_policies=population.size, policy_index=None)
@@ -108,6 +124,7 @@ def make_train(env: MarketEnv, params: MarketParams, learners: dict[str, Learner
         member_weights[g] = jnp.asarray(onehot / np.maximum(onehot.sum(0, keepdims=True), 1))
         slot_member[g] = jnp.asarray(np.tile(layout, S))
     groups = env.agent_groups
+    leagues = {g: p for g, p in pops.items() if p.league}
     pbts = {g: c for g, c in (tcfg.pbt or {}).items() if c is not None}
     sizes = {g: env.num_agents(g) for g in groups}
     seller_groups = {g.name for g in env.spec.sellers}
@@ -140,8 +157,13 @@ def make_train(env: MarketEnv, params: MarketParams, learners: dict[str, Learner
             lstates[g] = pbt_mod.initial_hyper(jax.random.fold_in(jax.random.fold_in(k_run, 4), i),
                                                pbts[g], lstates[g], S)
         objective = {g: jnp.zeros((S, pbts[g].size), jnp.float32) for g in pbts}
+        league = {g: {"pool": jax.tree.map(lambda x: jnp.repeat(x[None], leagues[g].pool_size, 0),
+                                           snapshot_fields(lstates[g])),
+                      "count": jnp.ones((), jnp.int32), "draw": jnp.zeros((E,), jnp.int32)}
+                  for g in leagues}
         return Runner(env_state, obs, lstates, jax.random.key_data(k_run),
-                      jnp.zeros((), jnp.int32), assignment, jnp.zeros((), jnp.int32), objective)
+                      jnp.zeros((), jnp.int32), assignment, jnp.zeros((), jnp.int32), objective,
+                      league)
 
     def to_learner(x, g, assignment):   # market slot order -> the learner's slot order
         return x[assignment[g][0]] if g in assignment else x
@@ -149,10 +171,25 @@ def make_train(env: MarketEnv, params: MarketParams, learners: dict[str, Learner
     def to_market(x, g, assignment):    # the learner's slot order -> market slot order
         return x[assignment[g][1]] if g in assignment else x
 
-    def flat(x, g):   # [E, A, ...] -> [E * A, ...]
+    def flat(x, g):   # [E, A, ...] -> [E * A, ...] (a league: the live seats [E, ...])
+        if g in leagues:
+            return x[:, 0]
         return x.reshape((E * sizes[g],) + x.shape[2:])
 
-    def market_step(lstates, assignment, carry, _):
+    def league_act(g, state, league, obs, key):
+        """The actions ``[E, A - 1, P]`` of the opponent seats (agents ``1 ..``) of every
+        market: computed under each pool entry (``vmap``) and seat, and each market's
+        drawn entry kept."""
+        def one_entry(entry):
+            snap = state.replace(**entry)
+            seat_keys = jax.random.split(key, sizes[g] - 1)
+            return jax.vmap(lambda o, k: materialize(learners[g].act(snap, o, k)[0]),
+                            in_axes=(1, 0))(obs[:, 1:], seat_keys)         # [A - 1, E, P]
+        every = jax.vmap(one_entry)(league[g]["pool"])                     # [pool, A-1, E, P]
+        chosen = jnp.take_along_axis(every, league[g]["draw"][None, None, :, None], axis=0)[0]
+        return jnp.swapaxes(chosen, 0, 1)
+
+    def market_step(lstates, assignment, league, carry, _):
         # ``lstates`` is read, never written, during a rollout (``act`` is pure): it is
         # closed over rather than carried, so the scan does not copy learner buffers.
         # ``assignment`` is fixed within a rollout: a learner slot's trajectory stays one
@@ -165,6 +202,11 @@ def make_train(env: MarketEnv, params: MarketParams, learners: dict[str, Learner
             a, aux[g] = learners[g].act(lstates[g], to_learner(flat(obs[g], g), g, assignment),
                                         akeys[i])
             learner_actions[g] = a = materialize(a)  # once, not inside the market's fusions
+            if g in leagues:   # live seat 0, then the snapshots' seats
+                opponents = league_act(g, lstates[g], league, obs[g],
+                                       jax.random.fold_in(akeys[i], 1))
+                actions[g] = jnp.concatenate([a[:, None], opponents], axis=1)
+                continue
             a = to_market(a, g, assignment)
             actions[g] = a.reshape((E, sizes[g]) + a.shape[1:])
         next_obs, env_state, rewards, term, trunc, info = vstep(
@@ -177,7 +219,8 @@ def make_train(env: MarketEnv, params: MarketParams, learners: dict[str, Learner
         batch = {g: Transition(obs=learner_view(obs[g], g), action=learner_actions[g],
                                reward=learner_view(rewards[g], g),
                                next_obs=learner_view(info["final_observation"][g], g),
-                               done=to_learner(jnp.repeat(done, sizes[g]), g, assignment),
+                               done=done if g in leagues else to_learner(
+                                   jnp.repeat(done, sizes[g]), g, assignment),
                                aux=aux[g]) for g in groups}
         metrics = {"episodes": done[0].astype(jnp.float32)}   # markets step in lockstep
         for g in groups:
@@ -199,7 +242,7 @@ def make_train(env: MarketEnv, params: MarketParams, learners: dict[str, Learner
                 for k in range(w.shape[1]):   # static: one metric column per member
                     metrics[f"reward/{g}/m{k}"] = r[:, k].mean()
                     metrics[f"price/{g}/m{k}"] = pr[k]
-                if sizes[g] > 1:
+                if sizes[g] > 1 and g not in leagues:
                     metrics.update(cross_play(g, rewards[g], assignment))
         return (env_state, next_obs, key), (batch, metrics)
 
@@ -226,11 +269,13 @@ def make_train(env: MarketEnv, params: MarketParams, learners: dict[str, Learner
         carry = (runner.env_state, runner.obs, key)
         assignment = runner.assignment
         if T == 1:  # one step: no loop (the learners see a [1, ...] time axis all the same)
-            (env_state, obs, key), out = market_step(lstates, assignment, carry, None)
+            (env_state, obs, key), out = market_step(lstates, assignment, runner.league,
+                                                     carry, None)
             traj, metrics = jax.tree.map(lambda x: x[None], out)
         else:
             (env_state, obs, key), (traj, metrics) = jax.lax.scan(
-                functools.partial(market_step, lstates, assignment), carry, length=T)
+                functools.partial(market_step, lstates, assignment, runner.league), carry,
+                length=T)
         # an episode ends at each truncation; a market that never truncates counts each
         # iteration as one
         truncations = metrics.pop("episodes").sum().astype(jnp.int32)
@@ -259,9 +304,33 @@ def make_train(env: MarketEnv, params: MarketParams, learners: dict[str, Learner
                 jax.random.fold_in(jax.random.fold_in(key, 3), i), g, new_states[g],
                 runner.pbt[g] + metrics.pop(f"{pbt_mod.OBJECTIVE}{g}"), runner.iteration + 1)
             metrics.update({f"{pbt_mod.PREFIX}{g}/{k}": v for k, v in events.items()})
+        league = {}
+        for i, g in enumerate(leagues):
+            league[g] = league_iteration(jax.random.fold_in(jax.random.fold_in(key, 5), i), g,
+                                         new_states[g], runner.league[g], runner.iteration + 1)
+            metrics[f"league/{g}/pool"] = jnp.minimum(league[g]["count"],
+                                                      leagues[g].pool_size).astype(jnp.float32)
         runner = Runner(env_state, obs, new_states, jax.random.key_data(key),
-                        runner.iteration + 1, assignment, episodes, objective)
+                        runner.iteration + 1, assignment, episodes, objective, league)
         return runner, metrics
+
+    def league_iteration(key, g, state, league, iteration):
+        """After the update of iteration ``iteration`` (1-based): every ``snapshot_every``
+        iterations the members enter the pool (ring position ``count mod pool_size``);
+        then each market draws its opponents' entry for the next iteration: the newest
+        with probability ``latest_prob``, else uniform over the filled entries."""
+        pop = leagues[g]
+        take = iteration % pop.snapshot_every == 0
+        pos = league["count"] % pop.pool_size
+        pool = jax.tree.map(lambda p, x: p.at[pos].set(jnp.where(take, x, p[pos])),
+                            league["pool"], snapshot_fields(state))
+        count = league["count"] + take.astype(jnp.int32)
+        k_latest, k_any = jax.random.split(key)
+        newest = (count - 1) % pop.pool_size
+        filled = jnp.minimum(count, pop.pool_size)
+        latest = jax.random.uniform(k_latest, (E,)) < pop.latest_prob
+        draw = jnp.where(latest, newest, jax.random.randint(k_any, (E,), 0, filled))
+        return {"pool": pool, "count": count, "draw": draw.astype(jnp.int32)}
 
     def pbt_iteration(key, g, state, total, iteration):
         """After the learners' update of iteration ``iteration`` (1-based): a PBT step
