@@ -1,0 +1,167 @@
+"""Gymnasium views of one agent of a market (``make_gymnasium_env``, ``make_vector_env``).
+
+Both wrap :class:`jaxmarket.market.single_agent.SingleAgentEnv` (the gymnax view): one
+agent of ``group`` acts, the other agent groups named in ``others`` follow fixed
+policies given as learner configs (``{"kind": "constant", "value": 1.5}``, ``undercut``,
+``random`` ...) and every other agent holds its reset action. Observation, action
+(``[P]``) and reward are that agent's. ``normalize_actions=True`` exposes
+``Box(-1, 1, [P])`` mapped linearly onto the agent's bounds.
+
+``MarketGymnasiumEnv`` is a ``gymnasium.Env``: one jitted call per ``reset`` / ``step``
+(``SingleAgentEnv.reset_env`` / ``step_env``, no auto-reset). ``MarketVectorEnv`` is a
+``gymnasium.vector.VectorEnv`` over ``num_envs`` markets: every ``step`` is one jitted,
+vmapped call of the gymnax ``step`` (auto-reset in the same step, gymnasium's
+``AutoresetMode.SAME_STEP``: a finished market's next observation is already the reset
+one, and ``infos["final_obs"]`` holds the observation before it, masked by
+``infos["_final_obs"]``).
+
+Keys: ``reset(seed=s)`` starts the chain at ``jax.random.key(s)`` (no seed: drawn from
+``np_random``); each call splits it, ``key, sub = jax.random.split(key)``, and uses
+``sub`` (the vector env splits ``sub`` into ``num_envs`` keys, one per market).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import gymnasium as gym
+import jax
+import jax.numpy as jnp
+import numpy as np
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space
+
+from jaxmarket.adapters.common import check_action, initial_key
+from jaxmarket.market.env import MarketEnv
+from jaxmarket.market.single_agent import SingleAgentEnv
+from jaxmarket.market.spec import MarketParams
+
+
+def _agent_info(info: dict, group: str, agent: int) -> dict:
+    """The agent's row of every per-group entry of the market's ``info`` (``[..., n, P]``
+    -> ``[..., P]``, so it works on a batch of markets too)."""
+    return {k: v[group][..., agent, :] for k, v in info.items()
+            if isinstance(v, dict) and group in v}
+
+
+def _spaces(view: SingleAgentEnv, params: MarketParams) -> tuple[spaces.Box, spaces.Box]:
+    act = view.action_space(params)
+    obs = view.observation_space(params)
+    low = np.broadcast_to(np.asarray(act.low, np.float32), act.shape)
+    high = np.broadcast_to(np.asarray(act.high, np.float32), act.shape)
+    return (spaces.Box(-np.inf, np.inf, obs.shape, np.float32),
+            spaces.Box(low, high, act.shape, np.float32))
+
+
+def make_view(env: MarketEnv, params: MarketParams, group: str, agent: int = 0,
+              others: Mapping[str, Any] | None = None,
+              normalize_actions: bool = False) -> SingleAgentEnv:
+    if group not in env.agent_groups:
+        raise ValueError(f"group must be one of the agent groups {env.agent_groups}, "
+                         f"got {group!r}")
+    return SingleAgentEnv(env, group, agent=agent, others=others, params=params,
+                          normalize_actions=normalize_actions)
+
+
+class MarketGymnasiumEnv(gym.Env):
+    metadata = {"render_modes": []}
+
+    def __init__(self, view: SingleAgentEnv, params: MarketParams):
+        self.view, self.params = view, params
+        self.observation_space, self.action_space = _spaces(view, params)
+        self._key = None
+        self._state = None
+        group, agent = view.group, view.agent
+
+        def reset(key, params):
+            key, sub = jax.random.split(key)
+            obs, state = view.reset_env(sub, params)
+            return key, obs, state
+
+        def step(key, state, action, params):
+            key, sub = jax.random.split(key)
+            obs, state, reward, terminated, info = view.step_env(sub, state, action, params)
+            truncated = view.is_truncated(state, params)
+            return key, obs, state, reward, terminated, truncated, _agent_info(info, group, agent)
+
+        self._reset, self._step = jax.jit(reset), jax.jit(step)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        if seed is not None or self._key is None:
+            self._key = initial_key(seed, self.np_random)
+        self._key, obs, self._state = self._reset(self._key, self.params)
+        return np.asarray(obs), {}
+
+    def step(self, action):
+        if self._state is None:
+            raise RuntimeError("call reset() before step()")
+        a = check_action(action, self.action_space.shape, self.view.name)
+        self._key, obs, self._state, reward, terminated, truncated, info = self._step(
+            self._key, self._state, a, self.params)
+        obs, reward, terminated, truncated, info = jax.device_get(
+            (obs, reward, terminated, truncated, info))
+        return obs, float(reward), bool(terminated), bool(truncated), info
+
+    @property
+    def market_state(self):
+        """The market state (``MarketState``) after the last reset or step."""
+        return None if self._state is None else self._state.market
+
+
+class MarketVectorEnv(VectorEnv):
+    metadata = {"render_modes": [], "autoreset_mode": AutoresetMode.SAME_STEP}
+
+    def __init__(self, view: SingleAgentEnv, params: MarketParams, num_envs: int):
+        if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) \
+                or num_envs < 1:
+            raise ValueError(f"num_envs must be a positive int, got {num_envs!r}")
+        self.view, self.params, self.num_envs = view, params, int(num_envs)
+        self.single_observation_space, self.single_action_space = _spaces(view, params)
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = batch_space(self.single_action_space, self.num_envs)
+        self._key = None
+        self._states = None
+        n, group, agent = self.num_envs, view.group, view.agent
+
+        def reset(key, params):
+            key, sub = jax.random.split(key)
+            obs, states = jax.vmap(view.reset, in_axes=(0, None))(jax.random.split(sub, n), params)
+            return key, obs, states
+
+        def step(key, states, actions, params):
+            key, sub = jax.random.split(key)
+            obs, states, reward, terminated, truncated, info = jax.vmap(
+                view.step, in_axes=(0, 0, 0, None))(jax.random.split(sub, n), states, actions,
+                                                    params)
+            infos = _agent_info(info, group, agent)
+            infos["final_obs"] = info["final_observation"]
+            infos["_final_obs"] = jnp.logical_or(terminated, truncated)
+            return key, obs, states, reward, terminated, truncated, infos
+
+        self._reset, self._step = jax.jit(reset), jax.jit(step)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        if isinstance(seed, (list, tuple)):
+            raise TypeError("seed must be one int (the markets get keys split from it), "
+                            f"got {seed!r}")
+        if seed is not None:
+            self._np_random, self._np_random_seed = gym.utils.seeding.np_random(seed)
+        if seed is not None or self._key is None:
+            self._key = initial_key(seed, self.np_random)
+        self._key, obs, self._states = self._reset(self._key, self.params)
+        return np.asarray(obs), {}
+
+    def step(self, actions):
+        if self._states is None:
+            raise RuntimeError("call reset() before step()")
+        a = check_action(actions, self.action_space.shape, f"{self.view.name} x {self.num_envs}")
+        self._key, obs, self._states, reward, terminated, truncated, infos = self._step(
+            self._key, self._states, a, self.params)
+        return jax.device_get((obs, reward, terminated, truncated, infos))
+
+    @property
+    def market_states(self):
+        """The ``num_envs`` market states (a batched ``MarketState``)."""
+        return None if self._states is None else self._states.market
