@@ -179,7 +179,7 @@ def test_resume_with_a_resampled_population_is_bit_identical(tmp_path, capsys):
                           "train.num_iterations=4"]) == 0
     assert run_cli(main, ["--resume", str(tmp_path / "part"), "train.num_iterations=12"]) == 0
     capsys.readouterr()
-    for name in ("metrics.csv", "seeds.csv"):
+    for name in ("metrics.csv", "seeds.csv", "mapping.csv"):
         assert (tmp_path / "full" / name).read_text() == (tmp_path / "part" / name).read_text()
     full = Trainer(copy.deepcopy(config), tmp_path / "full").restore()[0]
     part = Trainer(copy.deepcopy(config), tmp_path / "part").restore()[0]
@@ -382,6 +382,16 @@ def test_a_registered_mapping_drives_each_slot_as_its_fn_says_after_real_steps(t
     layout = Population(K, "test_stripes").layout(E, A)
     policy = np.repeat(np.arange(S), E * A) * K + np.tile(layout, S)
     np.testing.assert_array_equal(np.asarray(batch.action)[0, :, 0], 1.0 + policy)
+    # mapping.csv: the first draw (0 episodes), then the assignment in force after the
+    # chunk (drawn after episode 7), one row per seed and market
+    import csv
+    with open(tmp_path / "r" / "mapping.csv") as f:
+        logged = list(csv.DictReader(f))
+    assert [int(r["iteration"]) for r in logged] == [0] * (S * E) + [7] * (S * E)
+    for r in logged:
+        t, e = int(r["iteration"]), int(r["market"])
+        assert r["group"] == "sellers"
+        assert [int(x) for x in r["members"].split()] == [(e + a + t) % K for a in range(A)]
 
 
 def test_an_unbalanced_custom_draw_is_repaired_into_equal_shares_and_counted(tmp_path):

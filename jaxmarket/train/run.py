@@ -152,6 +152,26 @@ def _flatten_metrics(metrics: dict[str, np.ndarray], start: int) -> list[dict[st
             for i in range(n)]
 
 
+def _assignment_members(runner: Runner, dynamic: dict, tcfg) -> dict[str, np.ndarray]:
+    """``{group: [S, E, A]}`` the member driving each market slot under the runner's
+    current assignment (a resampled or custom mapping): ``layout[scatter[i] mod E A]``."""
+    out = {}
+    for g, pop in dynamic.items():
+        scatter = np.asarray(jax.device_get(runner.assignment[g][1]))
+        n = scatter.size // tcfg.num_seeds
+        layout = pop.layout(tcfg.num_envs, n // tcfg.num_envs)
+        out[g] = layout[scatter % n].reshape(tcfg.num_seeds, tcfg.num_envs, -1)
+    return out
+
+
+def _mapping_rows(members: dict[str, np.ndarray], iteration: int) -> list[dict]:
+    """``mapping.csv`` rows: from ``iteration`` on, market ``market`` of seed ``seed`` has
+    its agents driven by ``members`` (space-separated, agent order)."""
+    return [{"iteration": iteration, "group": g, "seed": s, "market": e,
+             "members": " ".join(str(int(k)) for k in m[s, e])}
+            for g, m in members.items() for s in range(m.shape[0]) for e in range(m.shape[1])]
+
+
 class Trainer:
     def __init__(self, config: dict, run_dir: Path):
         self.config, self.run_dir = config, Path(run_dir)
@@ -163,6 +183,7 @@ class Trainer:
         self.metrics = CsvMetrics(self.run_dir / "metrics.csv")
         self.seed_metrics = CsvMetrics(self.run_dir / "seeds.csv")
         self.pbt_events = CsvMetrics(self.run_dir / "pbt.csv")
+        self.mapping_log = CsvMetrics(self.run_dir / "mapping.csv")
         self._ckpt = None
 
     @property
@@ -231,6 +252,13 @@ class Trainer:
                 self.run_dir.mkdir(parents=True, exist_ok=True)
                 self.pbt_events.path.write_text(",".join(PBT_COLUMNS) + "\n")
         runner, done_iters = start_runner, start
+        dynamic = {g: p for g, p in (tcfg.populations or {}).items() if p is not None and p.dynamic}
+        if dynamic:
+            self.mapping_log.truncate_after(start)
+            logged = _assignment_members(runner, dynamic, tcfg)
+            if start == 0:
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+                self.mapping_log.append(_mapping_rows(logged, 0))
         total = tcfg.num_iterations
         chunk_index = start // tcfg.chunk_size
         stopped = None
@@ -250,6 +278,11 @@ class Trainer:
                 events = {k: metrics.pop(k) for k in list(metrics) if k.startswith(PBT_PREFIX)}
                 if events:
                     self.pbt_events.append(event_rows(events, done_iters))
+                if dynamic:   # the assignment in force after this chunk, when it changed
+                    now = _assignment_members(runner, dynamic, tcfg)
+                    changed = {g: m for g, m in now.items() if not np.array_equal(m, logged[g])}
+                    self.mapping_log.append(_mapping_rows(changed, done_iters + length))
+                    logged = now
                 rows = _flatten_metrics(metrics, done_iters)
                 self.metrics.append(rows)
                 self.seed_metrics.append(_seed_rows(metrics, done_iters))
