@@ -166,9 +166,7 @@ def fit(algo: Algo, dataset: Dataset, *, evaluators: Mapping[str, Callable] | No
         done += length
         chunk_index += 1
         row = {"step": float(done)}
-        with np.errstate(all="ignore"):
-            row.update({k: float(np.nanmean(np.asarray(v, np.float64))) if np.isfinite(v).any()
-                        else float(np.mean(v)) for k, v in metrics.items()})
+        row.update({k: float(np.mean(np.asarray(v, np.float64))) for k, v in metrics.items()})
         if evaluators and (chunk_index % eval_every == 0 or done >= stop.steps):
             row.update(_evaluate(evaluators, algo, state))
         history.append(row)

@@ -54,10 +54,11 @@ def bias_rmse(estimates: np.ndarray, truth: float) -> dict[str, float]:
 class BanditOPE:
     """Evaluator: IPS, SNIPS, DM, DR and ESS of the algorithm's policy on a discrete
     dataset with logged propensities; the DM/DR reward model is a ``dm`` algorithm fitted
-    once on the dataset (``model_steps`` updates) unless ``reward_table(obs) -> [n, K]``
-    is given."""
+    once on the dataset (``model_steps`` updates, hyperparameters ``model``) unless
+    ``reward_table(obs) -> [n, K]`` is given."""
 
-    def __init__(self, dataset, reward_table: Any = None, model_steps: int = 2000, seed: int = 0):
+    def __init__(self, dataset, reward_table: Any = None, model_steps: int = 2000, seed: int = 0,
+                 model: dict | None = None):
         if not dataset.discrete:
             raise ConfigError("evaluator ope", "a continuous dataset",
                               "a discrete dataset with propensities (collect --grid K)")
@@ -72,7 +73,7 @@ class BanditOPE:
         if reward_table is None:
             from jaxmarket.offline.algos import make_algo
             from jaxmarket.offline.fit import fit
-            dm = make_algo("dm", dataset)
+            dm = make_algo("dm", dataset, **(model or {}))
             state = fit(dm, dataset, stop=model_steps, chunk=model_steps, seed=seed).state
             reward_table = jax.jit(lambda o: dm.extras["reward_table"](state, o))
         self.table = jnp.asarray(reward_table(self.obs))

@@ -71,12 +71,14 @@ def make(norm, hyper, ds) -> Algo:
             lp, gp = jax.value_and_grad(pi_loss)(state["pi"])
             upd, opt_pi_state = opt.update(gp, state["opt_pi"], state["pi"])
             pi = optax.apply_updates(state["pi"], upd)
+            # reported x policy_delay (0 on the other steps): its mean over a chunk is the
+            # mean actor loss, and a NaN still shows
             return (pi, opt_pi_state, polyak(state["pi_target"], pi, tau),
-                    polyak(state["q_target"], q_new, tau), lp)
+                    polyak(state["q_target"], q_new, tau), lp * hyper["policy_delay"])
 
         def skip(_):
             return (state["pi"], state["opt_pi"], state["pi_target"], state["q_target"],
-                    jnp.float32(jnp.nan))
+                    jnp.zeros((), jnp.float32))
 
         pi, opt_pi_state, pi_t, q_t, lp = jax.lax.cond(
             (state["step"] + 1) % hyper["policy_delay"] == 0, actor_step, skip, None)
