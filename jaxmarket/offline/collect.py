@@ -103,7 +103,8 @@ def collect(config: Any = None, steps: int = 1000, out: str | Path = "dataset", 
                 carry, rows = run(carry, jax.random.fold_in(k_run, done), n)
                 rows = jax.device_get(rows)
                 for g in sc.groups:   # [n, E*A, ...] -> [n * E*A, ...]
-                    writer.write(g, {k: np.asarray(v).reshape((-1,) + v.shape[2:])
+                    writer.write(g, {k: np.asarray(v).reshape((v.shape[0] * v.shape[1],)
+                                                              + v.shape[2:])
                                      for k, v in rows[g].items()})
                 done += n
                 if progress:

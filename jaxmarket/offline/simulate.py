@@ -26,16 +26,17 @@ from jaxmarket.config.errors import ConfigError
 from jaxmarket.offline.scenario import Scenario, load_scenario, make_step
 
 
-def rollout_fn(sc: Scenario, group: str, steps: int, gamma: float):
+def rollout_fn(sc: Scenario, group: str, steps: int, gamma: float, stochastic: bool = False):
     """``run(policy_fn, key) -> {"mean_reward", "discounted_return"}`` (pure; jit it
-    with ``policy_fn`` closed over a state argument)."""
+    with ``policy_fn`` closed over a state argument). ``stochastic``: the policy is
+    ``policy_fn(obs, key)``."""
     if group not in sc.groups:
         raise ConfigError("group", group, "one of the agent groups " + ", ".join(sc.groups))
 
     def run(policy: Callable, key: jax.Array) -> dict:
         def act(obs, k, base, aux):
-            del k, base, aux
-            return policy(obs), {}
+            del base, aux
+            return (policy(obs, k) if stochastic else policy(obs)), {}
 
         reset, step = make_step(sc, {group: act})
         k_reset, k_run = jax.random.split(key)
@@ -54,10 +55,12 @@ def rollout_fn(sc: Scenario, group: str, steps: int, gamma: float):
 
 
 def policy_value(scenario: Scenario | dict | str, group: str, policy: Callable,
-                 steps: int = 200, gamma: float = 0.9, seed: int = 0) -> dict[str, float]:
-    """The simulated value of ``policy`` for ``group`` (see the module docstring)."""
+                 steps: int = 200, gamma: float = 0.9, seed: int = 0,
+                 stochastic: bool = False) -> dict[str, float]:
+    """The simulated value of ``policy`` for ``group`` (see the module docstring);
+    ``stochastic``: ``policy(obs, key)``."""
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
-    run = rollout_fn(sc, group, steps, gamma)
+    run = rollout_fn(sc, group, steps, gamma, stochastic)
     out = jax.jit(lambda k: run(policy, k))(jax.random.key(seed))
     return {k: float(v) for k, v in out.items()}
 

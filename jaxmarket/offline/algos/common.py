@@ -90,6 +90,8 @@ class MLP(nn.Module):
 
     @nn.compact
     def __call__(self, x):
+        if x.shape[-1] == 0:   # no observation (a bandit): one constant input feature
+            x = jnp.ones(x.shape[:-1] + (1,), x.dtype)
         for h in self.hidden:
             x = nn.relu(nn.Dense(h)(x))
         return nn.Dense(self.out)(x)
