@@ -14,7 +14,8 @@ first two axes, or a line with a band over seeds for one axis).
 --resume DIR runs the cells that have no summary.json (an interrupted cell continues from
 its last checkpoint) and rewrites the three files. Compiled programs go to JAX's
 persistent compilation cache in DIR/jax_cache (--compile-cache), so cells that differ
-only in data (the seed, a bandit's learning rate) compile once. --backend ray runs cells
+only in data (the seed, a market parameter such as a budget or a temperature, a
+learner hyperparameter kept per member such as a learning rate) compile once. --backend ray runs cells
 as Ray tasks (pip install -e '.[ray]'; --address of a running cluster, a local one by
 default). Details: docs/sweeps.md."""
 
@@ -273,9 +274,11 @@ def compilation_cache(path: str | Path | None):
     quickly it compiled), then the process's previous settings. A cell whose programs
     another cell (or an earlier process of the same sweep) already compiled loads them
     instead of compiling: the same executable, so the same bits. Cells share the training
-    chunk when they differ only in values the program takes as data (the seed, a
-    bandit learner's learning_rate, entropy_coef, pullback_coef and clip_eps, held in its
-    state); a market parameter is a constant of the program, so each value compiles."""
+    chunk when they differ only in values the program takes as data: the seed, the
+    market's parameters (carried in the runner), and the learner hyperparameters held per
+    member in its state (``jaxmarket.train.pbt.HYPERPARAMS``: learning rates, entropy and
+    clip coefficients, Q-learning's alpha and beta). Structural values (counts, kinds,
+    action bounds, buffer lengths) compile once per distinct value."""
     if path is None:
         yield
         return

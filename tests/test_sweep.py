@@ -281,3 +281,23 @@ def test_ray_backend_on_a_local_two_cpu_ray_equals_the_local_backend(sweep_dir, 
         assert data["x"][i] == BUDGETS[i]
         assert data["mean"][i] == pytest.approx(x.mean(), rel=1e-12, abs=1e-15)
         assert (data["low"][i], data["high"][i]) == (x.min(), x.max())
+
+
+def test_cells_differing_only_in_market_and_learner_values_share_one_compiled_chunk():
+    """The market's parameters travel in the runner (data), and the swept learner
+    hyperparameters live in the learner state: the training chunk lowered for two cells
+    that differ in a consumer budget and a learning rate is the same
+    program text, so the sweep compiles it once (the persistent cache then loads it).
+    A structural value (the number of markets) gives another program."""
+    from jaxmarket.config.loader import load_config
+    from jaxmarket.train.run import Trainer
+
+    def chunk_text(*overrides):
+        t = Trainer(load_config(CONFIG, [*TINY, "train.num_seeds=2", *overrides]), "/nonexistent")
+        runner = jax.eval_shape(t.initial_runner)
+        return t.chunk_fn(10).lower(runner).as_text()
+
+    a = chunk_text("market.consumers[0].budget=0.5", "learners.seller.learning_rate=1e-3")
+    b = chunk_text("market.consumers[0].budget=1.5", "learners.seller.learning_rate=1e-2")
+    assert a == b
+    assert chunk_text("train.num_envs=8") != a

@@ -64,6 +64,10 @@ class Runner:
     # groups with a league mapping: {"pool": snapshot fields [pool_size, S K, ...],
     # "count": snapshots taken (int32), "draw": [S E] each market's pool entry}
     league: Any = struct.field(default_factory=dict)
+    # the market's parameters (MarketParams), carried as data rather than baked into the
+    # compiled chunk as constants: scenarios that differ only in parameter values (a
+    # sweep over a temperature, a budget) share one compiled program
+    params: Any = None
 
 
 def snapshot_fields(state: Any) -> dict:
@@ -163,7 +167,7 @@ def make_train(env: MarketEnv, params: MarketParams, learners: dict[str, Learner
                   for g in leagues}
         return Runner(env_state, obs, lstates, jax.random.key_data(k_run),
                       jnp.zeros((), jnp.int32), assignment, jnp.zeros((), jnp.int32), objective,
-                      league)
+                      league, params)
 
     def to_learner(x, g, assignment):   # market slot order -> the learner's slot order
         return x[assignment[g][0]] if g in assignment else x
@@ -189,7 +193,7 @@ def make_train(env: MarketEnv, params: MarketParams, learners: dict[str, Learner
         chosen = jnp.take_along_axis(every, league[g]["draw"][None, None, :, None], axis=0)[0]
         return jnp.swapaxes(chosen, 0, 1)
 
-    def market_step(lstates, assignment, league, carry, _):
+    def market_step(lstates, assignment, league, params, carry, _):
         # ``lstates`` is read, never written, during a rollout (``act`` is pure): it is
         # closed over rather than carried, so the scan does not copy learner buffers.
         # ``assignment`` is fixed within a rollout: a learner slot's trajectory stays one
@@ -270,12 +274,12 @@ def make_train(env: MarketEnv, params: MarketParams, learners: dict[str, Learner
         assignment = runner.assignment
         if T == 1:  # one step: no loop (the learners see a [1, ...] time axis all the same)
             (env_state, obs, key), out = market_step(lstates, assignment, runner.league,
-                                                     carry, None)
+                                                     runner.params, carry, None)
             traj, metrics = jax.tree.map(lambda x: x[None], out)
         else:
             (env_state, obs, key), (traj, metrics) = jax.lax.scan(
-                functools.partial(market_step, lstates, assignment, runner.league), carry,
-                length=T)
+                functools.partial(market_step, lstates, assignment, runner.league,
+                                  runner.params), carry, length=T)
         # an episode ends at each truncation; a market that never truncates counts each
         # iteration as one
         truncations = metrics.pop("episodes").sum().astype(jnp.int32)
@@ -311,7 +315,8 @@ def make_train(env: MarketEnv, params: MarketParams, learners: dict[str, Learner
             metrics[f"league/{g}/pool"] = jnp.minimum(league[g]["count"],
                                                       leagues[g].pool_size).astype(jnp.float32)
         runner = Runner(env_state, obs, new_states, jax.random.key_data(key),
-                        runner.iteration + 1, assignment, episodes, objective, league)
+                        runner.iteration + 1, assignment, episodes, objective, league,
+                        runner.params)
         return runner, metrics
 
     def league_iteration(key, g, state, league, iteration):
