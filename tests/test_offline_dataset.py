@@ -180,3 +180,23 @@ def test_collect_cli_bad_input_exits_2(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip() == "config error: --noise: got -1.0; allowed: a number > 0"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_minari_round_trip_with_minaris_own_api(noisy, tmp_path, monkeypatch):
+    import minari
+    from jaxmarket.offline.minari_io import load_minari, save_minari
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path))
+    ds = load_dataset(noisy[0])
+    save_minari(ds, "jaxmarket/duopoly/seller-v0")
+    md = minari.load_dataset("jaxmarket/duopoly/seller-v0")      # read by Minari itself
+    assert md.total_episodes == 2 and md.total_steps == 12        # one episode per market
+    ep = next(md.iterate_episodes())
+    assert ep.observations.shape == (7, 2) and ep.actions.shape == (6, 1)
+    assert list(ep.truncations) == [False] * 5 + [True]
+    back = load_minari("jaxmarket/duopoly/seller-v0")
+    for a, b in zip(ds.episodes(), back.episodes()):
+        for name in ("observations", "actions", "rewards", "next_observations", "log_probs",
+                     "stream", "step"):
+            np.testing.assert_array_equal(back[name][b], ds[name][a])
+    with pytest.raises(ConfigError, match="not used locally"):
+        save_minari(ds, "jaxmarket/duopoly/seller-v0")

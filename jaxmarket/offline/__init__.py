@@ -2,7 +2,8 @@
 
     collect(config, steps, out)            make a dataset from a scenario (also the CLI
                                            python -m jaxmarket.collect)
-    load_dataset(path) / save_dataset      the native chunked format; load_d4rl / save_d4rl
+    load_dataset(path) / save_dataset      the native chunked format; load_d4rl / save_d4rl;
+                                           jaxmarket.offline.minari_io: save_minari / load_minari
     make_algo(name, dataset, **hyper)      bc, cql, iql, td3_bc, dm, dr sized from the data
     fit(algo, dataset, evaluators=..., callbacks=..., stop=Stop(...), logger=...)
     SimulatorValue, FQE, BanditOPE, scorers     evaluators fn(algo, state)

@@ -27,8 +27,16 @@ from jaxmarket.offline.dataset import Dataset, make_dataset
 REQUIRED = ("observations", "actions", "rewards", "terminals", "timeouts")
 
 
+def _h5py():
+    try:
+        import h5py
+    except ModuleNotFoundError:
+        raise ConfigError("h5py", "not installed", "pip install 'jaxmarket[offline]'") from None
+    return h5py
+
+
 def load_d4rl(path: str | Path) -> Dataset:
-    import h5py
+    h5py = _h5py()
 
     path = Path(path)
     if not path.is_file():
@@ -98,7 +106,7 @@ def save_d4rl(ds: Dataset, path: str | Path) -> Path:
     """Write ``ds`` in D4RL layout, episodes back to back (rows ordered by stream and
     step, a timeout after each episode that did not end), with ``next_observations``;
     atomically (a temporary file, then a rename)."""
-    import h5py
+    h5py = _h5py()
 
     path = Path(path)
     order = np.concatenate(ds.episodes())
