@@ -12,8 +12,9 @@
     the noisy-demand logit monopoly (benchmarks/offline_bandit.yaml), split into
     independent batches; IPS, SNIPS, DM and DR of a fixed target policy against its
     simulated value: bias and RMSE over the batches.
-(d) fit throughput: CQL updates per second (batch 256, 256x256 networks, 10 sampled
-    actions) on the duopoly logs, compiled chunk timed after a warm-up.
+(d) fit throughput: CQL updates per second (d3rlpy's defaults: batch 256, 256x256
+    networks, 10 sampled actions) on the duopoly logs, a compiled chunk timed after a
+    warm-up; IQL's at the same sizes too.
 
 With --json the last line is JSON with keys fqe_estimate, true_value,
 offline_policy_value, heuristic_value, ope, onnx_max_abs_diff, fit_updates_per_s (and
@@ -38,12 +39,20 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from jaxmarket.offline import (bias_rmse, collect, fit, fqe_value, load_dataset,  # noqa: E402
-                               make_algo, ope_estimates, policy_value)
-from jaxmarket.offline.behaviour import truncated_gaussian  # noqa: E402
-from jaxmarket.offline.fit import make_chunk  # noqa: E402
-from jaxmarket.offline.algos import device_data  # noqa: E402
-from jaxmarket.offline.scenario import load_scenario  # noqa: E402
+from jaxmarket.offline import (
+    bias_rmse,
+    collect,
+    fit,
+    fqe_value,
+    load_dataset,
+    make_algo,
+    ope_estimates,
+    policy_value,
+)
+from jaxmarket.offline.algos import device_data
+from jaxmarket.offline.behaviour import truncated_gaussian
+from jaxmarket.offline.fit import make_chunk
+from jaxmarket.offline.scenario import load_scenario
 
 DUOPOLY = ROOT / "benchmarks" / "offline_duopoly.yaml"
 BANDIT = ROOT / "benchmarks" / "offline_bandit.yaml"
@@ -124,18 +133,21 @@ def main(argv=None) -> dict:
               f"mean ESS {out['ope_mean_ess']:.0f}: " + "  ".join(
                   f"{k} bias {v['bias']:+.4f} rmse {v['rmse']:.4f}" for k, v in out["ope"].items()))
         # ------------------------------------------------------------ (d) throughput
-        algo = make_algo("cql", ds, gamma=GAMMA)
-        run = make_chunk(algo, 256)
-        data = device_data(ds, algo.norm)
-        state = jax.jit(algo.init)(jax.random.key(0))
-        n = 50 if q else 200
-        state, _ = run(state, data, jax.random.key(1), n)          # compile + warm-up
-        jax.block_until_ready(state)
-        t0 = time.perf_counter()
-        state, m = run(state, data, jax.random.key(2), n)
-        jax.block_until_ready(m)
-        out["fit_updates_per_s"] = n / (time.perf_counter() - t0)
-        print(f"(d) CQL fit: {out['fit_updates_per_s']:.0f} updates/s (batch 256, 256x256)")
+        for name, hyper in (("cql", {}), ("iql", {})):   # default sizes: 256x256
+            algo = make_algo(name, ds, gamma=GAMMA, **hyper)
+            run = make_chunk(algo, 256)
+            data = device_data(ds, algo.norm)
+            state = jax.jit(algo.init)(jax.random.key(0))
+            n = 50 if q else (200 if name == "cql" else 1000)
+            state, _ = run(state, data, jax.random.key(1), n)          # compile + warm-up
+            jax.block_until_ready(state)
+            t0 = time.perf_counter()
+            state, m = run(state, data, jax.random.key(2), n)
+            jax.block_until_ready(m)
+            out["fit_updates_per_s" if name == "cql" else f"fit_updates_per_s_{name}"] = (
+                n / (time.perf_counter() - t0))
+        print(f"(d) fit, batch 256, 256x256 networks: CQL {out['fit_updates_per_s']:.1f} "
+              f"updates/s (10 sampled actions), IQL {out['fit_updates_per_s_iql']:.0f} updates/s")
     out["onnx_max_abs_diff"] = None
     out.update(seconds=round(time.perf_counter() - t_start, 1), quick=q, jax=jax.__version__,
                nproc=os.cpu_count(), machine=platform.processor() or platform.machine(),

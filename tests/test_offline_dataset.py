@@ -46,7 +46,7 @@ def test_collect_records_market_transitions(noisy):
     assert [c["rows"] for c in manifest["groups"]["seller"]["chunks"]] == [8, 4]   # 4 + 2 steps
     assert not list(out.parent.glob("noisy.partial*"))
     rival = load_dataset(out, "rival")
-    key = lambda d: np.lexsort((d["stream"], d["step"]))   # noqa: E731
+    key = lambda d: np.lexsort((d["stream"], d["step"]))
     s, r = ds.take(key(ds)), rival.take(key(rival))
     np.testing.assert_array_equal(s["step"], np.repeat(np.arange(6), 2))
     # the reward is the logit profit at the two quoted prices
@@ -176,7 +176,7 @@ def test_a_failed_collect_leaves_no_files(tmp_path, monkeypatch):
 def test_collect_cli_bad_input_exits_2(tmp_path):
     cmd = [sys.executable, "-m", "jaxmarket.collect", "--config", str(SCENARIO), "--steps", "5",
            "--out", str(tmp_path / "o"), "--noise", "-1"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=False)
     assert proc.returncode == 2
     assert proc.stderr.strip() == "config error: --noise: got -1.0; allowed: a number > 0"
     assert list(tmp_path.iterdir()) == []
@@ -184,6 +184,7 @@ def test_collect_cli_bad_input_exits_2(tmp_path):
 
 def test_minari_round_trip_with_minaris_own_api(noisy, tmp_path, monkeypatch):
     import minari
+
     from jaxmarket.offline.minari_io import load_minari, save_minari
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path))
     ds = load_dataset(noisy[0])

@@ -106,7 +106,7 @@ def test_metrics_csv_is_written_while_training_and_resume_is_bit_identical(tmp_p
 def test_offline_cli_bad_input_is_one_line_exit_2(tmp_path):
     def run(*args):
         return subprocess.run([sys.executable, "-m", "jaxmarket.offline", *args],
-                              capture_output=True, text=True, cwd=ROOT)
+                              capture_output=True, text=True, cwd=ROOT, check=False)
 
     proc = run("--dataset", str(tmp_path / "missing"), "--algo", "cql",
                "--run-dir", str(tmp_path / "r"))

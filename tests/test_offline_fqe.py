@@ -35,7 +35,7 @@ def test_fqe_on_a_tiny_mdp_matches_the_linear_bellman_solution():
                       step=np.where(s == 0, 0, 1),      # initial states: state 0
                       action_index=a, meta={"discrete": True, "action_values": values})
     pi = jnp.asarray(PI, jnp.float32)
-    policy = lambda obs: obs @ pi                        # noqa: E731  one-hot state -> pi(.|s)
+    policy = lambda obs: obs @ pi
     est = fqe_value(ds, policy, gamma=GAMMA, steps=3000, hidden=(32,), learning_rate=3e-3,
                     target_every=50)
     truth = closed_form_value(0)

@@ -63,7 +63,6 @@ def save_minari(ds: Dataset, dataset_id: str, description: str = ""):
                                       (ds.action_dim,), np.float32)
     buffers = []
     for i, e in enumerate(_fragments(ds)):
-        T = len(e)
         term = np.asarray(ds["terminals"])[e]
         trunc = np.asarray(ds["timeouts"])[e].copy()
         trunc[-1] = not term[-1]
@@ -114,8 +113,10 @@ def load_minari(dataset_id: str) -> Dataset:
         cols["term"].append(np.asarray(ep.terminations, bool))
         cols["trunc"].append(np.asarray(ep.truncations, bool))
         infos = ep.infos or {}
-        get = lambda k, default: (np.asarray(infos[k])[:T] if k in infos  # noqa: E731
-                                  else default)
+
+        def get(k, default, infos=infos, T=T):
+            return np.asarray(infos[k])[:T] if k in infos else default
+
         cols["logp"].append(get("log_prob", np.full(T, np.nan)))
         cols["stream"].append(get("stream", np.zeros(T, np.int32)))
         cols["episode"].append(get("episode", np.full(T, n, np.int32)))
