@@ -7,7 +7,6 @@ import sys
 import warnings
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import CONFIGS, ROOT
@@ -15,8 +14,12 @@ from gymnasium.utils.env_checker import check_env
 from pettingzoo.test import parallel_api_test
 
 import jaxmarket
-from jaxmarket.adapters import (make_gymnasium_env, make_jaxmarl_env, make_parallel_env,
-                                make_vector_env)
+from jaxmarket.adapters import (
+    make_gymnasium_env,
+    make_jaxmarl_env,
+    make_parallel_env,
+    make_vector_env,
+)
 from jaxmarket.economics import logit_profits, nash_price
 
 MULTI = str(CONFIGS / "multi_product.yaml")
@@ -64,11 +67,12 @@ def test_parallel_env_steps_exactly_like_the_market_for_the_same_keys_and_action
     n_obs, state = env.reset(next(keys), params)
     native_step = jax.jit(env.step_env)
     sample = jax.jit(lambda k: random_group_actions(env, params, k))
+    first = None
     for t in range(3):
         acts = sample(jax.random.key(100 + t))
         per_agent = {f"{g}_{i}": np.asarray(acts[g][i]) for g in acts for i in range(len(acts[g]))}
-        obs, rew, term, trunc, infos = pz.step(per_agent)
-        first = (per_agent, rew) if t == 0 else first
+        obs, rew, _, _, infos = pz.step(per_agent)
+        first = first or (per_agent, rew)
         n_obs, state, n_rew, _, n_info = native_step(next(keys), state, acts, params)
         for g in env.agent_groups:
             for i in range(env.num_agents(g)):

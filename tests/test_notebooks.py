@@ -3,6 +3,7 @@
 repository keeps them without outputs, with the Colab set-up cell first."""
 
 import time
+
 import nbformat
 import pytest
 from conftest import ROOT

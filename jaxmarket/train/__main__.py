@@ -42,7 +42,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--resume", default=None, metavar="RUN_DIR",
                         help="continue a run (overrides: only train.num_iterations and the "
                              "stop rules)")
-    parser.add_argument("--tracker", default="files", choices=("files", "sacred", "tensorboard"))
+    parser.add_argument("--tracker", default="files", choices=("files", "sacred", "tensorboard", "wandb"))
     parser.add_argument("--mongo-url", default=None, help="sacred: a MongoDB URL instead of files")
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="dotted overrides, e.g. seed=3 'market.sellers[0].count=3'")
