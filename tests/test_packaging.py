@@ -4,6 +4,7 @@ wheel trains the default scenario from a directory that is not a checkout, shipp
 version."""
 
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -21,37 +22,44 @@ from jaxmarket.config.loader import SHIPPED_CONFIGS, load_config
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
+def build_wheel(tmp_path: Path) -> Path:
+    """``pip wheel --no-deps`` of a copy of the sources (setuptools builds in the source
+    tree: a copy keeps the checkout clean and parallel runs apart)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, src / name)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(ROOT / "jaxmarket", src / "jaxmarket", symlinks=True, ignore=ignore)
+    shutil.copytree(ROOT / "configs", src / "configs", ignore=ignore)
+    out = tmp_path / "dist"
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
-                           str(out), str(ROOT)], capture_output=True, text=True)
+                           str(out), str(src)], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     (path,) = out.glob("jaxmarket-*.whl")
     return path
 
 
-def test_wheel_ships_every_scenario_file_byte_for_byte(wheel):
-    with zipfile.ZipFile(wheel) as zf:
-        shipped = {n[len("jaxmarket/configs/"):]: zf.read(n) for n in zf.namelist()
-                   if n.startswith("jaxmarket/configs/")}
-    on_disk = {p.name: p.read_bytes() for p in CONFIGS.glob("*.yaml")}
-    assert "legacy_default.yaml" in on_disk and shipped == on_disk
-
-
-def test_wheel_declares_the_console_script_and_its_version(wheel):
+def test_wheel_ships_the_configs_and_the_command_and_trains_outside_the_checkout(tmp_path):
+    wheel = build_wheel(tmp_path)
     version = PYPROJECT["project"]["version"]
     assert wheel.name.startswith(f"jaxmarket-{version}-")
     with zipfile.ZipFile(wheel) as zf:
+        shipped = {n[len("jaxmarket/configs/"):]: zf.read(n) for n in zf.namelist()
+                   if n.startswith("jaxmarket/configs/")}
         entry = zf.read(f"jaxmarket-{version}.dist-info/entry_points.txt").decode()
+    # every scenario file, byte for byte, and the console script
+    on_disk = {p.name: p.read_bytes() for p in CONFIGS.glob("*.yaml")}
+    assert "legacy_default.yaml" in on_disk and shipped == on_disk
     assert "jaxmarket = jaxmarket.__main__:main" in entry
 
-
-def test_installed_wheel_trains_the_default_scenario_outside_the_checkout(wheel, tmp_path):
+    # installed on its own, it trains the default scenario from a directory that is not
+    # the checkout, and finds the shipped configs there
     target, work = tmp_path / "site", tmp_path / "elsewhere"
     work.mkdir()
     proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q",
-                           "--target", str(target), str(wheel)], capture_output=True, text=True)
+                           "--target", str(target), str(wheel)], capture_output=True,
+                          text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     script = ("import runpy, sys, jaxmarket\n"
               "print('imported', jaxmarket.__file__)\n"
@@ -61,7 +69,7 @@ def test_installed_wheel_trains_the_default_scenario_outside_the_checkout(wheel,
               "runpy.run_module('jaxmarket.train', run_name='__main__')\n")
     env = {**os.environ, "PYTHONPATH": str(target)}
     proc = subprocess.run([sys.executable, "-c", script], cwd=work, env=env,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     # the installed copy ran, not the checkout
     assert f"imported {target / 'jaxmarket' / '__init__.py'}" in proc.stdout
@@ -88,7 +96,8 @@ def test_shipped_configs_resolve_from_any_directory_and_are_the_checkouts_files(
 
 def test_console_script_prints_the_pyproject_version():
     script = Path(sys.executable).parent / "jaxmarket"
-    proc = subprocess.run([str(script), "--version"], capture_output=True, text=True)
+    proc = subprocess.run([str(script), "--version"], capture_output=True, text=True,
+                          check=False)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == f"jaxmarket {PYPROJECT['project']['version']}"
 
