@@ -546,7 +546,8 @@ def test_league_errors_before_compiling():
     from jaxmarket.train.run import prepare
     for mapping, field in (({"kind": "league", "pool_size": 0}, "mapping.pool_size"),
                            ({"kind": "league", "latest_prob": 1.5}, "mapping.latest_prob"),
-                           ({"kind": "league", "opponents": "buyers"}, "mapping.opponents")):
+                           ({"kind": "league", "opponents": "buyers"}, "mapping.opponents"),
+                           ({"kind": "league", "opponents": 3}, "mapping.opponents")):
         with pytest.raises(ConfigError) as err:
             prepare(market(mapping))
         assert err.value.field == f"learners.sellers.{field}"
@@ -555,3 +556,33 @@ def test_league_errors_before_compiling():
     with pytest.raises(ConfigError) as err:
         prepare(one)
     assert err.value.field == "learners.sellers.mapping"
+
+
+def test_league_snapshots_can_drive_another_group(tmp_path):
+    """``opponents: rivals``: every agent of ``sellers`` learns, both agents of
+    ``rivals`` play the newest snapshot (latest_prob 1), and ``rivals`` needs no learner."""
+    config = league(8, 1.0)
+    seller = config["market"]["sellers"][0]
+    config["market"]["sellers"] = [dict(seller, count=1), dict(seller, name="rivals", count=2)]
+    config["learners"]["sellers"]["mapping"]["opponents"] = "rivals"
+    runner, cols = train(config, tmp_path / "r")
+    prices = runner.env_state.prices
+    np.testing.assert_array_equal(np.asarray(prices["sellers"])[..., 0], 1.0 + 7)
+    np.testing.assert_array_equal(np.asarray(prices["rivals"])[..., 0], 1.0 + 6)
+    batch = runner.learners["sellers"].batch
+    assert batch.action.shape[1] == 16      # the 16 markets' one seller each
+    allp = np.concatenate([np.asarray(prices["sellers"]), np.asarray(prices["rivals"])], 1)
+    np.testing.assert_allclose(np.asarray(batch.reward)[0], hand_revenue(allp[..., 0])[:, 0])
+    # a learner for the rivals, or rivals with other bounds, are config errors
+    from jaxmarket.config.errors import ConfigError
+    from jaxmarket.train.run import prepare
+    bad = copy.deepcopy(config)
+    bad["learners"]["rivals"] = {"kind": "constant", "value": 1.0}
+    with pytest.raises(ConfigError) as err:
+        prepare(bad)
+    assert err.value.field == "learners.rivals"
+    bad = copy.deepcopy(config)
+    bad["market"]["sellers"][1]["high"] = 50.0
+    with pytest.raises(ConfigError) as err:
+        prepare(bad)
+    assert err.value.field == "learners.sellers.mapping.opponents"

@@ -31,7 +31,10 @@ With ``E = train.num_envs`` markets per seed of ``A`` agents each:
   from the pool. The learner sees only the live seats (``E`` slots per seed); the
   opponents' actions are computed under every pool entry and the drawn one kept (cost:
   ``pool_size`` extra ``act`` evaluations per opponent seat and step). The pool, its
-  count and the draws are part of the runner (checkpointed).
+  count and the draws are part of the runner (checkpointed). With ``opponents: <group>``
+  every agent of this group learns (member ``e mod K``) and *all* agents of the other
+  group play the snapshots (that group takes no learner of its own; same action bounds
+  and observation size, and a multiple of this group's agent count per market).
 * a custom mapping registered from Python (sample-factory's TODO)::
 
       jaxmarket.register_mapping("stripes", lambda key, episode, market, agent, K:
@@ -93,8 +96,9 @@ LEAGUE_FIELDS = {
     "pool_size": Field("int", 8, low=1, doc="snapshots kept (a ring)"),
     "latest_prob": Field("float", 0.5, low=0.0, high=1.0,
                          doc="chance that a market's opponents are the newest snapshot"),
-    "opponents": Field("choice", "self", choices=("self",),
-                       doc="who plays the snapshots: the group's other agents"),
+    "opponents": Field("any", "self",
+                       doc="who plays the snapshots: self (the group's agents 1..) or "
+                           "another agent group's name (all its agents)"),
 }
 
 RESAMPLE_FIELDS = {
@@ -118,10 +122,16 @@ class Population:
     snapshot_every: int = 10          # league
     pool_size: int = 8
     latest_prob: float = 0.5
+    opponents: str = "self"
 
     @property
     def league(self) -> bool:
         return self.kind == "league"
+
+    @property
+    def live_seats_only(self) -> bool:
+        """A league against itself: the learner sees agent 0 of each market only."""
+        return self.kind == "league" and self.opponents == "self"
 
     @property
     def dynamic(self) -> bool:
@@ -135,7 +145,7 @@ class Population:
         """``[E * A]`` member of each slot of one seed, in the learner's slot order."""
         if self.kind == "table":
             return np.asarray(self.table, np.int64).reshape(-1)
-        if self.kind == "league":            # the live seats only: one per market
+        if self.live_seats_only:             # the live seats only: one per market
             return np.arange(num_envs) % self.size
         slot = np.arange(num_envs * num_agents)
         return (slot // num_agents) % self.size
@@ -182,6 +192,13 @@ def resolve_population(keys: Mapping[str, Any], where: str, num_envs: int,
         return Population(size, "sync")
     if kind == "league":
         h = check_mapping(LEAGUE_FIELDS, opts, f"{where}.mapping")
+        if not isinstance(h["opponents"], str):
+            raise ConfigError(f"{where}.mapping.opponents", h["opponents"],
+                              "self or the name of another agent group")
+        if h["opponents"] != "self":      # the other group is checked by the trainer
+            return Population(size, "league", snapshot_every=h["snapshot_every"],
+                              pool_size=h["pool_size"], latest_prob=h["latest_prob"],
+                              opponents=h["opponents"])
         if num_agents < 2:
             raise ConfigError(f"{where}.mapping", raw, "a group of >= 2 agents per market for "
                               f"mapping league (agent 0 learns, the others play snapshots; "

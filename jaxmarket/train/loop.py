@@ -86,7 +86,7 @@ def tile_spec(spec: LearnerSpec, num_envs: int, num_seeds: int = 1,
     ``S * E * A``, policies ``S * K``, seed ``s`` owning policies ``s*K .. s*K + K - 1``.
     With a ``population``, ``K`` is its size and slot ``j`` of a seed (in the learner's
     member-grouped order) is driven by member ``population.layout(E, A)[j]``."""
-    if population is not None and population.league:   # the learner sees the live seats
+    if population is not None and population.live_seats_only:   # the live seats
         spec = dataclasses.replace(spec, num_agents=1, action_low=spec.action_low[:1],
                                    action_high=spec.action_high[:1], payoff=None)
     if population is not None:
@@ -175,23 +175,35 @@ def make_train(env: MarketEnv, params: MarketParams, learners: dict[str, Learner
     def to_market(x, g, assignment):    # the learner's slot order -> market slot order
         return x[assignment[g][1]] if g in assignment else x
 
+    live_only = {g for g, p in leagues.items() if p.live_seats_only}
+    opponent_of = {p.opponents: g for g, p in leagues.items() if not p.live_seats_only}
+
     def flat(x, g):   # [E, A, ...] -> [E * A, ...] (a league: the live seats [E, ...])
-        if g in leagues:
+        if g in live_only:
             return x[:, 0]
         return x.reshape((E * sizes[g],) + x.shape[2:])
 
-    def league_act(g, state, league, obs, key):
-        """The actions ``[E, A - 1, P]`` of the opponent seats (agents ``1 ..``) of every
-        market: computed under each pool entry (``vmap``) and seat, and each market's
+    def league_act(g, state, league, seats, key):
+        """The actions ``[E, n, P]`` of ``n`` snapshot-driven seats ``seats [E, n, D]``
+        of every market (group ``g``'s agents ``1 ..``, or another group's agents),
+        taken ``L`` at a time (``L``: the live seats per market the learner acts for, so
+        seat ``(e, c L + l)`` plays the snapshot of the member of live slot ``(e, l)``):
+        computed under each pool entry (``vmap``) and each block, and each market's
         drawn entry kept."""
+        n, L = seats.shape[1], (1 if g in live_only else sizes[g])
+        blocks = seats.reshape((E, n // L, L) + seats.shape[2:]).swapaxes(0, 1)
+        blocks = blocks.reshape((n // L, E * L) + seats.shape[2:])          # [n/L, E L, D]
+
         def one_entry(entry):
             snap = state.replace(**entry)
-            seat_keys = jax.random.split(key, sizes[g] - 1)
-            return jax.vmap(lambda o, k: materialize(learners[g].act(snap, o, k)[0]),
-                            in_axes=(1, 0))(obs[:, 1:], seat_keys)         # [A - 1, E, P]
-        every = jax.vmap(one_entry)(league[g]["pool"])                     # [pool, A-1, E, P]
-        chosen = jnp.take_along_axis(every, league[g]["draw"][None, None, :, None], axis=0)[0]
-        return jnp.swapaxes(chosen, 0, 1)
+            keys = jax.random.split(key, n // L)
+            return jax.vmap(lambda o, k: materialize(learners[g].act(snap, o, k)[0]))(
+                blocks, keys)                                               # [n/L, E L, P]
+        every = jax.vmap(one_entry)(league[g]["pool"])                     # [pool, n/L, E L, P]
+        draw = jnp.repeat(league[g]["draw"], L)                            # [E L]
+        chosen = jnp.take_along_axis(every, draw[None, None, :, None], axis=0)[0]
+        chosen = chosen.reshape((n // L, E, L, chosen.shape[-1])).swapaxes(0, 1)
+        return chosen.reshape((E, n, chosen.shape[-1]))
 
     def market_step(lstates, assignment, league, params, carry, _):
         # ``lstates`` is read, never written, during a rollout (``act`` is pure): it is
@@ -206,13 +218,16 @@ def make_train(env: MarketEnv, params: MarketParams, learners: dict[str, Learner
             a, aux[g] = learners[g].act(lstates[g], to_learner(flat(obs[g], g), g, assignment),
                                         akeys[i])
             learner_actions[g] = a = materialize(a)  # once, not inside the market's fusions
-            if g in leagues:   # live seat 0, then the snapshots' seats
-                opponents = league_act(g, lstates[g], league, obs[g],
+            if g in live_only:   # live seat 0, then the snapshots' seats
+                opponents = league_act(g, lstates[g], league, obs[g][:, 1:],
                                        jax.random.fold_in(akeys[i], 1))
                 actions[g] = jnp.concatenate([a[:, None], opponents], axis=1)
                 continue
             a = to_market(a, g, assignment)
             actions[g] = a.reshape((E, sizes[g]) + a.shape[1:])
+        for h, g in opponent_of.items():   # another group plays g's league snapshots
+            actions[h] = league_act(g, lstates[g], league, obs[h],
+                                    jax.random.fold_in(akeys[groups.index(g)], 1))
         next_obs, env_state, rewards, term, trunc, info = vstep(
             jax.random.split(k_step, E), env_state, actions, params)
         done = jnp.logical_or(term, trunc)
@@ -223,7 +238,7 @@ def make_train(env: MarketEnv, params: MarketParams, learners: dict[str, Learner
         batch = {g: Transition(obs=learner_view(obs[g], g), action=learner_actions[g],
                                reward=learner_view(rewards[g], g),
                                next_obs=learner_view(info["final_observation"][g], g),
-                               done=done if g in leagues else to_learner(
+                               done=done if g in live_only else to_learner(
                                    jnp.repeat(done, sizes[g]), g, assignment),
                                aux=aux[g]) for g in groups}
         metrics = {"episodes": done[0].astype(jnp.float32)}   # markets step in lockstep
