@@ -18,9 +18,12 @@ import yaml
 from jaxmarket.config.errors import ConfigError
 
 TOP_LEVEL = ("market", "learners", "train", "seed", "name", "description", "pbt")
-# the scenario files shipped with the package (a link to the repository's configs/ in a
-# checkout, a copy inside an installed wheel)
-SHIPPED_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+# the scenario files shipped with the package: a copy inside an installed wheel, a link to
+# the repository's configs/ in a checkout (the checkout's configs/ itself where the link
+# did not survive, e.g. a checkout without symlinks)
+_PACKAGE = Path(__file__).resolve().parents[1]
+SHIPPED_CONFIGS = next((d for d in (_PACKAGE / "configs", _PACKAGE.parent / "configs")
+                        if d.is_dir()), _PACKAGE / "configs")
 _TOKEN = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
 
 
