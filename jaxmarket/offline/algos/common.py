@@ -35,7 +35,7 @@ class Norm:
     obs_std: jax.Array
     act_low: jax.Array
     act_high: jax.Array
-    reward_scale: float = struct.field(pytree_node=False, default=1.0)
+    reward_scale: jax.Array   # scalar float32 (an array: folds of a grid search differ)
 
     def obs(self, x):
         return (x - self.obs_mean) / self.obs_std
@@ -61,20 +61,32 @@ def infer_norm(ds: Dataset, normalize_obs: bool = True, reward_scale: float | No
         sd = float(np.std(np.asarray(ds["rewards"], np.float64)))
         reward_scale = 1.0 / sd if sd > 1e-8 else 1.0
     return Norm(jnp.asarray(mean, jnp.float32), jnp.asarray(std, jnp.float32),
-                jnp.asarray(low), jnp.asarray(high), float(reward_scale))
+                jnp.asarray(low), jnp.asarray(high), jnp.asarray(reward_scale, jnp.float32))
 
 
-def device_data(ds: Dataset, norm: Norm) -> dict[str, jax.Array]:
-    """The dataset as normalised device arrays (what minibatches are drawn from)."""
-    d = {"obs": norm.obs(jnp.asarray(ds["observations"], jnp.float32)),
-         "next_obs": norm.obs(jnp.asarray(ds["next_observations"], jnp.float32)),
-         "actions": norm.to_unit(jnp.asarray(ds["actions"], jnp.float32)),
-         "rewards": jnp.asarray(ds["rewards"], jnp.float32) * norm.reward_scale,
+def raw_data(ds: Dataset) -> dict[str, jax.Array]:
+    """The dataset's training fields as device arrays, in dataset units."""
+    d = {"obs": jnp.asarray(ds["observations"], jnp.float32),
+         "next_obs": jnp.asarray(ds["next_observations"], jnp.float32),
+         "actions": jnp.asarray(ds["actions"], jnp.float32),
+         "rewards": jnp.asarray(ds["rewards"], jnp.float32),
          "terminals": jnp.asarray(ds["terminals"], jnp.float32),
          "log_probs": jnp.asarray(ds["log_probs"], jnp.float32)}
     if ds.discrete:
         d["action_index"] = jnp.asarray(ds["action_index"], jnp.int32)
     return d
+
+
+def normalise(raw: dict[str, jax.Array], norm: Norm) -> dict[str, jax.Array]:
+    """:func:`raw_data` rows -> what the networks see (elementwise, so normalising
+    rows before or after a gather gives the same numbers)."""
+    return {**raw, "obs": norm.obs(raw["obs"]), "next_obs": norm.obs(raw["next_obs"]),
+            "actions": norm.to_unit(raw["actions"]), "rewards": raw["rewards"] * norm.reward_scale}
+
+
+def device_data(ds: Dataset, norm: Norm) -> dict[str, jax.Array]:
+    """The dataset as normalised device arrays (what minibatches are drawn from)."""
+    return normalise(raw_data(ds), norm)
 
 
 def sample_batch(key: jax.Array, data: dict, batch_size: int) -> dict:
