@@ -29,7 +29,6 @@ import re
 import shutil
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -38,6 +37,7 @@ import numpy as np
 import yaml
 
 from jaxmarket.cli import Interrupted, run_cli
+from jaxmarket.compile_cache import compilation_cache
 from jaxmarket.cli import parser as make_parser
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.loader import _split_path, load_config
@@ -267,37 +267,6 @@ def check_metric(metric: str | None, cells: list[Cell]) -> str:
 
 
 # -------------------------------------------------------------------------- running
-
-@contextmanager
-def compilation_cache(path: str | Path | None):
-    """JAX's persistent compilation cache in ``path`` for the duration (every program, however
-    quickly it compiled), then the process's previous settings. A cell whose programs
-    another cell (or an earlier process of the same sweep) already compiled loads them
-    instead of compiling: the same executable, so the same bits. Cells share the training
-    chunk when they differ only in values the program takes as data: the seed, the
-    market's parameters (carried in the runner), and the learner hyperparameters held per
-    member in its state (``jaxmarket.train.pbt.HYPERPARAMS``: learning rates, entropy and
-    clip coefficients, Q-learning's alpha and beta). Structural values (counts, kinds,
-    action bounds, buffer lengths) compile once per distinct value."""
-    if path is None:
-        yield
-        return
-    import jax
-    from jax.experimental.compilation_cache import compilation_cache as cc
-
-    settings = {"jax_compilation_cache_dir": str(Path(path).absolute()),
-                "jax_persistent_cache_min_compile_time_secs": 0.0}
-    previous = {name: getattr(jax.config, name) for name in settings}
-    cc.reset_cache()
-    for name, value in settings.items():
-        jax.config.update(name, value)
-    try:
-        yield
-    finally:
-        for name, value in previous.items():
-            jax.config.update(name, value)
-        cc.reset_cache()
-
 
 def run_cell(scenario: dict, overrides: list[str], cell_dir: str,
              compile_cache: str | None = None) -> dict:

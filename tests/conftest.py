@@ -22,4 +22,7 @@ def duopoly_config(**market_overrides) -> dict:
 
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# the CLIs' persistent compilation cache (jaxmarket/compile_cache.py) stays off in tests
+# unless a test asks for one: no writes to ~/.cache, and every test compiles as it did
+os.environ.setdefault("JAXMARKET_COMPILE_CACHE", "none")
 sys.path.insert(0, str(ROOT / "tests"))

@@ -329,3 +329,50 @@ def test_ctrl_c_checkpoints_the_chunk_prints_one_line_and_resumes_identically(tm
                               cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert straight.returncode == 0, straight.stderr
     assert (d / "metrics.csv").read_text() == (ref / "metrics.csv").read_text()
+
+
+def test_second_train_run_loads_its_compiled_programs_from_the_cache(tmp_path, monkeypatch):
+    """``--compile-cache DIR``: the first run compiles and stores, a second run of the same
+    scenario (another seed: data) loads the training chunk and gets the bits it would
+    have got compiling; ``none`` turns the cache off; the environment variable is the
+    default."""
+    import jax
+
+    from jaxmarket.cli import run_cli
+    from jaxmarket.compile_cache import resolve
+    from jaxmarket.train.__main__ import main
+
+    events = []
+
+    def listen(event, **kwargs):
+        events.append(event)
+
+    cache = tmp_path / "xla"
+    base = [str(CONFIGS / "legacy_default.yaml"), "train.num_iterations=20",
+            "train.chunk_size=10", "train.num_envs=2"]
+    jax.monitoring.register_event_listener(listen)
+    try:
+        assert run_cli(main, [*base, "--run-dir", str(tmp_path / "a"),
+                              "--compile-cache", str(cache)]) == 0
+        first = list(events)
+        assert run_cli(main, [*base, "seed=5", "--run-dir", str(tmp_path / "b"),
+                              "--compile-cache", str(cache)]) == 0
+        second = events[len(first):]
+        assert run_cli(main, [*base, "seed=5", "--run-dir", str(tmp_path / "c"),
+                              "--compile-cache", "none"]) == 0
+        third = events[len(first) + len(second):]
+    finally:
+        jax.monitoring.unregister_event_listener(listen)
+    hits = "/jax/compilation_cache/cache_hits"
+    assert first.count(hits) == 0 and any(cache.iterdir())
+    assert second.count(hits) >= 1            # the chunk (and init: the seed is its data)
+    assert third.count(hits) == 0
+    assert (tmp_path / "b" / "metrics.csv").read_text() == \
+        (tmp_path / "c" / "metrics.csv").read_text()
+    monkeypatch.setenv("JAXMARKET_COMPILE_CACHE", "none")
+    assert resolve(None) is None and resolve("d") == "d" and resolve("None") is None
+    monkeypatch.setenv("JAXMARKET_COMPILE_CACHE", str(cache))
+    assert resolve(None) == str(cache)
+    monkeypatch.delenv("JAXMARKET_COMPILE_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert resolve(None) == str(tmp_path / "xdg" / "jaxmarket" / "xla")

@@ -44,11 +44,25 @@ def main(argv: list[str]) -> int:
                              "stop rules)")
     parser.add_argument("--tracker", default="files", choices=("files", "sacred", "tensorboard", "wandb"))
     parser.add_argument("--mongo-url", default=None, help="sacred: a MongoDB URL instead of files")
+    parser.add_argument("--compile-cache", default=None, metavar="DIR",
+                        help="JAX's persistent compilation cache: a second run of the same "
+                             "scenario loads its compiled programs (default: $JAXMARKET_"
+                             "COMPILE_CACHE, else ~/.cache/jaxmarket/xla; 'none': off)")
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="dotted overrides, e.g. seed=3 'market.sellers[0].count=3'")
     args = parser.parse_intermixed_args(argv)
     positional, overrides = split_positional(args.overrides)
-    from jaxmarket.train.run import finish_message, resume_run, start_run
+    from jaxmarket.compile_cache import compilation_cache, resolve
+    with compilation_cache(resolve(args.compile_cache)):
+        summary = _run(args, positional, overrides)
+    print(json.dumps(summary["final"], indent=2))
+    from jaxmarket.train.run import finish_message
+    print(finish_message(summary))
+    return 0
+
+
+def _run(args, positional: str | None, overrides: list[str]) -> dict:
+    from jaxmarket.train.run import resume_run, start_run
     if args.resume:
         if args.config or positional:
             raise ConfigError("--resume", args.resume, "no scenario file with --resume: the run "
@@ -60,9 +74,7 @@ def main(argv: list[str]) -> int:
                               "was given too)")
         config = args.config or positional or str(DEFAULT_CONFIG)
         summary = start_run(config, overrides, args.run_dir, args.tracker, args.mongo_url)
-    print(json.dumps(summary["final"], indent=2))
-    print(finish_message(summary))
-    return 0
+    return summary
 
 
 if __name__ == "__main__":
