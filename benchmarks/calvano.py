@@ -64,6 +64,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from compile_timer import CompileTimer  # noqa: E402
+
 from jaxmarket import economics
 from jaxmarket.learners import qlearning  # noqa: F401  (registers "q_learning")
 from jaxmarket.learners.base import LEARNERS, Learner, LearnerSpec, Transition
@@ -280,7 +283,7 @@ def run(sessions: int = 1000, beta: float = 4e-6, window: int = 100_000,
     check_arguments(firms, alpha, beta, sessions)
     # The non-partitionable threefry draws two 32-bit words per hash instead of one: half
     # the hashing for the sellers' exploration draws (streams differ, not statistics).
-    with jax.threefry_partitionable(False):
+    with jax.threefry_partitionable(False), CompileTimer() as compiled:
         setup = make_setup(beta=beta, window=window, alpha=alpha, firms=firms)
         available = len(jax.devices())
         devices = available if devices is None else devices
@@ -346,6 +349,7 @@ def run(sessions: int = 1000, beta: float = 4e-6, window: int = 100_000,
         "beta": setup.hyper["exploration_decay"],
         "convergence_window": setup.hyper["convergence_window"],
         "wall_s": time.perf_counter() - start,
+        "compile_s": compiled.seconds,
         # added with --firms / --alpha (the keys above are unchanged)
         "firms": setup.firms,
         "alpha": setup.hyper["learning_rate"],

@@ -42,6 +42,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from compile_timer import CompileTimer
 from throughput import machine
 
 from jaxmarket import economics
@@ -102,7 +103,7 @@ def run_scenario(name: str, seeds: int, workdir: Path) -> dict:
     overrides = overrides + [f"train.num_seeds={seeds}"]
     run_dir = workdir / name
     t0 = time.perf_counter()
-    with redirect_stdout(StringIO()):
+    with redirect_stdout(StringIO()), CompileTimer() as compiled:
         summary = start_run(str(CONFIGS / f"{config_name}.yaml"), overrides, str(run_dir))
     wall = time.perf_counter() - t0
     config = load_config(run_dir / "config.yaml")
@@ -125,7 +126,8 @@ def run_scenario(name: str, seeds: int, workdir: Path) -> dict:
         "mean_reward": round(summary["final"][group]["mean_reward"], 6),
         "iterations": summary["iterations"], "seeds": seeds,
         "train": {k: config["train"][k] for k in ("num_envs", "rollout_length")},
-        "wall_s": round(wall, 1), "stopped": summary["stopped"],
+        "wall_s": round(wall, 1), "compile_s": round(compiled.seconds, 2),
+        "stopped": summary["stopped"],
     }
     if name.startswith("duopoly"):
         econ = logit_economy(config)

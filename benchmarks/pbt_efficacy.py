@@ -40,6 +40,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from compile_timer import CompileTimer  # noqa: E402
 
 from jaxmarket.config.loader import load_config  # noqa: E402
 from jaxmarket.economics import logit_profits, monopoly_price  # noqa: E402
@@ -63,7 +66,7 @@ def scenario(iterations: int, seeds: int, members: int, envs_per_member: int, pe
 
 def regrets(config: dict) -> tuple[np.ndarray, float, dict]:
     """Train ``config``; per-seed population-mean and best-member regret, seconds."""
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, CompileTimer() as compiled:
         trainer = Trainer(copy.deepcopy(config), Path(tmp) / "run")
         t0 = time.perf_counter()
         runner = trainer.initial_runner()
@@ -77,7 +80,7 @@ def regrets(config: dict) -> tuple[np.ndarray, float, dict]:
     price = np.clip(mean, seller["low"], seller["high"]).reshape(S, K)
     optimum = float(logit_profits(np.array([monopoly_price()]))[0])
     regret = optimum - logit_profits(price[..., None])[..., 0]          # [S, K]
-    return regret, seconds, {"final_lr": lr.reshape(S, K)}
+    return regret, seconds, {"final_lr": lr.reshape(S, K), "compile_s": compiled.seconds}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         out[f"regret_{name}"] = float(regret.mean(1).mean())
         out[f"best_regret_{name}"] = float(regret.min(1).mean())
         out[f"seconds_{name}"] = round(seconds, 1)
+        out["compile_s"] = round(out.get("compile_s", 0.0) + extra["compile_s"], 2)
         print(f"{name}: population-mean regret {regret.mean(1).mean():.5f}, best member "
               f"{regret.min(1).mean():.5f} (per seed: {np.round(regret.mean(1), 4).tolist()}); "
               f"final learning rates of seed 0: {np.round(extra['final_lr'][0], 6).tolist()}; "
