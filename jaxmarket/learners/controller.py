@@ -69,6 +69,8 @@ def resolve_learner(config: Any, where: str) -> tuple[str, dict]:
     :mod:`jaxmarket.learners.population`."""
     _ensure_registered()
     config, _ = split_learner_config(config)
+    if isinstance(config, Mapping) and "external_model" in config:   # the training loop's
+        config = {k: v for k, v in config.items() if k != "external_model"}   # (models/)
     kind, definition = lookup_kind(config, LEARNERS, where,
                                    "a mapping with a 'kind' key, e.g. {kind: ppo_bandit}")
     hyper = check_mapping(definition.hyper_fields, config, where)

@@ -18,6 +18,9 @@ TRAIN_FIELDS = {
     "stop_on_nan": Field("bool", True, doc="stop when a metric is not finite"),
     "early_stop": Field("any", None, optional=True,
                         doc="{metric: NAME, above: X} or {metric: NAME, below: X}"),
+    "schedule": Field("any", None, optional=True,
+                      doc="market changes during training: a list of {at: ITERATION, "
+                          "set: {dotted.market.key: value}} (docs/poi.md)"),
 }
 
 
@@ -31,10 +34,15 @@ class TrainConfig:
     checkpoint_every: int
     stop_on_nan: bool
     early_stop: Any
+    schedule: Any = None   # train.schedule as given (validated shape; see market_schedule)
     # group -> Population (or None): filled from the learners: section by prepare()
     populations: Any = None
     # group -> jaxmarket.train.pbt.PbtConfig: filled from the pbt blocks by prepare()
     pbt: Any = None
+    # train.schedule resolved against the market: a tuple of ScheduleEntry (empty: none)
+    market_schedule: tuple = ()
+    # group -> jaxmarket.models.ModelConfig (learners.<group>.external_model), or absent
+    models: Any = None
 
 
 def resolve_train(raw: Any, where: str = "train") -> TrainConfig:
@@ -46,7 +54,162 @@ def resolve_train(raw: Any, where: str = "train") -> TrainConfig:
         if not ok:
             raise ConfigError(f"{where}.early_stop", stop,
                               "{metric: NAME, above: NUMBER} or {metric: NAME, below: NUMBER}")
+    check_schedule(vals["schedule"], vals["num_iterations"], f"{where}.schedule")
     return TrainConfig(**vals)
+
+
+# ------------------------------------------------------------------ train.schedule
+
+# the market fields a schedule may set: arrays of params that no learner reads at build
+# time (action bounds are compiled into the learners: low, high, budget_low, budget_high)
+SCHEDULE_SELLER = ("initial", "cost", "quality", "reliability", "latency", "freshness",
+                   "stake", "value")
+SCHEDULE_CONSUMER = ("budget", "base_price", "queries")
+
+
+@dataclass(frozen=True)
+class ScheduleEntry:
+    """One resolved ``train.schedule`` item: from the iteration with 0-based index
+    ``at`` on (after ``at`` iterations), ``params`` leaf ``path`` holds ``value``.
+    ``path``: ``("sellers", group, field)``, ``("consumers", group, field)``,
+    ``("consumers", group, "demand", name)`` or ``("distributor", name)``; ``value``:
+    nested tuples of floats (hashable), the leaf's exact shape."""
+
+    at: int
+    path: tuple
+    value: tuple
+
+
+def check_schedule(raw: Any, num_iterations: int, where: str) -> None:
+    """The shape of ``train.schedule`` (values are resolved against the market later)."""
+    if raw is None:
+        return
+    item_text = "{at: ITERATION, set: {dotted.market.key: value, ...}}"
+    if not isinstance(raw, list):
+        raise ConfigError(where, raw, "a list of " + item_text)
+    for i, item in enumerate(raw):
+        at = f"{where}[{i}]"
+        if not isinstance(item, dict) or set(item) != {"at", "set"}:
+            raise ConfigError(at, item, item_text)
+        it = item["at"]
+        if not isinstance(it, int) or isinstance(it, bool) or not 0 <= it <= num_iterations:
+            raise ConfigError(f"{at}.at", it, f"an integer in [0, {num_iterations}] "
+                              "(train.num_iterations): the iterations done before the change")
+        changes = item["set"]
+        if not isinstance(changes, dict) or not changes:
+            raise ConfigError(f"{at}.set", changes,
+                              "a non-empty mapping {dotted.market.key: value}")
+        for key in changes:
+            if not isinstance(key, str) or not key.startswith("market."):
+                raise ConfigError(f"{at}.set", key, "keys that are dotted market fields, e.g. "
+                                  "market.sellers[1].cost or market.distributor.temperature")
+
+
+def _schedule_path(config: dict, key: str, where: str) -> tuple:
+    """A dotted market key -> the path of its leaf in ``MarketParams``, or a
+    ConfigError naming it when it is not an array-valued market field."""
+    from jaxmarket.config.loader import _split_path
+    from jaxmarket.market.distributors import DISTRIBUTORS
+    from jaxmarket.market.demand import DEMANDS
+
+    allowed = ("an array-valued market field: market.sellers[i].{" + ",".join(SCHEDULE_SELLER)
+               + "}, market.consumers[i].{" + ",".join(SCHEDULE_CONSUMER)
+               + "}, market.consumers[i].demand.<param>, market.distributor.<param> "
+               "(not structure, options or action bounds)")
+    try:
+        parts = _split_path(key)
+    except ConfigError:
+        raise ConfigError(where, key, allowed) from None
+    market = config.get("market") if isinstance(config.get("market"), dict) else {}
+    if len(parts) == 4 and parts[1] in ("sellers", "consumers") and isinstance(parts[2], int):
+        side, i, name = parts[1], parts[2], parts[3]
+        groups = market.get(side) if isinstance(market.get(side), list) else []
+        fields = SCHEDULE_SELLER if side == "sellers" else SCHEDULE_CONSUMER
+        if 0 <= i < len(groups) and isinstance(groups[i], dict) and name in fields:
+            return (side, groups[i].get("name"), name)
+    if len(parts) == 5 and parts[1] == "consumers" and isinstance(parts[2], int) \
+            and parts[3] == "demand":
+        groups = market.get("consumers") if isinstance(market.get("consumers"), list) else []
+        if 0 <= parts[2] < len(groups) and isinstance(groups[parts[2]], dict):
+            demand = groups[parts[2]].get("demand") or {"kind": "constant"}
+            kind = demand.get("kind") if isinstance(demand, dict) else None
+            if kind in DEMANDS and parts[4] in DEMANDS[kind].params:
+                return ("consumers", groups[parts[2]].get("name"), "demand", parts[4])
+    if len(parts) == 3 and parts[1] == "distributor":
+        dist = market.get("distributor")
+        kind = dist.get("kind") if isinstance(dist, dict) else None
+        if kind in DISTRIBUTORS and parts[2] in DISTRIBUTORS[kind].params:
+            return ("distributor", parts[2])
+    raise ConfigError(where, key, allowed)
+
+
+def schedule_leaf(params: Any, path: tuple) -> Any:
+    """The leaf of ``MarketParams`` at a schedule path."""
+    if path[0] == "distributor":
+        return params.distributor[path[1]]
+    group = getattr(params, path[0])[path[1]]
+    return group.demand[path[3]] if len(path) == 4 else getattr(group, path[2])
+
+
+def with_schedule_leaf(params: Any, path: tuple, value: Any) -> Any:
+    """``params`` with the leaf at ``path`` replaced by ``value`` (a new pytree)."""
+    if path[0] == "distributor":
+        return params.replace(distributor={**params.distributor, path[1]: value})
+    side = getattr(params, path[0])
+    group = side[path[1]]
+    if len(path) == 4:
+        group = group.replace(demand={**group.demand, path[3]: value})
+    else:
+        group = group.replace(**{path[2]: value})
+    return params.replace(**{path[0]: {**side, path[1]: group}})
+
+
+def resolve_schedule(config: dict, tcfg: TrainConfig) -> tuple:
+    """``train.schedule`` -> a tuple of :class:`ScheduleEntry`, every value resolved by
+    the market's own resolver (``resolve_market`` on the config with the change applied),
+    so a scalar, a per-product list or a ``[count, P]`` array is broadcast and checked as
+    it would be in ``market:``; a change that alters the market's structure is refused."""
+    import copy
+
+    import numpy as np
+
+    from jaxmarket.config.loader import _split_path
+    from jaxmarket.market.spec import resolve_market
+
+    raw = tcfg.schedule
+    if not raw:
+        return ()
+    base_spec, base_params = resolve_market(config.get("market"))
+    entries = []
+    for i, item in enumerate(raw):
+        for key, value in item["set"].items():
+            where = f"train.schedule[{i}].set.{key}"
+            path = _schedule_path(config, key, where)
+            changed = copy.deepcopy(config)
+            node = changed
+            parts = _split_path(key)
+            for part in parts[:-1]:
+                node = node[part] if isinstance(part, int) else node.setdefault(part, {})
+            node[parts[-1]] = value
+            try:
+                spec, params = resolve_market(changed["market"])
+            except ConfigError as err:
+                raise ConfigError(where, value, err.allowed) from None
+            if spec != base_spec:
+                raise ConfigError(where, value, "a value that leaves the market's structure "
+                                  "unchanged")
+            leaf = np.asarray(schedule_leaf(params, path), np.float32)
+            if leaf.shape != np.shape(schedule_leaf(base_params, path)):
+                raise ConfigError(where, value, "a value of the field's shape "
+                                  f"{list(np.shape(schedule_leaf(base_params, path)))}")
+            entries.append(ScheduleEntry(item["at"], path, _to_tuple(leaf)))
+    return tuple(entries)
+
+
+def _to_tuple(x: Any) -> Any:
+    import numpy as np
+    x = np.asarray(x)
+    return float(x) if x.ndim == 0 else tuple(_to_tuple(v) for v in x)
 
 
 def resolve_training(config: dict) -> TrainConfig:
@@ -66,4 +229,10 @@ def resolve_training(config: dict) -> TrainConfig:
         env, params = make(config)
         config = league_opponents(env, params, config)   # groups that play snapshots
         build_controller(env, params, config["learners"])
+    import dataclasses
+
+    tcfg = dataclasses.replace(tcfg, market_schedule=resolve_schedule(config, tcfg))
+    if "learners" in config:
+        from jaxmarket.models.config import resolve_models
+        tcfg = dataclasses.replace(tcfg, models=resolve_models(config, tcfg))
     return tcfg

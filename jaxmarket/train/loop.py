@@ -41,7 +41,7 @@ from jaxmarket.learners.population import (Population, assignment_from_members,
 from jaxmarket.market.env import MarketEnv
 from jaxmarket.market.spec import MarketParams
 from jaxmarket.train import pbt as pbt_mod
-from jaxmarket.train.config import TrainConfig
+from jaxmarket.train.config import TrainConfig, schedule_leaf, with_schedule_leaf
 
 
 PER_SEED = "per_seed/"   # prefix of the per-seed copies of the market metrics
@@ -68,6 +68,9 @@ class Runner:
     # compiled chunk as constants: scenarios that differ only in parameter values (a
     # sweep over a temperature, a budget) share one compiled program
     params: Any = None
+    # groups with an external model (learners.<g>.external_model): its per-seed state,
+    # POI statistics and last ground-truth errors (jaxmarket.models.runtime)
+    models: Any = struct.field(default_factory=dict)
 
 
 def snapshot_fields(state: Any) -> dict:
@@ -133,6 +136,22 @@ def make_train(env: MarketEnv, params: MarketParams, learners: dict[str, Learner
     sizes = {g: env.num_agents(g) for g in groups}
     seller_groups = {g.name for g in env.spec.sellers}
     vstep = jax.vmap(env.step, in_axes=(0, 0, 0, None))
+    schedule = tuple(tcfg.market_schedule or ())
+    models = {}
+    if tcfg.models:
+        from jaxmarket.models.runtime import GroupModel
+        models = {g: GroupModel(env, params, g, cfg, S, tcfg.num_envs)
+                  for g, cfg in tcfg.models.items()}
+
+    def scheduled(params, iteration):
+        """``train.schedule``: the changes due at this (0-based) iteration, applied to the
+        params the runner carries (so they persist, and a checkpoint holds them)."""
+        for entry in schedule:   # static: the config's list
+            leaf = schedule_leaf(params, entry.path)
+            value = jnp.asarray(np.asarray(entry.value, np.float32))
+            params = with_schedule_leaf(params, entry.path,
+                                        jnp.where(iteration == entry.at, value, leaf))
+        return params
 
     def draw(key: jax.Array, episode: jax.Array) -> tuple[dict, dict]:
         """A fresh assignment of every dynamic group, and the slots a custom mapping's
@@ -165,9 +184,12 @@ def make_train(env: MarketEnv, params: MarketParams, learners: dict[str, Learner
                                            snapshot_fields(lstates[g])),
                       "count": jnp.ones((), jnp.int32), "draw": jnp.zeros((E,), jnp.int32)}
                   for g in leagues}
+        # model states from a key of their own (fold_in): other streams unchanged
+        mstates = {g: m.init(jax.random.fold_in(jax.random.fold_in(k_run, 6), i))
+                   for i, (g, m) in enumerate(models.items())}
         return Runner(env_state, obs, lstates, jax.random.key_data(k_run),
                       jnp.zeros((), jnp.int32), assignment, jnp.zeros((), jnp.int32), objective,
-                      league, params)
+                      league, params, models=mstates)
 
     def to_learner(x, g, assignment):   # market slot order -> the learner's slot order
         return x[assignment[g][0]] if g in assignment else x
@@ -241,6 +263,12 @@ def make_train(env: MarketEnv, params: MarketParams, learners: dict[str, Learner
                                done=done if g in live_only else to_learner(
                                    jnp.repeat(done, sizes[g]), g, assignment),
                                aux=aux[g]) for g in groups}
+        io = {}
+        for g, m in models.items():   # the external models' inputs and targets
+            io[g] = m.io(Transition(obs=obs[g], action=actions[g], reward=rewards[g],
+                                    next_obs=info["final_observation"][g],
+                                    done=jnp.broadcast_to(done[:, None], rewards[g].shape),
+                                    aux={}), info)
         metrics = {"episodes": done[0].astype(jnp.float32)}   # markets step in lockstep
         for g in groups:
             served = (info["traffic"][g] if g in seller_groups
@@ -263,7 +291,7 @@ def make_train(env: MarketEnv, params: MarketParams, learners: dict[str, Learner
                     metrics[f"price/{g}/m{k}"] = pr[k]
                 if sizes[g] > 1 and g not in leagues:
                     metrics.update(cross_play(g, rewards[g], assignment))
-        return (env_state, next_obs, key), (batch, metrics)
+        return (env_state, next_obs, key), (batch, metrics, io)
 
     def cross_play(g, reward, assignment):
         """``crossplay/<g>/m<i>/m<j>``: the mean reward of member ``i``'s slots in the
@@ -287,14 +315,15 @@ def make_train(env: MarketEnv, params: MarketParams, learners: dict[str, Learner
         lstates = runner.learners
         carry = (runner.env_state, runner.obs, key)
         assignment = runner.assignment
+        params = scheduled(runner.params, runner.iteration) if schedule else runner.params
         if T == 1:  # one step: no loop (the learners see a [1, ...] time axis all the same)
             (env_state, obs, key), out = market_step(lstates, assignment, runner.league,
-                                                     runner.params, carry, None)
-            traj, metrics = jax.tree.map(lambda x: x[None], out)
+                                                     params, carry, None)
+            traj, metrics, io = jax.tree.map(lambda x: x[None], out)
         else:
-            (env_state, obs, key), (traj, metrics) = jax.lax.scan(
+            (env_state, obs, key), (traj, metrics, io) = jax.lax.scan(
                 functools.partial(market_step, lstates, assignment, runner.league,
-                                  runner.params), carry, length=T)
+                                  params), carry, length=T)
         # an episode ends at each truncation; a market that never truncates counts each
         # iteration as one
         truncations = metrics.pop("episodes").sum().astype(jnp.int32)
@@ -312,6 +341,23 @@ def make_train(env: MarketEnv, params: MarketParams, learners: dict[str, Learner
             for g, count in repaired.items():
                 metrics[f"mapping/{g}/repaired"] = jnp.where(redraw[g], count, 0).astype(
                     jnp.float32)
+        mstates = dict(runner.models)
+        for g, m in models.items():
+            x, y = m.per_seed(io[g][0]), m.per_seed(io[g][1])           # [S, N, d]
+            if m.poi is not None:   # r + beta * normalise(poi), before any advantage
+                bonus, stats, pm = m.bonus(mstates[g], x, y, runner.iteration)
+                bonus = jax.vmap(lambda b: to_learner(flat(b, g), g, runner.assignment))(
+                    m.to_market(bonus, T))                               # [T, slots]
+                traj = {**traj, g: traj[g].replace(reward=traj[g].reward + bonus)}
+                mstates[g] = {**mstates[g], "poi": stats}
+                metrics.update({f"poi/{g}/{k}": v for k, v in pm.items()})
+            mstates[g], loss = m.fit(mstates[g], x, y)
+            errors = m.maybe_evaluate(mstates[g], env_state, params, runner.iteration)
+            mstates[g] = {**mstates[g], "eval": errors}
+            for name, v in (("loss", loss), ("heldout_error", errors["heldout"]),
+                            ("random_error", errors["random"])):
+                metrics[f"model/{g}/{name}"] = v.mean()
+                metrics[f"{PER_SEED}model/{g}/{name}"] = v
         new_states = {}
         for g in groups:
             new_states[g], lm = learners[g].update(lstates[g], traj[g])
@@ -331,7 +377,7 @@ def make_train(env: MarketEnv, params: MarketParams, learners: dict[str, Learner
                                                       leagues[g].pool_size).astype(jnp.float32)
         runner = Runner(env_state, obs, new_states, jax.random.key_data(key),
                         runner.iteration + 1, assignment, episodes, objective, league,
-                        runner.params)
+                        params, models=mstates)
         return runner, metrics
 
     def league_iteration(key, g, state, league, iteration):

@@ -1,0 +1,175 @@
+"""``learners.<group>.external_model`` (and its ``poi`` block), validated before
+compiling."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxmarket.config.errors import ConfigError
+from jaxmarket.config.fields import Field, check_mapping, lookup_kind
+from jaxmarket.models.base import MODELS, ModelContext
+
+KEY = "external_model"   # the key in learners.<group> (not a learner setting)
+
+EVAL_FIELDS = {
+    "eval_every": Field("int", 10, low=1, doc="iterations between ground-truth evaluations"),
+    "eval_grid": Field("int", 21, low=2, doc="held-out own prices, evenly spaced on the bounds"),
+    "eval_random": Field("int", 64, low=0,
+                         doc="samples of the uniformly-random-agent error (0: not computed)"),
+    "poi": Field("any", None, optional=True, doc="the exploration bonus {kind: ..., beta: ...}"),
+}
+
+POI_COMMON = {
+    "beta": Field("float", 0.1, low=0.0, doc="bonus weight: r + beta * normalise(poi)"),
+    "beta_schedule": Field("choice", "constant", choices=("constant", "linear", "exp")),
+    "beta_final": Field("float", 0.0, low=0.0, doc="linear/exp: the value beta decays to"),
+    "decay_iterations": Field("int", 1000, low=1,
+                              doc="linear: iterations to reach beta_final; exp: time constant"),
+    "warmup": Field("int", 0, low=0, doc="iterations without a bonus at the start"),
+    "normalise": Field("choice", "running", choices=("running", "none"),
+                       doc="(poi - running mean) / running std, per seed"),
+    "target": Field("choice", "action", choices=("action",),
+                    doc="the POI of the input the action taken produced"),
+}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    kind: str
+    settings: tuple          # sorted (name, value) pairs of the model's own settings
+    eval_every: int
+    eval_grid: int
+    eval_random: int
+    poi: tuple | None        # sorted (name, value) pairs, kind included, or None
+
+    @property
+    def model_settings(self) -> dict:
+        return dict(self.settings)
+
+    @property
+    def poi_settings(self) -> dict | None:
+        return None if self.poi is None else dict(self.poi)
+
+
+def split_model(raw: Any) -> tuple[Any, Any]:
+    """A group's learner config -> (the rest, its external_model block or None)."""
+    if not isinstance(raw, Mapping) or KEY not in raw:
+        return raw, None
+    return {k: v for k, v in raw.items() if k != KEY}, raw[KEY]
+
+
+def model_context(env, params, group: str) -> ModelContext:
+    spec = env.spec
+    g = spec.group(group)
+    sellers = spec.sellers
+    low = np.concatenate([np.asarray(params.sellers[s.name].low) for s in sellers])
+    high = np.concatenate([np.asarray(params.sellers[s.name].high) for s in sellers])
+    queries = sum(np.asarray(params.consumers[c.name].queries, np.float64).sum(0)
+                  for c in spec.consumers)
+    return ModelContext(group=group, side=g.side, num_agents=g.count,
+                        num_products=spec.num_products,
+                        group_offset=g.offset if g.side == "seller" else -1,
+                        seller_groups=tuple((s.name, s.count) for s in sellers),
+                        seller_low=low.astype(np.float32), seller_high=high.astype(np.float32),
+                        queries=np.asarray(queries, np.float32))
+
+
+def build_model(env, params, group: str, cfg: ModelConfig):
+    """The group's :class:`~jaxmarket.models.base.ExternalModel`."""
+    import jaxmarket.models.demand  # noqa: F401  (registers the shipped kinds)
+    return MODELS[cfg.kind].make(cfg.model_settings, model_context(env, params, group))
+
+
+def resolve_model(env, params, group: str, raw: Any, populations: Any = None) -> ModelConfig:
+    import jaxmarket.models.demand  # noqa: F401
+    from jaxmarket.models.poi import POI_FIELDS
+
+    where = f"learners.{group}.{KEY}"
+    kind, d = lookup_kind(raw, MODELS, where, "a mapping with a 'kind' key, e.g. {kind: demand}")
+    fields = {**d.fields, **EVAL_FIELDS}
+    vals = check_mapping(fields, raw, where)
+    pop = (populations or {}).get(group)
+    if pop is not None and pop.league:
+        raise ConfigError(f"{where}", raw, "no external model on a group with a league "
+                          "mapping (its snapshot seats are not the learner's experience)")
+    settings = {k: vals[k] for k in d.fields}
+    poi = None
+    if vals["poi"] is not None:
+        pw = f"{where}.poi"
+        pkind, pdef = lookup_kind(vals["poi"], POI_FIELDS, pw,
+                                  "a mapping with a 'kind' key, e.g. {kind: disagreement}")
+        pvals = check_mapping({**POI_COMMON, **pdef.fields}, vals["poi"], pw)
+        if pdef.needs_spread and settings.get("ensemble", 1) < 2 and settings.get("dropout", 0) == 0:
+            raise ConfigError(f"{pw}.kind", pkind, "a POI that needs no spread (zero, gradient, "
+                              f"error), or a model with ensemble >= 2 or dropout > 0 "
+                              f"({pkind} measures the members' disagreement)")
+        poi = tuple(sorted({"kind": pkind, **pvals}.items()))
+    cfg = ModelConfig(kind, tuple(sorted((k, _hashable(v)) for k, v in settings.items())),
+                      vals["eval_every"], vals["eval_grid"], vals["eval_random"], poi)
+    model = build_model(env, params, group, cfg)
+    check_io(env, params, group, model, where)
+    return cfg
+
+
+def check_io(env, params, group: str, model, where: str) -> None:
+    """``make_io`` on one traced market step must give ``[E, A, in_dim]`` inputs and
+    ``[E, A, out_dim]`` targets (a custom model whose declared sizes do not match its
+    ``make_io`` fails here, before compiling)."""
+    from jaxmarket.learners.base import Transition
+
+    def one_step():
+        obs, state = env.reset_env(jax.random.key(0), params)
+        acts = {g.name: getattr(state, {"price": "prices", "multiplier": "multipliers",
+                                        "budget": "budgets"}[g.action])[g.name]
+                for g in env.spec.agent_groups}
+        obs2, _, rewards, done, info = env.step_env(jax.random.key(0), state, acts, params)
+        tr = Transition(obs=obs[group], action=acts[group], reward=rewards[group],
+                        next_obs=obs2[group], done=jnp.zeros(rewards[group].shape, bool),
+                        aux={})
+        batch = jax.tree.map(lambda v: v[None], (tr, info))
+        return model.make_io(*batch)
+
+    try:
+        x, y = jax.eval_shape(one_step)
+    except (TypeError, ValueError, KeyError, IndexError) as err:
+        raise ConfigError(where, model, f"a model whose make_io runs on the market's step "
+                          f"({type(err).__name__}: {str(err).splitlines()[0][:80]})") from None
+    A = env.num_agents(group)
+    want_x, want_y = (1, A, model.in_dim), (1, A, model.out_dim)
+    if tuple(x.shape) != want_x or tuple(y.shape) != want_y:
+        raise ConfigError(where, f"make_io -> inputs {list(x.shape)}, targets {list(y.shape)}",
+                          f"inputs {list(want_x)} and targets {list(want_y)} "
+                          "(the model's in_dim and out_dim)")
+
+
+def resolve_models(config: dict, tcfg) -> dict:
+    """``{group: ModelConfig}`` for the groups whose learner config has an
+    ``external_model``."""
+    from jaxmarket import make
+    from jaxmarket.learners.population import resolve_population, split_learner_config
+
+    learners = config.get("learners")
+    if not isinstance(learners, Mapping):
+        return {}
+    blocks = {g: split_model(raw)[1] for g, raw in learners.items()}
+    blocks = {g: b for g, b in blocks.items() if b is not None}
+    if not blocks:
+        return {}
+    env, params = make(config)
+    out = {}
+    for g, raw in blocks.items():
+        _, keys = split_learner_config(learners[g])
+        pop = resolve_population(keys, f"learners.{g}", tcfg.num_envs, env.num_agents(g))
+        out[g] = resolve_model(env, params, g, raw, {g: pop})
+    return out
+
+
+def _hashable(v: Any) -> Any:
+    if isinstance(v, list):
+        return tuple(_hashable(x) for x in v)
+    return v

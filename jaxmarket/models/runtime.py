@@ -1,0 +1,195 @@
+"""A group's external model inside the compiled training iteration: per-seed model
+states, the POI exploration bonus, the fit on the iteration's experience and the
+ground-truth evaluation. Used by :func:`jaxmarket.train.loop.make_train`.
+
+One model (``M`` members) per seed and group, trained on every agent of the group in
+that seed's markets; its state is ``runner.models[group]``::
+
+    {"model": ModelState (leaves [S, M, ...]),
+     "poi": {"count", "mean", "var"} [S]     running POI statistics,
+     "eval": {"heldout", "random"} [S]       the last ground-truth errors}
+
+Ground truth. Every ``eval_every`` iterations (and at the first), for the first market
+of each seed: agent 0 of the group quotes each of ``eval_grid`` prices evenly spaced on
+its bounds (every product at once) while every other agent holds its current price
+(the rivals' last quotes: their current policy), and one market step (fixed key) gives
+its true traffic and fees: exact expectations for the deterministic distributors
+(``logit``, ``proportional``, ``cheapest``) under a constant demand process.
+``heldout`` is the RMS error of the ensemble-mean prediction over that grid and the
+outputs (in the model's target scale); ``random`` the same over ``eval_random`` fixed
+draws of every seller's price uniform on its bounds (EMMA's error under a uniformly
+random agent).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxmarket.learners.base import Transition
+from jaxmarket.models.config import ModelConfig, build_model
+from jaxmarket.models.poi import make_poi
+
+
+def _held_actions(env, state) -> dict:
+    src = {"price": state.prices, "multiplier": state.multipliers, "budget": state.budgets}
+    return {g.name: src[g.action][g.name] for g in env.spec.agent_groups}
+
+
+def beta_at(settings: dict, iteration: jax.Array) -> jax.Array:
+    """``beta`` at a 0-based iteration: 0 during ``warmup``, then with ``t`` the
+    iterations since::
+
+        constant  beta
+        linear    beta + (beta_final - beta) * min(t / decay_iterations, 1)
+        exp       beta_final + (beta - beta_final) * exp(-t / decay_iterations)
+    """
+    b0, b1 = settings["beta"], settings["beta_final"]
+    t = (iteration - settings["warmup"]).astype(jnp.float32)
+    d = float(settings["decay_iterations"])
+    kind = settings["beta_schedule"]
+    if kind == "constant":
+        beta = jnp.full((), b0, jnp.float32)
+    elif kind == "linear":
+        beta = b0 + (b1 - b0) * jnp.minimum(jnp.maximum(t, 0.0) / d, 1.0)
+    else:
+        beta = b1 + (b0 - b1) * jnp.exp(-jnp.maximum(t, 0.0) / d)
+    return jnp.where(t < 0, 0.0, beta).astype(jnp.float32)
+
+
+def running_update(stats: dict, x: jax.Array) -> dict:
+    """Merge a batch ``x [S, N]`` into per-seed running ``count, mean, var`` (Chan et
+    al.'s parallel variance)."""
+    n_b = jnp.float32(x.shape[1])
+    mean_b, var_b = x.mean(1), x.var(1)
+    n_a = stats["count"]
+    n = n_a + n_b
+    delta = mean_b - stats["mean"]
+    mean = stats["mean"] + delta * n_b / n
+    m2 = stats["var"] * n_a + var_b * n_b + jnp.square(delta) * n_a * n_b / n
+    return {"count": n, "mean": mean, "var": m2 / n}
+
+
+class GroupModel:
+    def __init__(self, env, params, group: str, cfg: ModelConfig, num_seeds: int,
+                 envs_per_seed: int):
+        self.env, self.group, self.cfg = env, group, cfg
+        self.S, self.Es, self.A = num_seeds, envs_per_seed, env.num_agents(group)
+        self.model = build_model(env, params, group, cfg)
+        poi = cfg.poi_settings
+        self.poi_settings = poi
+        self.poi = None if poi is None else make_poi(poi["kind"], self.model, poi)
+        g = env.spec.group(group)
+        low = np.asarray(params.sellers[group].low, np.float32)[0]          # agent 0 [P]
+        high = np.asarray(params.sellers[group].high, np.float32)[0]
+        frac = np.linspace(0.0, 1.0, cfg.eval_grid, dtype=np.float32)[:, None]
+        self.grid = jnp.asarray(low + frac * (high - low))                    # [G, P]
+        self.seller_bounds = {s.name: (np.asarray(params.sellers[s.name].low, np.float32),
+                                       np.asarray(params.sellers[s.name].high, np.float32))
+                              for s in env.spec.sellers}
+        del g
+
+    # -- state ---------------------------------------------------------------------------
+    def init(self, key: jax.Array) -> dict:
+        S = self.S
+        model = jax.vmap(self.model.init)(jax.random.split(key, S))
+        return {"model": model,
+                "poi": {"count": jnp.zeros((S,), jnp.float32), "mean": jnp.zeros((S,), jnp.float32),
+                        "var": jnp.ones((S,), jnp.float32)},
+                "eval": {"heldout": jnp.zeros((S,), jnp.float32),
+                         "random": jnp.zeros((S,), jnp.float32)}}
+
+    # -- data ----------------------------------------------------------------------------
+    def io(self, transition: Transition, info: dict):
+        """One step's ``(x [E, A, I], y [E, A, O])`` in market order."""
+        return self.model.make_io(transition, info)
+
+    def per_seed(self, x: jax.Array) -> jax.Array:
+        """``[T, E, A, d]`` (markets seed-major) -> ``[S, T * Es * A, d]``."""
+        T = x.shape[0]
+        x = x.reshape((T, self.S, self.Es * self.A) + x.shape[3:]).swapaxes(0, 1)
+        return x.reshape((self.S, -1) + x.shape[3:])
+
+    def to_market(self, b: jax.Array, T: int) -> jax.Array:
+        """Inverse of :meth:`per_seed` for ``[S, N]`` -> ``[T, E, A]``."""
+        b = b.reshape(self.S, T, self.Es * self.A).swapaxes(0, 1)
+        return b.reshape(T, self.S * self.Es, self.A)
+
+    # -- exploration bonus ---------------------------------------------------------------
+    def bonus(self, mstate: dict, x: jax.Array, y: jax.Array, iteration: jax.Array):
+        """``(beta * normalise(poi) [S, N], new poi statistics, metrics)`` with the
+        model as it was before this iteration's fit."""
+        poi = jax.vmap(self.poi)(mstate["model"], x, y)                        # [S, N]
+        stats = running_update(mstate["poi"], poi)
+        if self.poi_settings["normalise"] == "running":
+            norm = (poi - stats["mean"][:, None]) / (jnp.sqrt(stats["var"])[:, None] + 1e-8)
+        else:
+            norm = poi
+        beta = beta_at(self.poi_settings, iteration)
+        bonus = beta * norm
+        return bonus, stats, {"value": poi.mean(), "beta": beta, "bonus": jnp.abs(bonus).mean()}
+
+    # -- fit -----------------------------------------------------------------------------
+    def fit(self, mstate: dict, x: jax.Array, y: jax.Array):
+        model, m = jax.vmap(self.model.fit)(mstate["model"], x, y)
+        return {**mstate, "model": model}, m["loss"]                          # [S]
+
+    # -- ground truth --------------------------------------------------------------------
+    def _truth(self, state, params, actions_fn, n: int):
+        """Model inputs and true targets of agent 0 for ``n`` action profiles built by
+        ``actions_fn(k, held) -> actions`` from one market state."""
+        env, g = self.env, self.group
+
+        def one(k):
+            acts = actions_fn(k, _held_actions(env, state))
+            obs, _, rewards, _, info = env.step_env(jax.random.key(0), state, acts, params)
+            tr = Transition(obs=obs[g], action=acts[g], reward=rewards[g], next_obs=obs[g],
+                            done=jnp.zeros(rewards[g].shape, bool), aux={})
+            return tr, info
+
+        tr, info = jax.vmap(one)(jnp.arange(n))
+        x, y = self.model.make_io(tr, info)                                   # [n, A, d]
+        return x[:, 0], y[:, 0]
+
+    def _rmse(self, params_m, x, y):
+        pred = self.model.predict(params_m, x).mean(0)
+        return jnp.sqrt(jnp.mean(jnp.square(pred - y)))
+
+    def evaluate(self, mstate: dict, env_state, params) -> dict:
+        g, grid = self.group, self.grid
+        first = jax.tree.map(lambda v: v[:: self.Es], env_state)             # [S, ...]
+
+        def grid_acts(k, held):
+            return {**held, g: held[g].at[0].set(grid[k])}
+
+        bounds = self.seller_bounds
+        names = [s.name for s in self.env.spec.sellers]
+
+        def random_acts(k, held):
+            key = jax.random.fold_in(jax.random.key(20240), k)   # a fixed held-out set
+            out = dict(held)
+            for i, name in enumerate(names):   # static loop over seller groups
+                lo, hi = bounds[name]
+                u = jax.random.uniform(jax.random.fold_in(key, i), lo.shape)
+                out[name] = jnp.asarray(lo) + u * jnp.asarray(hi - lo)
+            return out
+
+        def one_seed(model_s, state_s):
+            x, y = self._truth(state_s, params, grid_acts, grid.shape[0])
+            heldout = self._rmse(model_s.params, x, y)
+            if self.cfg.eval_random:
+                xr, yr = self._truth(state_s, params, random_acts, self.cfg.eval_random)
+                random = self._rmse(model_s.params, xr, yr)
+            else:
+                random = jnp.zeros((), jnp.float32)
+            return {"heldout": heldout, "random": random}
+
+        return jax.vmap(one_seed)(mstate["model"], first)
+
+    def maybe_evaluate(self, mstate: dict, env_state, params, iteration) -> dict:
+        """The ground-truth errors at iterations ``0, eval_every, 2 eval_every, ...``
+        (0-based, after the fit), held in between."""
+        return jax.lax.cond(iteration % self.cfg.eval_every == 0,
+                            lambda: self.evaluate(mstate, env_state, params),
+                            lambda: mstate["eval"])
