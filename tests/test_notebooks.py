@@ -18,7 +18,8 @@ def outputs_of(nb, kind: str) -> list:
 
 
 def test_the_notebooks_are_there_stripped_and_start_with_the_colab_setup():
-    assert [p.stem for p in NOTEBOOKS] == ["calvano_collusion", "populations_pbt", "quickstart"]
+    assert [p.stem for p in NOTEBOOKS] == ["calvano_collusion", "offline_rl", "populations_pbt",
+                                           "quickstart"]
     for path in NOTEBOOKS:
         nb = nbformat.read(path, as_version=4)
         nbformat.validate(nb)
@@ -44,6 +45,7 @@ def test_notebook_runs_in_quick_mode(path, tmp_path, monkeypatch):
     # jaxmarket was importable
     assert "on CPU: 1 device(s)" in text and "jaxmarket 0.1" in text
     figures = outputs_of(nb, "image/png")
-    expected = {"quickstart": 2, "calvano_collusion": 2, "populations_pbt": 2}[path.stem]
+    expected = {"quickstart": 2, "calvano_collusion": 2, "populations_pbt": 2,
+                "offline_rl": 2}[path.stem]
     assert len(figures) >= expected, (path.stem, len(figures))
     print(f"{path.stem}: {seconds:.1f} s")
