@@ -86,4 +86,18 @@ def test_every_doc_page_is_linked_from_the_readme_or_another_page():
     assert not missing, missing
 
 
+
+def test_every_image_and_relative_link_in_the_docs_exists():
+    """Catches a figure or page renamed or never committed."""
+    broken = []
+    for page in DOCS:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            if not (page.parent / target).exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert not broken, broken
+
+
+
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
