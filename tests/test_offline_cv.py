@@ -38,7 +38,8 @@ def test_split_and_kfold_never_cut_an_episode():
 
 def test_grid_search_cells_equal_separate_runs_and_best_is_the_best_mean():
     ds = episodic_dataset()
-    kw = dict(folds=3, seeds=2, steps=40, batch_size=32, score="action_diff", hidden=[8])
+    kw = {"folds": 3, "seeds": 2, "steps": 40, "batch_size": 32, "score": "action_diff",
+          "hidden": [8]}
     res = grid_search("bc", ds, {"learning_rate": [3e-3, 3e-4]}, **kw)
     assert len(res.table) == 2 * 3 * 2
     # the best cell has the lowest mean held-out action difference

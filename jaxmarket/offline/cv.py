@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -52,7 +53,7 @@ def split_episodes(ds: Dataset, test_fraction: float = 0.2, seed: int = 0) -> tu
     if len(eps) < 2:
         raise ConfigError("dataset", f"{len(eps)} episode", "at least 2 episodes to split")
     order = np.random.default_rng(seed).permutation(len(eps))
-    n_test = min(len(eps) - 1, max(1, int(round(test_fraction * len(eps)))))
+    n_test = min(len(eps) - 1, max(1, round(test_fraction * len(eps))))
     test = np.concatenate([eps[i] for i in order[:n_test]])
     train = np.concatenate([eps[i] for i in order[n_test:]])
     return ds.take(np.sort(train)), ds.take(np.sort(test))
@@ -138,8 +139,8 @@ def grid_search(name: str, dataset: Dataset, grid: Mapping[str, list], *, folds:
     first = jnp.asarray(np.asarray(dataset["step"]) == 0)
     sim = None
     if score == "sim":
-        from jaxmarket.offline.simulate import rollout_fn
         from jaxmarket.offline.scenario import load_scenario
+        from jaxmarket.offline.simulate import rollout_fn
         if dataset.meta.get("config") is None:
             raise ConfigError("score", "sim", "a dataset made by jaxmarket.collect")
         sim = rollout_fn(load_scenario(dataset.meta["config"]), dataset.meta["group"],

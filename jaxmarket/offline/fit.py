@@ -62,6 +62,21 @@ def make_chunk(algo: Algo, batch_size: int):
     return jax.jit(run, static_argnums=3, donate_argnums=0)
 
 
+_CHUNKS: dict[tuple[int, int], tuple[Algo, Any]] = {}
+
+
+def _chunk_for(algo: Algo, batch_size: int):
+    """The compiled chunk of ``algo`` (cached: fitting the same algorithm again, e.g. a
+    resume in the same process, does not recompile)."""
+    key = (id(algo), batch_size)
+    hit = _CHUNKS.get(key)
+    if hit is None or hit[0] is not algo:
+        if len(_CHUNKS) >= 16:
+            _CHUNKS.pop(next(iter(_CHUNKS)))
+        hit = _CHUNKS[key] = (algo, make_chunk(algo, batch_size))
+    return hit[1]
+
+
 def _saveable(state: Any) -> dict:
     return {f"leaf{i:05d}": x for i, x in enumerate(jax.tree.leaves(state)) if np.size(x) > 0}
 
@@ -129,7 +144,7 @@ def fit(algo: Algo, dataset: Dataset, *, evaluators: Mapping[str, Callable] | No
     data = device_data(dataset, algo.norm)
     base = jax.random.key(seed)
     state = jax.jit(algo.init)(jax.random.fold_in(base, 0x5EED))
-    run = make_chunk(algo, batch_size)
+    run = _chunk_for(algo, batch_size)
     done, history, tracker = 0, [], StopTracker(stop)
     ckpt, metrics_path = None, None
     if run_dir is not None:
