@@ -201,3 +201,14 @@ def test_minari_round_trip_with_minaris_own_api(noisy, tmp_path, monkeypatch):
             np.testing.assert_array_equal(back[name][b], ds[name][a])
     with pytest.raises(ConfigError, match="not used locally"):
         save_minari(ds, "jaxmarket/duopoly/seller-v0")
+
+
+def test_collect_policy_needs_a_checkpointed_run(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    with pytest.raises(ConfigError, match="--policy: .*a run directory holding config.yaml"):
+        collect(policy_dir=run, steps=2, out=tmp_path / "o")
+    (run / "config.yaml").write_text(yaml.safe_dump(scenario()))
+    with pytest.raises(ConfigError, match="--policy: .*a run with at least one checkpoint"):
+        collect(policy_dir=run, steps=2, out=tmp_path / "o")
+    assert not (tmp_path / "o").exists() and sorted(p.name for p in run.iterdir()) == ["config.yaml"]

@@ -74,6 +74,8 @@ def load_scenario(config: str | Path | dict | None = None, policy_dir: str | Pat
         raise ConfigError("learners", "a resampled population",
                           "static populations only (collect does not redraw assignments)")
     if policy_dir is not None:
+        if not (Path(policy_dir) / "checkpoints").is_dir():
+            raise ConfigError("--policy", str(policy_dir), "a run with at least one checkpoint")
         trainer = Trainer(config, Path(policy_dir))
         runner, step = trainer.restore()
         if step == 0:

@@ -71,13 +71,15 @@ class SimulatorValue:
     def __init__(self, dataset_or_scenario: Any, group: str | None = None, steps: int = 200,
                  gamma: float = 0.9, seed: int = 0, num_markets: int | None = None):
         from jaxmarket.offline.dataset import Dataset
+        ds = None
         if isinstance(dataset_or_scenario, Dataset):
-            config = dataset_or_scenario.meta.get("config")
+            ds = dataset_or_scenario
+            config = ds.meta.get("config")
             if config is None:
                 raise ConfigError("evaluator sim", "a dataset without a scenario",
                                   "a dataset made by jaxmarket.collect (its manifest holds the "
                                   "scenario)")
-            group = group or dataset_or_scenario.meta["group"]
+            group = group or ds.meta["group"]
             dataset_or_scenario = config
         if isinstance(dataset_or_scenario, Scenario):
             sc = dataset_or_scenario
@@ -86,6 +88,16 @@ class SimulatorValue:
                                                         "train.num_seeds=1"]
             sc = load_scenario(dataset_or_scenario, overrides=overrides)
         self.group = group or sc.groups[0]
+        if self.group not in sc.groups:
+            raise ConfigError("evaluator sim group", self.group,
+                              "one of the scenario's agent groups " + ", ".join(sc.groups))
+        if ds is not None:
+            want = (int(sc.specs[self.group].obs_dim), sc.env.spec.num_products)
+            if (ds.obs_dim, ds.action_dim) != want:
+                raise ConfigError("evaluator sim", f"a dataset with obs_dim {ds.obs_dim} and "
+                                  f"action_dim {ds.action_dim}", f"the spaces of group "
+                                  f"{self.group} of its scenario: obs_dim {want[0]}, "
+                                  f"action_dim {want[1]}")
         self.key = jax.random.key(seed)
         self._run = rollout_fn(sc, self.group, steps, gamma)
         self._cache: dict[int, Callable] = {}
