@@ -352,9 +352,11 @@ class Trainer:
     def _stop_reason(self, rows: list[dict[str, float]]) -> str | None:
         if self.tcfg.stop_on_nan:
             for row in rows:
-                # market metrics only: a learner reports NaN for "no update this
-                # iteration", while NaN parameters show up in prices and rewards at once
-                bad = [k for k, v in row.items() if k.split("/")[0] in ("reward", "price", "traffic")
+                # market metrics and external models' (model/...) only: a learner reports
+                # NaN for "no update this iteration", while NaN parameters show up in
+                # prices and rewards at once
+                bad = [k for k, v in row.items()
+                       if k.split("/")[0] in ("reward", "price", "traffic", "model")
                        and not math.isfinite(v)]
                 if bad:
                     return f"non-finite metric {bad[0]} at iteration {int(row['iteration'])}"
