@@ -1,0 +1,243 @@
+"""External models, POI fields, the POI exploration bonus and the ground-truth
+evaluator (docs/poi.md)."""
+
+import copy
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import yaml
+
+from jaxmarket.config.errors import ConfigError
+from jaxmarket.models.base import MODELS, ModelDef, make_mlp_model
+from jaxmarket.models.metrics import asymptotic, auc, convergence, iqm
+from jaxmarket.models.poi import POI_FIELDS, PoiDef, make_poi, register_poi
+from jaxmarket.train.loop import make_train
+from jaxmarket.train.run import prepare
+
+SETTINGS = {"hidden_sizes": (4,), "activation": "tanh", "ensemble": 3, "bootstrap": 1.0,
+            "dropout": 0.0, "learning_rate": 0.01, "epochs": 1, "minibatch_size": 8}
+
+
+def numpy_forward(params, x):
+    """The members' predictions ``[M, B, O]`` of a one-hidden-layer tanh MLP, in float64
+    numpy from the raw flax parameter arrays (independent of flax's apply)."""
+    p = jax.tree.map(lambda v: np.asarray(v, np.float64), params["params"])
+    h = np.tanh(np.einsum("bi,mih->mbh", x, p["Dense_0"]["kernel"]) + p["Dense_0"]["bias"][:, None])
+    return np.einsum("mbh,mho->mbo", h, p["Dense_1"]["kernel"]) + p["Dense_1"]["bias"][:, None]
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    model = make_mlp_model(SETTINGS, in_dim=2, out_dim=2, make_io=None)
+    state = model.init(jax.random.key(0))
+    x = np.asarray(jax.random.uniform(jax.random.key(1), (5, 2), minval=-1, maxval=1))
+    y = np.asarray(jax.random.normal(jax.random.key(2), (5, 2)))
+    return model, state, x, y
+
+
+def test_disagreement_and_error_poi_match_their_formulas(fitted):
+    model, state, x, y = fitted
+    preds = numpy_forward(state.params, x.astype(np.float64))              # [M, B, O]
+    np.testing.assert_allclose(make_poi("disagreement", model)(state, x), preds.std(0).mean(-1),
+                               rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(make_poi("error", model)(state, x, y),
+                               np.square(preds.mean(0) - y).mean(-1), rtol=1e-4, atol=1e-6)
+    np.testing.assert_array_equal(make_poi("zero", model)(state, x), np.zeros(5))
+
+
+def test_gradient_poi_is_the_per_example_gradient_norm(fitted):
+    model, state, x, y = fitted
+    leaves, treedef = jax.tree.flatten(state.params)
+    flat = np.concatenate([np.asarray(v, np.float64).ravel() for v in leaves])
+
+    def loss(theta, xi, yi):   # l = (1/M) sum_m ||f_m(x) - y||^2 / O, float64
+        parts, pos = [], 0
+        for v in leaves:
+            parts.append(theta[pos:pos + v.size].reshape(v.shape))
+            pos += v.size
+        pred = numpy_forward(jax.tree.unflatten(treedef, parts), xi[None])[:, 0]
+        return np.mean(np.square(pred - yi).mean(-1))
+
+    eps, want = 1e-6, []
+    for xi, yi in zip(x.astype(np.float64), y.astype(np.float64)):
+        grad = [(loss(flat + eps * e, xi, yi) - loss(flat - eps * e, xi, yi)) / (2 * eps)
+                for e in np.eye(flat.size)]
+        want.append(np.linalg.norm(grad))
+    np.testing.assert_allclose(make_poi("gradient", model)(state, x, y), want, rtol=2e-3)
+
+
+def test_mc_dropout_disagreement_is_a_spread_over_passes():
+    model = make_mlp_model({**SETTINGS, "ensemble": 1, "dropout": 0.5}, 2, 2, None)
+    state = model.init(jax.random.key(0))
+    x = jnp.linspace(-1, 1, 6).reshape(3, 2)
+    poi = make_poi("disagreement", model, {"mc_passes": 30})
+    a, b = poi(state, x), poi(state, x)
+    assert np.all(np.asarray(a) > 0)
+    np.testing.assert_array_equal(a, b)   # same state (key), same value
+
+
+def test_fit_learns_a_known_function():
+    model = make_mlp_model({**SETTINGS, "hidden_sizes": (16,), "learning_rate": 0.02,
+                            "epochs": 4, "bootstrap": 0.7}, 2, 2, None)
+    x = jax.random.uniform(jax.random.key(3), (256, 2), minval=-1, maxval=1)
+    y = jnp.stack([0.5 * x[:, 0] - x[:, 1], jnp.sin(x[:, 0])], -1)
+    fit = jax.jit(model.fit)
+    state = model.init(jax.random.key(4))
+
+    def mse(s):
+        return float(np.mean(np.square(numpy_forward(s.params, np.asarray(x, np.float64))
+                                       - np.asarray(y)[None])))
+    before = mse(state)
+    for _ in range(60):
+        state, _ = fit(state, x, y)
+    assert mse(state) < 0.05 * before and mse(state) < 3e-3
+
+
+def test_error_curve_summaries():
+    t = [0, 10, 20, 30]
+    e = [1.0, 0.5, 0.2, 0.1]
+    assert auc(t, e) == pytest.approx((1.0 + 0.5 + 0.2 + 0.1) / 4)   # equal spacing: mean
+    assert convergence(t, e, threshold=0.35, smooth=2) == 20        # (0.5 + 0.2) / 2
+    assert convergence(t, e, threshold=0.01) is None
+    assert asymptotic(e, tail=0.5) == pytest.approx(0.15)
+    assert iqm([0, 1, 2, 3, 4, 5, 6, 100]) == pytest.approx(3.5)   # middle half: 2..5
+
+
+# ------------------------------------------------------------------ in the training loop
+
+SCENARIO = yaml.safe_load("""
+market:
+  num_products: 1
+  consumers: [{name: c, count: 1, budget: 1000.0, queries: 1.0}]
+  sellers:
+    - {name: me, count: 1, low: 1.0, high: 2.5, cost: 1.0, quality: 2.0}
+    - {name: rivals, count: 2, low: 1.0, high: 2.5, initial: 1.6, cost: 1.0, quality: 2.0}
+  distributor: {kind: logit, temperature: 0.25, outside_option: true, outside_quality: 0.0}
+learners:
+  me: {kind: ppo_bandit, initial_stddev: 0.2, learning_rate: 0.05, buffer_length: 2}
+  rivals: {kind: constant, value: 1.6}
+train: {num_iterations: 4, num_envs: 32, num_seeds: 2}
+""")
+MODEL = {"kind": "demand", "ensemble": 2, "hidden_sizes": [8], "rivals": "mean",
+         "eval_every": 2, "eval_grid": 5, "eval_random": 0}
+
+
+def scenario(model=None, learner=None, queries=1.0):
+    config = copy.deepcopy(SCENARIO)
+    config["market"]["consumers"][0]["queries"] = queries
+    if learner is not None:
+        config["learners"]["me"] = learner
+    if model is not None:
+        config["learners"]["me"] = {**config["learners"]["me"], "external_model": model}
+    return config
+
+
+def run(config, iterations):
+    env, params, learners, specs, tcfg = prepare(config)
+    init, run_chunk = make_train(env, params, learners, specs, tcfg)
+    runner = jax.jit(init)(jax.random.key(0))
+    return jax.jit(lambda r: run_chunk(r, iterations))(runner)
+
+
+if "own_price" not in POI_FIELDS:   # a POI that grows with the agent's own price
+    register_poi(PoiDef("own_price", lambda model, state, x, y, s: x[:, 0]))
+
+
+def test_bonus_reaches_the_bandit_policy_gradient_and_a_model_alone_changes_nothing():
+    # no queries: every task reward is 0, so the standardised advantages are exactly 0
+    # and the mean never moves; the bonus (growing with the price) alone moves it up
+    plain, _ = run(scenario(queries=0.0), 4)
+    modelled, _ = run(scenario(MODEL, queries=0.0), 4)
+    for a, b in zip(jax.tree.leaves(plain.learners), jax.tree.leaves(modelled.learners)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    np.testing.assert_array_equal(np.asarray(plain.learners["me"].params["mean"]), 1.75)
+    bonus, m = run(scenario({**MODEL, "poi": {"kind": "own_price", "beta": 1.0}}, queries=0.0), 4)
+    assert np.all(np.asarray(bonus.learners["me"].params["mean"]) > 1.8)
+    np.testing.assert_array_equal(np.asarray(m["poi/me/beta"]), 1.0)
+
+
+def test_bonus_reaches_the_ppo_policy_gradient():
+    ppo = {"kind": "ppo", "learning_rate": 0.01, "hidden_sizes": [8], "num_minibatches": 2}
+    _, base = run(scenario({**MODEL, "poi": {"kind": "own_price", "beta": 0.0}}, ppo, 0.0), 4)
+    _, up = run(scenario({**MODEL, "poi": {"kind": "own_price", "beta": 1.0}}, ppo, 0.0), 4)
+    # the last iteration's mean price (64 samples), rescaled actions centred on 1.75
+    assert float(up["price/me"][-1, 0]) > float(base["price/me"][-1, 0]) + 0.1
+
+
+def test_heldout_error_is_against_the_true_logit_demand():
+    runner, m = run(scenario({**MODEL, "eval_every": 1}), 1)
+    # after the fit of the one iteration: truth by the logit formula, rivals at 1.6
+    p = np.linspace(1.0, 2.5, 5)
+    own, rival = np.exp((2.0 - p) / 0.25), np.exp((2.0 - 1.6) / 0.25)
+    traffic = own / (own + 2 * rival + 1.0)
+    truth = np.stack([traffic, p * traffic / 2.5], -1)               # fees / (Q high)
+    x = np.stack([(p - 1.75) / 0.75, np.full(5, (1.6 - 1.75) / 0.75)], -1)
+    for s in range(2):
+        params = jax.tree.map(lambda v: v[s], runner.models["me"]["model"].params)
+        pred = numpy_forward(params, x).mean(0)
+        rmse = np.sqrt(np.mean(np.square(pred - truth)))
+        np.testing.assert_allclose(m["per_seed/model/me/heldout_error"][0, s], rmse, rtol=1e-4)
+
+
+# ------------------------------------------------------------------ bad input
+
+
+class Wrong:
+    pass
+
+
+def wrong_io_model(settings, ctx):   # declares 3 inputs, make_io builds 2
+    def make_io(transition, info):
+        x = jnp.stack([info["prices"]["me"][..., 0]] * 2, -1)
+        return x, info["traffic"]["me"]
+    return make_mlp_model({**SETTINGS, **settings}, 3, 1, make_io)
+
+
+MODELS.setdefault("wrong_io", ModelDef("wrong_io", wrong_io_model, {}))
+
+
+@pytest.mark.parametrize("model, field, words", [
+    ({**MODEL, "ensemble": 1, "poi": {"kind": "disagreement"}},
+     "learners.me.external_model.poi.kind", "ensemble >= 2"),
+    ({**MODEL, "poi": {"kind": "error", "beta": -0.1}},
+     "learners.me.external_model.poi.beta", ">= 0"),
+    ({**MODEL, "poi": {"kind": "curiosity"}}, "learners.me.external_model.poi.kind", "one of"),
+    ({**MODEL, "kind": "oracle"}, "learners.me.external_model.kind", "one of"),
+    ({**MODEL, "ensemble": 0}, "learners.me.external_model.ensemble", ">= 1"),
+    ({"kind": "wrong_io"}, "learners.me.external_model", "inputs [1, 1, 3]"),
+])
+def test_bad_model_config_is_one_config_error(model, field, words):
+    with pytest.raises(ConfigError) as err:
+        prepare(scenario(model))
+    assert err.value.field == field
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_consumer_group_has_no_demand_model():
+    config = scenario()
+    config["market"]["consumers"][0].update(agent=True)
+    config["learners"]["c"] = {"kind": "random", "external_model": MODEL}
+    with pytest.raises(ConfigError) as err:
+        prepare(config)
+    assert err.value.field == "learners.c.external_model.kind" and "seller group" in str(err.value)
+
+
+def test_nan_model_loss_stops_the_run(tmp_path):
+    from jaxmarket.train.run import Trainer
+    from jaxmarket.train.tracking import with_tracker
+
+    def nan_model(settings, ctx):
+        def make_io(transition, info):
+            return info["prices"]["me"], info["traffic"]["me"] * jnp.nan
+        return make_mlp_model({**SETTINGS, "hidden_sizes": (2,)}, 1, 1, make_io)
+
+    MODELS.setdefault("nan_targets", ModelDef("nan_targets", nan_model, {}))
+    config = scenario({"kind": "nan_targets", "eval_random": 0, "eval_grid": 2})
+    config["train"].update(num_iterations=4, chunk_size=2, num_envs=2)
+    trainer = Trainer(config, tmp_path)
+    summary = with_tracker("files", tmp_path, config,
+                           lambda t: trainer.train(t, trainer.initial_runner(), 0))
+    assert summary["stopped"].startswith("non-finite metric model/me/")
+    assert summary["iterations"] == 2 and trainer.ckpt.latest_step() == 2
