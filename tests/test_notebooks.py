@@ -2,6 +2,7 @@
 (JAXMARKET_QUICK=1), as CI runs them, from a directory that is not the checkout; the
 repository keeps them without outputs, with the Colab set-up cell first."""
 
+import re
 import time
 
 import nbformat
@@ -49,3 +50,15 @@ def test_notebook_runs_in_quick_mode(path, tmp_path, monkeypatch):
                 "offline_rl": 2}[path.stem]
     assert len(figures) >= expected, (path.stem, len(figures))
     print(f"{path.stem}: {seconds:.1f} s")
+    # what each notebook shows, from its printed results
+    number = r"(-?\d+\.\d+)"
+    if path.stem == "quickstart":      # the PPO bandit heads for the budget 0.5 from 1.0
+        assert 0.3 < float(re.search(rf"learned price {number}", text)[1]) < 0.55
+    elif path.stem == "calvano_collusion":   # supra-competitive: above random play (~0.5)
+        assert 0.6 < float(re.search(rf"profit gain Delta = {number}", text)[1]) < 1.0
+    elif path.stem == "populations_pbt":     # PBT's population ends at the monopoly price
+        assert abs(float(re.search(rf"final mean price {number}", text)[1]) - 1.802) < 0.05
+    elif path.stem == "offline_rl":          # IQL beats the logged heuristic, in the simulator
+        behaviour, learned = map(float, re.search(rf"behaviour {number} -> IQL {number}", text)
+                                 .groups())
+        assert learned > behaviour + 0.2
