@@ -6,6 +6,8 @@ Commands:
   check   validate a scenario and print it with every default filled in
   plot    plot a run directory's metrics
   sweep   run a grid of settings x seeds
+  collect record a scenario's transitions as an offline dataset
+  offline train and evaluate an offline learner on a dataset
 
 jaxmarket COMMAND --help shows a command's own options."""
 
@@ -19,7 +21,8 @@ from jaxmarket.cli import parser as make_parser
 from jaxmarket.cli import run_cli
 
 COMMANDS = {"train": "jaxmarket.train.__main__", "check": "jaxmarket.check",
-            "plot": "jaxmarket.plot", "sweep": "jaxmarket.sweep"}
+            "plot": "jaxmarket.plot", "sweep": "jaxmarket.sweep",
+            "collect": "jaxmarket.collect", "offline": "jaxmarket.offline.__main__"}
 
 
 def main(argv: list[str] | None = None) -> int:

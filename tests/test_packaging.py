@@ -110,6 +110,12 @@ def test_console_script_subcommands_delegate_to_the_modules(capsys):
     assert jaxmarket_main(["check", str(CONFIGS / "calvano.yaml"), "market.num_products=-1"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("config error: market.num_products") and "\n" not in err
+    # every command is the module's own CLI (its --help names it)
+    for command in ("train", "check", "plot", "sweep", "collect", "offline"):
+        with pytest.raises(SystemExit) as exc:
+            jaxmarket_main([command, "--help"])
+        assert exc.value.code == 0
+        assert f"python -m jaxmarket.{command}" in capsys.readouterr().out, command
     with pytest.raises(SystemExit) as exc:
         jaxmarket_main(["fly"])
     assert exc.value.code == 2 and "invalid choice: 'fly'" in capsys.readouterr().err
