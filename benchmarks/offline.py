@@ -7,7 +7,9 @@
     "price 1.6" against its discounted value (gamma 0.9) simulated from the same reset
     state. Target: within 3%.
 (b) Offline policy vs the heuristic: IQL (and CQL) trained on those logs, their greedy
-    policy's simulated discounted value against the noisy heuristic's.
+    policy's simulated discounted value against the noisy heuristic's; the IQL policy
+    exported to ONNX and run with onnxruntime on every logged observation
+    (onnx_max_abs_diff, target <= 1e-5).
 (c) Bandit OPE: epsilon-greedy logs (6 price levels, epsilon 0.5, known propensities) of
     the noisy-demand logit monopoly (benchmarks/offline_bandit.yaml), split into
     independent batches; IPS, SNIPS, DM and DR of a fixed target policy against its
@@ -52,6 +54,7 @@ from jaxmarket.offline import (
 from jaxmarket.offline.algos import device_data
 from jaxmarket.offline.behaviour import truncated_gaussian
 from jaxmarket.offline.fit import make_chunk
+from jaxmarket.offline.onnx_export import export_onnx, onnx_max_abs_diff
 from jaxmarket.offline.scenario import load_scenario
 
 DUOPOLY = ROOT / "benchmarks" / "offline_duopoly.yaml"
@@ -101,10 +104,15 @@ def main(argv=None) -> dict:
             values[name] = policy_value(sc, "seller", lambda o, a=algo, s=res.state: a.policy(s, o),
                                         HORIZON, GAMMA)["discounted_return"]
             prices[name] = float(algo.policy(res.state, ds["observations"][:1])[0, 0])
+            if name == "iql":   # the learned policy to ONNX, checked with onnxruntime
+                onnx_path = export_onnx(algo, res.state, tmp / "iql.onnx")
+                out["onnx_max_abs_diff"] = onnx_max_abs_diff(algo, res.state, onnx_path,
+                                                             ds["observations"])
         out.update(offline_policy_value=values["iql"], cql_policy_value=values["cql"],
                    heuristic_value=heuristic, first_prices=prices)
         print(f"(b) discounted value: IQL {values['iql']:.4f}  CQL {values['cql']:.4f}  "
-              f"noisy heuristic {heuristic:.4f}  (first prices {prices})")
+              f"noisy heuristic {heuristic:.4f}  (first prices {prices}); IQL policy as "
+              f"ONNX: max abs diff {out['onnx_max_abs_diff']:.2e}")
         # ------------------------------------------------------------ (c) bandit OPE
         batches, per = (5, 640) if q else (20, 1280)
         collect(str(BANDIT), steps=batches * per // 64, out=tmp / "bandit", grid=6, epsilon=0.5)
@@ -148,7 +156,6 @@ def main(argv=None) -> dict:
                 n / (time.perf_counter() - t0))
         print(f"(d) fit, batch 256, 256x256 networks: CQL {out['fit_updates_per_s']:.1f} "
               f"updates/s (10 sampled actions), IQL {out['fit_updates_per_s_iql']:.0f} updates/s")
-    out["onnx_max_abs_diff"] = None
     out.update(seconds=round(time.perf_counter() - t_start, 1), quick=q, jax=jax.__version__,
                nproc=os.cpu_count(), machine=platform.processor() or platform.machine(),
                loadavg=os.getloadavg()[0])

@@ -8,7 +8,8 @@ evaluators: sim = value in the scenario's simulator, fqe, ope = IPS/SNIPS/DM/DR,
 action_diff, value, td) and an orbax checkpoint per chunk. Stops after --steps updates,
 or earlier by --time-budget, --patience/--target on --metric, or a non-finite value.
 key=value settings are the algorithm's hyperparameters (e.g. gamma=0.9 hidden=[64,64]).
---resume continues R from its last checkpoint, bit-identical to an uninterrupted run."""
+--resume continues R from its last checkpoint, bit-identical to an uninterrupted run.
+--export-onnx FILE.onnx writes the final policy as ONNX, checked with onnxruntime."""
 
 from __future__ import annotations
 
@@ -83,6 +84,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--patience", type=int, default=None)
     p.add_argument("--target", type=float, default=None)
     p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS")
+    p.add_argument("--export-onnx", default=None, metavar="FILE.onnx",
+                   help="write the final policy as ONNX (the onnx extra)")
     p.add_argument("hyper", nargs="*", metavar="key=value")
     args = p.parse_intermixed_args(argv)
     from jaxmarket.offline import Stop, fit, load_dataset, make_algo
@@ -111,8 +114,13 @@ def main(argv: list[str]) -> int:
                 "stop": {"steps": args.steps or 10_000, "time_s": args.time_budget,
                          "metric": args.metric, "patience": args.patience,
                          "target": args.target, "mode": args.mode}}
+    if args.export_onnx and not args.export_onnx.endswith(".onnx"):
+        raise ConfigError("--export-onnx", args.export_onnx, "a file name ending in .onnx")
     ds = load_dataset(info["dataset"], info["group"])
     algo = make_algo(info["algo"], ds, **info["hyper"])
+    if args.export_onnx:
+        from jaxmarket.offline.onnx_export import policy_key
+        policy_key(algo)   # exportable? (before training)
     stop = Stop(**info["stop"])
     evaluators = build_evaluators(info["eval"], ds, info["eval_gamma"], info["eval_horizon"],
                                   info["fqe_steps"])
@@ -124,6 +132,12 @@ def main(argv: list[str]) -> int:
     summary = {"run_dir": str(run_dir), "algo": info["algo"], "steps": result.steps,
                "stopped": result.stopped, "updates_per_s": round(result.updates_per_s, 1),
                "final": result.history[-1] if result.history else {}}
+    if args.export_onnx:
+        from jaxmarket.offline.onnx_export import export_onnx, onnx_max_abs_diff
+        export_onnx(algo, result.state, args.export_onnx)
+        summary["onnx"] = args.export_onnx
+        summary["onnx_max_abs_diff"] = onnx_max_abs_diff(algo, result.state, args.export_onnx,
+                                                         ds["observations"][:4096])
     tmp = run_dir / "summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=1))
     tmp.replace(run_dir / "summary.json")
