@@ -54,7 +54,8 @@ def resolve_train(raw: Any, where: str = "train") -> TrainConfig:
         if not ok:
             raise ConfigError(f"{where}.early_stop", stop,
                               "{metric: NAME, above: NUMBER} or {metric: NAME, below: NUMBER}")
-    check_schedule(vals["schedule"], vals["num_iterations"], f"{where}.schedule")
+    vals["schedule"] = check_schedule(vals["schedule"], vals["num_iterations"],
+                                      f"{where}.schedule")
     return TrainConfig(**vals)
 
 
@@ -80,10 +81,13 @@ class ScheduleEntry:
     value: tuple
 
 
-def check_schedule(raw: Any, num_iterations: int, where: str) -> None:
-    """The shape of ``train.schedule`` (values are resolved against the market later)."""
+def check_schedule(raw: Any, num_iterations: int, where: str) -> Any:
+    """The shape of ``train.schedule`` (values are resolved against the market later);
+    returns it with every ``at`` an iteration (``"50%"``: that share of
+    ``num_iterations``, rounded down)."""
     if raw is None:
-        return
+        return None
+    out = []
     item_text = "{at: ITERATION, set: {dotted.market.key: value, ...}}"
     if not isinstance(raw, list):
         raise ConfigError(where, raw, "a list of " + item_text)
@@ -92,9 +96,16 @@ def check_schedule(raw: Any, num_iterations: int, where: str) -> None:
         if not isinstance(item, dict) or set(item) != {"at", "set"}:
             raise ConfigError(at, item, item_text)
         it = item["at"]
+        if isinstance(it, str) and it.endswith("%"):
+            try:
+                share = float(it[:-1])
+            except ValueError:
+                share = -1.0
+            it = int(share / 100 * num_iterations) if 0 <= share <= 100 else item["at"]
         if not isinstance(it, int) or isinstance(it, bool) or not 0 <= it <= num_iterations:
-            raise ConfigError(f"{at}.at", it, f"an integer in [0, {num_iterations}] "
-                              "(train.num_iterations): the iterations done before the change")
+            raise ConfigError(f"{at}.at", item["at"], f"an integer in [0, {num_iterations}] "
+                              "(train.num_iterations: the iterations done before the change) "
+                              "or a share like '50%'")
         changes = item["set"]
         if not isinstance(changes, dict) or not changes:
             raise ConfigError(f"{at}.set", changes,
@@ -103,6 +114,8 @@ def check_schedule(raw: Any, num_iterations: int, where: str) -> None:
             if not isinstance(key, str) or not key.startswith("market."):
                 raise ConfigError(f"{at}.set", key, "keys that are dotted market fields, e.g. "
                                   "market.sellers[1].cost or market.distributor.temperature")
+        out.append({"at": it, "set": changes})
+    return out
 
 
 def _schedule_path(config: dict, key: str, where: str) -> tuple:
