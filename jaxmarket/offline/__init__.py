@@ -7,6 +7,8 @@
     make_algo(name, dataset, **hyper)      bc, cql, iql, td3_bc, dm, dr sized from the data
     fit(algo, dataset, evaluators=..., callbacks=..., stop=Stop(...), logger=...)
     SimulatorValue, FQE, BanditOPE, scorers     evaluators fn(algo, state)
+    jaxmarket.offline.cv: split_episodes, kfold, grid_search (grid x folds x seeds, vmapped)
+    jaxmarket.offline.onnx_export: export_onnx, onnx_max_abs_diff
 """
 
 from jaxmarket.offline.algos import ALGOS, Algo, make_algo

@@ -84,6 +84,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--patience", type=int, default=None)
     p.add_argument("--target", type=float, default=None)
     p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS")
+    p.add_argument("--tracker", default="files",
+                   choices=("files", "tensorboard", "sacred", "wandb"),
+                   help="also log each row there (as python -m jaxmarket.train does)")
     p.add_argument("--export-onnx", default=None, metavar="FILE.onnx",
                    help="write the final policy as ONNX (the onnx extra)")
     p.add_argument("hyper", nargs="*", metavar="key=value")
@@ -126,9 +129,11 @@ def main(argv: list[str]) -> int:
                                   info["fqe_steps"])
     run_dir.mkdir(parents=True, exist_ok=True)
     write_fit_config(run_dir, info)
-    result = fit(algo, ds, evaluators=evaluators, stop=stop, batch_size=info["batch_size"],
-                 chunk=info["chunk"], seed=info["seed"], run_dir=run_dir,
-                 resume=bool(args.resume), verbose=True)
+    from jaxmarket.train.tracking import with_tracker
+    result = with_tracker(args.tracker, run_dir, info, lambda tracker: fit(
+        algo, ds, evaluators=evaluators, stop=stop, batch_size=info["batch_size"],
+        chunk=info["chunk"], seed=info["seed"], run_dir=run_dir, resume=bool(args.resume),
+        verbose=True, logger=tracker))
     summary = {"run_dir": str(run_dir), "algo": info["algo"], "steps": result.steps,
                "stopped": result.stopped, "updates_per_s": round(result.updates_per_s, 1),
                "final": result.history[-1] if result.history else {}}
