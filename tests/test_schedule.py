@@ -143,3 +143,14 @@ def test_bad_schedule_from_the_cli_exits_2(tmp_path):
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "train.schedule[0].set.market.sellers[0].low" in lines[0]
     assert not (tmp_path / "run").exists()
+
+
+def test_at_may_be_a_share_of_the_iterations():
+    config = with_schedule([{"at": "50%", "set": {"market.sellers[0].cost": 0.1}},
+                            {"at": "100%", "set": {"market.sellers[0].cost": 0.2}}],
+                           num_iterations=5)
+    tcfg = prepare(config)[-1]
+    assert [e.at for e in tcfg.market_schedule] == [2, 5]   # 2.5 rounded down; the end
+    with pytest.raises(ConfigError) as err:
+        prepare(with_schedule([{"at": "150%", "set": {"market.sellers[0].cost": 0.1}}]))
+    assert err.value.field == "train.schedule[0].at"

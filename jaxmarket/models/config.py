@@ -33,6 +33,8 @@ POI_COMMON = {
     "warmup": Field("int", 0, low=0, doc="iterations without a bonus at the start"),
     "normalise": Field("choice", "running", choices=("running", "none"),
                        doc="(poi - running mean) / running std, per seed"),
+    "normalise_horizon": Field("int", 50, low=1,
+                               doc="iterations the running statistics remember (at most)"),
     "target": Field("choice", "action", choices=("action",),
                     doc="the POI of the input the action taken produced"),
 }

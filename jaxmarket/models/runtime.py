@@ -58,12 +58,16 @@ def beta_at(settings: dict, iteration: jax.Array) -> jax.Array:
     return jnp.where(t < 0, 0.0, beta).astype(jnp.float32)
 
 
-def running_update(stats: dict, x: jax.Array) -> dict:
+def running_update(stats: dict, x: jax.Array, horizon: int | None = None) -> dict:
     """Merge a batch ``x [S, N]`` into per-seed running ``count, mean, var`` (Chan et
-    al.'s parallel variance)."""
+    al.'s parallel variance). With ``horizon`` the past counts as at most ``horizon``
+    batches (``count <= horizon N``): older batches fade out, so the statistics follow
+    a POI whose scale shrinks as the model learns."""
     n_b = jnp.float32(x.shape[1])
     mean_b, var_b = x.mean(1), x.var(1)
     n_a = stats["count"]
+    if horizon is not None:
+        n_a = jnp.minimum(n_a, horizon * n_b)
     n = n_a + n_b
     delta = mean_b - stats["mean"]
     mean = stats["mean"] + delta * n_b / n
@@ -121,7 +125,7 @@ class GroupModel:
         """``(beta * normalise(poi) [S, N], new poi statistics, metrics)`` with the
         model as it was before this iteration's fit."""
         poi = jax.vmap(self.poi)(mstate["model"], x, y)                        # [S, N]
-        stats = running_update(mstate["poi"], poi)
+        stats = running_update(mstate["poi"], poi, self.poi_settings["normalise_horizon"])
         if self.poi_settings["normalise"] == "running":
             norm = (poi - stats["mean"][:, None]) / (jnp.sqrt(stats["var"])[:, None] + 1e-8)
         else:
