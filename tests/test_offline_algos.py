@@ -32,6 +32,8 @@ def test_make_algo_infers_from_the_dataset():
         make_algo("td3_bc", DISC)
     with pytest.raises(ConfigError, match="algo.iql.expectile: got 0.2"):
         make_algo("iql", CONT, expectile=0.2)
+    with pytest.raises(ConfigError, match="--algo: got 'sac'; allowed: one of bc, cql, iql"):
+        make_algo("sac", CONT)
 
 
 def test_td3_bc_and_discrete_cql_find_the_best_price():

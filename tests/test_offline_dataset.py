@@ -1,8 +1,6 @@
 """Making datasets (collect), the native format, D4RL HDF5 import/export, bad files."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import h5py
@@ -173,12 +171,14 @@ def test_a_failed_collect_leaves_no_files(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_collect_cli_bad_input_exits_2(tmp_path):
-    cmd = [sys.executable, "-m", "jaxmarket.collect", "--config", str(SCENARIO), "--steps", "5",
-           "--out", str(tmp_path / "o"), "--noise", "-1"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=False)
-    assert proc.returncode == 2
-    assert proc.stderr.strip() == "config error: --noise: got -1.0; allowed: a number > 0"
+def test_collect_cli_bad_input_exits_2(tmp_path, capsys):
+    from jaxmarket.cli import run_cli
+    from jaxmarket.collect import main
+    code = run_cli(main, ["--config", str(SCENARIO), "--steps", "5",
+                          "--out", str(tmp_path / "o"), "--noise", "-1"])
+    assert code == 2
+    assert capsys.readouterr().err.strip() == ("config error: --noise: got -1.0; allowed: "
+                                               "a number > 0")
     assert list(tmp_path.iterdir()) == []
 
 

@@ -2,8 +2,6 @@
 is bit-identical, and the offline CLI's bad input is one line with exit code 2."""
 
 import csv
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -103,13 +101,12 @@ def test_metrics_csv_is_written_while_training_and_resume_is_bit_identical(tmp_p
     assert a[0] > 0.1 and a[1] < -0.05
 
 
-def test_offline_cli_bad_input_is_one_line_exit_2(tmp_path):
-    def run(*args):
-        return subprocess.run([sys.executable, "-m", "jaxmarket.offline", *args],
-                              capture_output=True, text=True, cwd=ROOT, check=False)
-
-    proc = run("--dataset", str(tmp_path / "missing"), "--algo", "cql",
-               "--run-dir", str(tmp_path / "r"))
-    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
-    assert "a dataset directory holding manifest.json" in proc.stderr
+def test_offline_cli_bad_input_is_one_line_exit_2(tmp_path, capsys):
+    from jaxmarket.cli import run_cli
+    from jaxmarket.offline.__main__ import main
+    code = run_cli(main, ["--dataset", str(tmp_path / "missing"), "--algo", "cql",
+                          "--run-dir", str(tmp_path / "r")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "a dataset directory holding manifest.json" in err
     assert not (tmp_path / "r").exists()
