@@ -110,3 +110,19 @@ def test_offline_cli_bad_input_is_one_line_exit_2(tmp_path, capsys):
     assert code == 2 and len(err.splitlines()) == 1
     assert "a dataset directory holding manifest.json" in err
     assert not (tmp_path / "r").exists()
+    from jaxmarket.offline import save_dataset
+    data = save_dataset(tiny_dataset(), tmp_path / "d")
+    code = run_cli(main, ["--dataset", str(data), "--algo", "bc", "--eval", "bogus",
+                          "--run-dir", str(tmp_path / "r")])
+    assert code == 2 and capsys.readouterr().err.strip() == (
+        "config error: --eval: got 'bogus'; allowed: names from sim, fqe, ope, action_diff, "
+        "value, td")
+    assert not (tmp_path / "r").exists()
+
+
+def test_fit_refuses_a_dataset_of_other_spaces():
+    ds = tiny_dataset()
+    algo = make_algo("bc", ds, hidden=[4])
+    other = make_dataset(np.zeros((8, 3)), np.zeros((8, 1)), np.zeros(8))
+    with pytest.raises(ConfigError, match="obs_dim 3.*built for: obs_dim 2"):
+        fit(algo, other, stop=1)

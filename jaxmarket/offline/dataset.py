@@ -283,11 +283,15 @@ def read_manifest(path: str | Path) -> dict:
 
 def load_dataset(path: str | Path, group: str | None = None, verify: bool = True,
                  mmap: bool = True) -> Dataset:
-    """One group's :class:`Dataset` from a native directory (or a D4RL ``.hdf5`` file).
+    """One group's :class:`Dataset` from a native directory (or a D4RL ``.hdf5`` file, or
+    ``"minari:<dataset id>"``, a local Minari dataset).
 
     ``group`` defaults to the manifest's ``primary`` group (the one ``collect`` made
     noisy), else the only group. Chunk files are memory-mapped; with ``verify`` their
     CRC-32 is checked against the manifest."""
+    if str(path).startswith("minari:"):
+        from jaxmarket.offline.minari_io import load_minari
+        return load_minari(str(path)[len("minari:"):])
     path = Path(path)
     if path.suffix in (".hdf5", ".h5"):
         from jaxmarket.offline.d4rl import load_d4rl

@@ -141,6 +141,15 @@ def fit(algo: Algo, dataset: Dataset, *, evaluators: Mapping[str, Callable] | No
         if not isinstance(value, int) or value < 1:
             raise ConfigError(f"fit.{name}", value, "an integer >= 1")
     evaluators = dict(evaluators or {})
+    want = (int(algo.norm.obs_mean.shape[0]), int(algo.norm.act_low.shape[0]))
+    if (dataset.obs_dim, dataset.action_dim) != want:
+        raise ConfigError("dataset", f"obs_dim {dataset.obs_dim}, action_dim "
+                          f"{dataset.action_dim}", f"the spaces {algo.name} was built for: "
+                          f"obs_dim {want[0]}, action_dim {want[1]}")
+    if algo.discrete != dataset.discrete or (algo.discrete and len(algo.action_values)
+                                            != len(dataset.meta["action_values"])):
+        raise ConfigError("dataset", "discrete" if dataset.discrete else "continuous",
+                          f"the action space {algo.name} was built for")
     data = device_data(dataset, algo.norm)
     base = jax.random.key(seed)
     state = jax.jit(algo.init)(jax.random.fold_in(base, 0x5EED))
