@@ -11,6 +11,7 @@ are timed and their median gives the throughput (the best call is reported too).
 
     python benchmarks/throughput.py --config configs/bench_b.yaml --num-envs 4096 --steps 200 --json
     python benchmarks/throughput.py --config configs/bench_b.yaml --breakdown
+    python benchmarks/throughput.py --against-minimal  # and the hand-written yardstick
     python benchmarks/throughput.py --sweep            # cost vs market size, 3 distributors
     python benchmarks/throughput.py --sweep --json     # last line: a JSON list
 
@@ -33,6 +34,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -54,6 +56,28 @@ SWEEP_KINDS = ("logit", "cheapest", "proportional")
 
 
 # --------------------------------------------------------------------------- helpers
+
+MINIMAL_SCRIPT = (Path(__file__).resolve().parents[2] / "shared" / "bench"
+                  / "minimal_market_step.py")
+
+
+def run_minimal(script: str, num_envs: int, steps: int, seconds: float = 5.0) -> float:
+    """env_steps_per_s of the hand-written minimal bench_b step, run in this process
+    (``runpy``) with the same market count and scan length."""
+    import contextlib
+    import io
+    import runpy
+    if not Path(script).is_file():
+        raise SystemExit(f"throughput.py: error: --minimal-script: {script} does not exist")
+    argv, out = sys.argv, io.StringIO()
+    sys.argv = [script, "--num-envs", str(num_envs), "--steps", str(steps),
+                "--seconds", str(seconds)]
+    try:
+        with contextlib.redirect_stdout(out):
+            runpy.run_path(script, run_name="__main__")
+    finally:
+        sys.argv = argv
+    return float(json.loads(out.getvalue().strip().splitlines()[-1])["env_steps_per_s"])
 
 def peak_rss_mb() -> float:
     """Peak resident set size of this process (MB): ru_maxrss (KiB on Linux, bytes on macOS)."""
@@ -304,6 +328,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep-min-time", type=float, default=0.5,
                     help="seconds of timed calls per sweep point (more calls if faster)")
     ap.add_argument("--quick", action="store_true", help="small sweep (smoke test)")
+    ap.add_argument("--against-minimal", action="store_true",
+                    help="also run the hand-written minimal bench_b step in this process "
+                         "(before and after this one) and print the ratio")
+    ap.add_argument("--minimal-script", default=str(MINIMAL_SCRIPT),
+                    help="the yardstick script (prints JSON with env_steps_per_s)")
     args = ap.parse_args(argv)
     info = machine()
     log = (lambda s: print(s, flush=True))
@@ -320,7 +349,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     env, params = jaxmarket.make(args.config, args.overrides)
+    minimal = []
+    if args.against_minimal:
+        minimal.append(run_minimal(args.minimal_script, args.num_envs, args.steps))
     r = measure(env, params, args.num_envs, args.steps, args.repeats)
+    if args.against_minimal:
+        minimal.append(run_minimal(args.minimal_script, args.num_envs, args.steps))
+        r["minimal_env_steps_per_s"] = round(statistics.mean(minimal), 1)
+        r["minimal_runs"] = [round(m, 1) for m in minimal]
+        r["ratio_vs_minimal"] = round(r["env_steps_per_s"] / r["minimal_env_steps_per_s"], 3)
     r["peak_rss_mb"] = round(peak_rss_mb(), 1)
     r["config"] = args.config
     r["target_met"] = bool(r["env_steps_per_s"] >= TARGET_ENV_STEPS_PER_S and
@@ -343,6 +380,9 @@ def main(argv: list[str] | None = None) -> int:
     log(f"  target (set for bench_b at 4096 envs on 2 CPU cores) >= "
         f"{TARGET_ENV_STEPS_PER_S:,} env steps/s and < {TARGET_PEAK_RSS_MB} MB: "
         f"{'met' if r['target_met'] else 'NOT met'}")
+    if args.against_minimal:
+        log(f"  minimal step  {r['minimal_env_steps_per_s']:>14,.0f}  (runs before and after: "
+            f"{r['minimal_runs']}); ratio {r['ratio_vs_minimal']:.3f} (target >= 1.0)")
     if args.breakdown:
         rows = breakdown(env, params, args.num_envs, args.steps, args.repeats)
         r["breakdown"] = rows
