@@ -241,3 +241,38 @@ def test_nan_model_loss_stops_the_run(tmp_path):
                            lambda t: trainer.train(t, trainer.initial_runner(), 0))
     assert summary["stopped"].startswith("non-finite metric model/me/")
     assert summary["iterations"] == 2 and trainer.ckpt.latest_step() == 2
+
+
+def test_running_statistics_merge_batches_and_forget_beyond_the_horizon():
+    from jaxmarket.models.runtime import running_update
+    batches = [np.random.default_rng(i).normal(i, 1 + i, (2, 50)).astype(np.float32)
+               for i in range(3)]
+    stats = {"count": np.zeros(2, np.float32), "mean": np.zeros(2, np.float32),
+             "var": np.ones(2, np.float32)}
+    capped = dict(stats)
+    for b in batches:
+        stats = running_update(stats, b)
+        capped = running_update(capped, b, horizon=1)
+    every = np.concatenate(batches, 1)
+    np.testing.assert_allclose(stats["mean"], every.mean(1), rtol=1e-5)
+    np.testing.assert_allclose(stats["var"], every.var(1), rtol=1e-4)
+    # horizon 1: the past weighs as one batch, so the last batch counts for half
+    prev = running_update(running_update({"count": np.zeros(2, np.float32), "mean":
+                                          np.zeros(2, np.float32), "var": np.ones(2, np.float32)},
+                                         batches[0], 1), batches[1], 1)
+    np.testing.assert_allclose(capped["mean"], 0.5 * (prev["mean"] + batches[2].mean(1)),
+                               rtol=1e-5)
+
+
+def test_surprise_restarts_the_beta_schedule_when_the_market_changes():
+    config = scenario({**MODEL, "eval_every": 100, "poi": {
+        "kind": "disagreement", "beta": 0.5, "beta_schedule": "exp", "decay_iterations": 5,
+        "restart_on_surprise": 3.0}})
+    config["train"].update(num_iterations=40, schedule=[
+        {"at": 30, "set": {"market.consumers[0].queries": 3.0}}])   # traffic triples
+    _, m = run(config, 40)
+    restarts = np.asarray(m["poi/me/restarts"])
+    assert restarts[30] == 1.0 and restarts[:30].sum() == 0
+    beta = np.asarray(m["poi/me/beta"])
+    # the clock restarts at 30: beta(30) = 0.5 again, having decayed to 0.5 e^-(29/5)
+    np.testing.assert_allclose(beta[[0, 29, 30]], [0.5, 0.5 * np.exp(-29 / 5), 0.5], rtol=1e-5)

@@ -35,6 +35,9 @@ POI_COMMON = {
                        doc="(poi - running mean) / running std, per seed"),
     "normalise_horizon": Field("int", 50, low=1,
                                doc="iterations the running statistics remember (at most)"),
+    "restart_on_surprise": Field("float", None, optional=True, low=1.0, low_open=True,
+                                 doc="restart the beta schedule when the batch error "
+                                     "exceeds this multiple of its moving average"),
     "target": Field("choice", "action", choices=("action",),
                     doc="the POI of the input the action taken produced"),
 }

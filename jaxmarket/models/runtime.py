@@ -100,7 +100,8 @@ class GroupModel:
         model = jax.vmap(self.model.init)(jax.random.split(key, S))
         return {"model": model,
                 "poi": {"count": jnp.zeros((S,), jnp.float32), "mean": jnp.zeros((S,), jnp.float32),
-                        "var": jnp.ones((S,), jnp.float32)},
+                        "var": jnp.ones((S,), jnp.float32), "start": jnp.zeros((S,), jnp.int32),
+                        "error": jnp.zeros((S,), jnp.float32)},
                 "eval": {"heldout": jnp.zeros((S,), jnp.float32),
                          "random": jnp.zeros((S,), jnp.float32)}}
 
@@ -123,16 +124,40 @@ class GroupModel:
     # -- exploration bonus ---------------------------------------------------------------
     def bonus(self, mstate: dict, x: jax.Array, y: jax.Array, iteration: jax.Array):
         """``(beta * normalise(poi) [S, N], new poi statistics, metrics)`` with the
-        model as it was before this iteration's fit."""
+        model as it was before this iteration's fit.
+
+        The beta schedule's clock starts at iteration 0 and, with
+        ``restart_on_surprise: k``, restarts (per seed) at an iteration whose batch
+        error ``mean_i ||mean_m f_m(x_i) - y_i||^2 / O`` exceeds ``k`` times its moving
+        average (``0.95 a + 0.05 e``, not updated by a restarting batch), after the
+        warm-up and at least ``decay_iterations`` after the last (re)start: the model
+        noticed that the market changed, and exploration starts over."""
+        settings = self.poi_settings
         poi = jax.vmap(self.poi)(mstate["model"], x, y)                        # [S, N]
-        stats = running_update(mstate["poi"], poi, self.poi_settings["normalise_horizon"])
-        if self.poi_settings["normalise"] == "running":
+        old = mstate["poi"]
+        stats = running_update(old, poi, settings["normalise_horizon"])
+        if settings["normalise"] == "running":
             norm = (poi - stats["mean"][:, None]) / (jnp.sqrt(stats["var"])[:, None] + 1e-8)
         else:
             norm = poi
-        beta = beta_at(self.poi_settings, iteration)
-        bonus = beta * norm
-        return bonus, stats, {"value": poi.mean(), "beta": beta, "bonus": jnp.abs(bonus).mean()}
+        start, ema = old["start"], old["error"]
+        k = settings["restart_on_surprise"]
+        if k is not None:
+            pred = jax.vmap(lambda st, xs: self.model.predict(st.params, xs).mean(0))(
+                mstate["model"], x)
+            err = jnp.square(pred - y).mean((1, 2))                              # [S]
+            # not during warm-up, nor within decay_iterations of the last restart
+            surprised = ((iteration > settings["warmup"]) & (err > k * ema)
+                         & (iteration - start >= settings["decay_iterations"]))
+            start = jnp.where(surprised, iteration, start)
+            ema = jnp.where(iteration == 0, err,
+                            jnp.where(surprised, ema, 0.95 * ema + 0.05 * err))
+        beta = jax.vmap(lambda s0: beta_at(settings, iteration - s0))(start)   # [S]
+        bonus = beta[:, None] * norm
+        stats = {**stats, "start": start, "error": ema}
+        return bonus, stats, {"value": poi.mean(), "beta": beta.mean(),
+                              "bonus": jnp.abs(bonus).mean(),
+                              "restarts": (start == iteration).astype(jnp.float32).mean()}
 
     # -- fit -----------------------------------------------------------------------------
     def fit(self, mstate: dict, x: jax.Array, y: jax.Array):
