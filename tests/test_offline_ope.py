@@ -85,12 +85,17 @@ def test_bandit_ope_evaluator_and_dr_learner_on_logged_prices():
     result = fit(algo, ds, stop=600, chunk=600, batch_size=256)
     # the learner prefers the best price
     np.testing.assert_allclose(algo.policy(result.state, np.zeros((1, 1))), [[2.0]])
-    ope = BanditOPE(ds, model_steps=600, model={"learning_rate": 0.01})(algo, result.state)
+    # DM and DR with the learner's own reward model (BanditOPE fits a dm model otherwise)
+    table = algo.extras["reward_table"]
+    ope = BanditOPE(ds, reward_table=lambda obs: table(result.state, obs))(algo, result.state)
     best = MEAN[2]
     for name in ("ips", "snips", "dm", "dr"):
         # the greedy-ish learned policy's value is close to 0.9; IPS's standard error on
         # 3000 rows with mu = 0.2 on that arm is sqrt(0.9 / 0.2 / 3000) ~ 0.04
         assert abs(ope[name] - best) < 0.15, (name, ope)
     assert 400 < ope["ess"] < 800    # about n * mu(best) = 600 for a near-deterministic pi
+    # the default: BanditOPE fits its own dm reward model on the logs
+    own = BanditOPE(ds, model_steps=300, model={"learning_rate": 0.03, "hidden": [8]})
+    assert abs(own(algo, result.state)["dm"] - best) < 0.15
     with pytest.raises(ConfigError, match="discrete dataset"):
         BanditOPE(make_dataset(np.zeros((5, 1)), np.zeros((5, 1)), np.zeros(5)))
