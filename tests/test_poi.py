@@ -166,21 +166,6 @@ def test_bonus_reaches_the_ppo_policy_gradient():
     assert float(up["price/me"][-1, 0]) > float(base["price/me"][-1, 0]) + 0.1
 
 
-def test_heldout_error_is_against_the_true_logit_demand():
-    runner, m = run(scenario({**MODEL, "eval_every": 1}), 1)
-    # after the fit of the one iteration: truth by the logit formula, rivals at 1.6
-    p = np.linspace(1.0, 2.5, 5)
-    own, rival = np.exp((2.0 - p) / 0.25), np.exp((2.0 - 1.6) / 0.25)
-    traffic = own / (own + 2 * rival + 1.0)
-    truth = np.stack([traffic, p * traffic / 2.5], -1)               # fees / (Q high)
-    x = np.stack([(p - 1.75) / 0.75, np.full(5, (1.6 - 1.75) / 0.75)], -1)
-    for s in range(2):
-        params = jax.tree.map(lambda v: v[s], runner.models["me"]["model"].params)
-        pred = numpy_forward(params, x).mean(0)
-        rmse = np.sqrt(np.mean(np.square(pred - truth)))
-        np.testing.assert_allclose(m["per_seed/model/me/heldout_error"][0, s], rmse, rtol=1e-4)
-
-
 # ------------------------------------------------------------------ bad input
 
 
@@ -264,15 +249,28 @@ def test_running_statistics_merge_batches_and_forget_beyond_the_horizon():
                                rtol=1e-5)
 
 
-def test_surprise_restarts_the_beta_schedule_when_the_market_changes():
-    config = scenario({**MODEL, "eval_every": 100, "poi": {
+def test_surprise_restarts_beta_and_the_heldout_error_is_against_the_true_demand():
+    config = scenario({**MODEL, "eval_every": 1, "poi": {
         "kind": "disagreement", "beta": 0.5, "beta_schedule": "exp", "decay_iterations": 5,
-        "restart_on_surprise": 3.0}})
+        "restart_on_surprise": 20.0}})
     config["train"].update(num_iterations=40, schedule=[
         {"at": 30, "set": {"market.consumers[0].queries": 3.0}}])   # traffic triples
-    _, m = run(config, 40)
+    runner, m = run(config, 40)
     restarts = np.asarray(m["poi/me/restarts"])
     assert restarts[30] == 1.0 and restarts[:30].sum() == 0
     beta = np.asarray(m["poi/me/beta"])
     # the clock restarts at 30: beta(30) = 0.5 again, having decayed to 0.5 e^-(29/5)
     np.testing.assert_allclose(beta[[0, 29, 30]], [0.5, 0.5 * np.exp(-29 / 5), 0.5], rtol=1e-5)
+    # the last evaluation (after the last fit) against the logit formula in the changed
+    # market: 3 queries, rivals at 1.6; targets scaled by the configured 1 query, fees
+    # also by the highest price 2.5
+    p = np.linspace(1.0, 2.5, 5)
+    own, rival = np.exp((2.0 - p) / 0.25), np.exp((2.0 - 1.6) / 0.25)
+    traffic = 3.0 * own / (own + 2 * rival + 1.0)
+    truth = np.stack([traffic, p * traffic / 2.5], -1)
+    x = np.stack([(p - 1.75) / 0.75, np.full(5, (1.6 - 1.75) / 0.75)], -1)
+    for s in range(2):
+        params = jax.tree.map(lambda v: v[s], runner.models["me"]["model"].params)
+        pred = numpy_forward(params, x).mean(0)
+        rmse = np.sqrt(np.mean(np.square(pred - truth)))
+        np.testing.assert_allclose(m["per_seed/model/me/heldout_error"][-1, s], rmse, rtol=1e-4)

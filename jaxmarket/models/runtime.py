@@ -142,6 +142,7 @@ class GroupModel:
             norm = poi
         start, ema = old["start"], old["error"]
         k = settings["restart_on_surprise"]
+        surprised = jnp.zeros(start.shape, bool)
         if k is not None:
             pred = jax.vmap(lambda st, xs: self.model.predict(st.params, xs).mean(0))(
                 mstate["model"], x)
@@ -157,7 +158,7 @@ class GroupModel:
         stats = {**stats, "start": start, "error": ema}
         return bonus, stats, {"value": poi.mean(), "beta": beta.mean(),
                               "bonus": jnp.abs(bonus).mean(),
-                              "restarts": (start == iteration).astype(jnp.float32).mean()}
+                              "restarts": surprised.astype(jnp.float32).mean()}
 
     # -- fit -----------------------------------------------------------------------------
     def fit(self, mstate: dict, x: jax.Array, y: jax.Array):
