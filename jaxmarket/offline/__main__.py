@@ -26,7 +26,8 @@ from jaxmarket.config.errors import ConfigError
 EVALUATORS = ("sim", "fqe", "ope", "action_diff", "value", "td")
 
 
-def build_evaluators(names: list[str], ds, gamma: float, horizon: int, fqe_steps: int) -> dict:
+def build_evaluators(names: list[str], ds, gamma: float, horizon: int, fqe_steps: int,
+                     algo=None) -> dict:
     from jaxmarket.offline import (
         FQE,
         BanditOPE,
@@ -39,6 +40,12 @@ def build_evaluators(names: list[str], ds, gamma: float, horizon: int, fqe_steps
     for name in names:
         if name not in EVALUATORS:
             raise ConfigError("--eval", name, "names from " + ", ".join(EVALUATORS))
+        if algo is not None and name in ("value", "td") and algo.q_value is None:
+            raise ConfigError("--eval", name, f"sim, fqe, action_diff or ope with {algo.name} "
+                              "(value and td need an algorithm with a critic)")
+        if algo is not None and name in ("ope", "fqe") and ds.discrete and algo.probs is None:
+            raise ConfigError("--eval", name, f"an algorithm with action probabilities "
+                              f"({algo.name} has none)")
         if name == "sim":
             out[name] = SimulatorValue(ds, steps=horizon, gamma=gamma)
         elif name == "fqe":
@@ -126,7 +133,7 @@ def main(argv: list[str]) -> int:
         policy_key(algo)   # exportable? (before training)
     stop = Stop(**info["stop"])
     evaluators = build_evaluators(info["eval"], ds, info["eval_gamma"], info["eval_horizon"],
-                                  info["fqe_steps"])
+                                  info["fqe_steps"], algo)
     run_dir.mkdir(parents=True, exist_ok=True)
     write_fit_config(run_dir, info)
     from jaxmarket.train.tracking import with_tracker
