@@ -37,10 +37,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from jaxmarket.config.loader import load_config  # noqa: E402
-from jaxmarket.models.metrics import asymptotic, auc, convergence, iqm, iqm_interval  # noqa: E402
-from jaxmarket.train.loop import make_train  # noqa: E402
-from jaxmarket.train.run import prepare  # noqa: E402
+from jaxmarket.config.loader import load_config
+from jaxmarket.models.metrics import asymptotic, auc, convergence, iqm, iqm_interval
+from jaxmarket.train.loop import make_train
+from jaxmarket.train.run import prepare
 
 CONFIG = ROOT / "configs" / "poi_demand.yaml"
 GROUP = "me"

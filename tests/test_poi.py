@@ -270,7 +270,7 @@ def test_surprise_restarts_beta_and_the_heldout_error_is_against_the_true_demand
     truth = np.stack([traffic, p * traffic / 2.5], -1)
     x = np.stack([(p - 1.75) / 0.75, np.full(5, (1.6 - 1.75) / 0.75)], -1)
     for s in range(2):
-        params = jax.tree.map(lambda v: v[s], runner.models["me"]["model"].params)
+        params = jax.tree.map(lambda v, s=s: v[s], runner.models["me"]["model"].params)
         pred = numpy_forward(params, x).mean(0)
         rmse = np.sqrt(np.mean(np.square(pred - truth)))
         np.testing.assert_allclose(m["per_seed/model/me/heldout_error"][-1, s], rmse, rtol=1e-4)

@@ -21,8 +21,9 @@ A model kind is a :class:`ModelDef` in :data:`MODELS`:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax

@@ -3,8 +3,9 @@ compiling."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -132,7 +133,7 @@ def check_io(env, params, group: str, model, where: str) -> None:
         acts = {g.name: getattr(state, {"price": "prices", "multiplier": "multipliers",
                                         "budget": "budgets"}[g.action])[g.name]
                 for g in env.spec.agent_groups}
-        obs2, _, rewards, done, info = env.step_env(jax.random.key(0), state, acts, params)
+        obs2, _, rewards, _, info = env.step_env(jax.random.key(0), state, acts, params)
         tr = Transition(obs=obs[group], action=acts[group], reward=rewards[group],
                         next_obs=obs2[group], done=jnp.zeros(rewards[group].shape, bool),
                         aux={})

@@ -20,15 +20,15 @@ Both are MLP ensembles (:func:`jaxmarket.models.base.make_mlp_model`).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
 
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.fields import Field
-from jaxmarket.models.base import (MLP_FIELDS, ModelContext, ModelDef, make_mlp_model,
-                                   register_model)
+from jaxmarket.models.base import MLP_FIELDS, ModelContext, ModelDef, make_mlp_model, register_model
 
 INPUT_FIELDS = {
     "rivals": Field("choice", "all", choices=("all", "mean"),

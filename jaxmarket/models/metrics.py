@@ -43,7 +43,7 @@ def convergence(t, e, threshold: float, smooth: int = 5):
 
 def asymptotic(e, tail: float = 0.2) -> float:
     e = np.asarray(e, np.float64)
-    n = max(1, int(round(len(e) * tail)))
+    n = max(1, round(len(e) * tail))
     return float(e[-n:].mean())
 
 

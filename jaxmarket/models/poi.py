@@ -27,8 +27,9 @@ With ``f_m`` the ``M`` members' predictions (``[O]`` each), ``O`` output dims:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp

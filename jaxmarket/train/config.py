@@ -122,8 +122,8 @@ def _schedule_path(config: dict, key: str, where: str) -> tuple:
     """A dotted market key -> the path of its leaf in ``MarketParams``, or a
     ConfigError naming it when it is not an array-valued market field."""
     from jaxmarket.config.loader import _split_path
-    from jaxmarket.market.distributors import DISTRIBUTORS
     from jaxmarket.market.demand import DEMANDS
+    from jaxmarket.market.distributors import DISTRIBUTORS
 
     allowed = ("an array-valued market field: market.sellers[i].{" + ",".join(SCHEDULE_SELLER)
                + "}, market.consumers[i].{" + ",".join(SCHEDULE_CONSUMER)
