@@ -117,6 +117,10 @@ def test_offline_cli_bad_input_is_one_line_exit_2(tmp_path, capsys):
     assert code == 2 and capsys.readouterr().err.strip() == (
         "config error: --eval: got 'bogus'; allowed: names from sim, fqe, ope, action_diff, "
         "value, td")
+    code = run_cli(main, ["--dataset", str(data), "--algo", "bc", "--metric", "los",
+                          "--patience", "3", "--run-dir", str(tmp_path / "r")])
+    assert code == 2 and capsys.readouterr().err.strip() == (
+        "config error: --metric: got 'los'; allowed: one of the metrics.csv columns: loss, step")
     assert not (tmp_path / "r").exists()
 
 

@@ -61,6 +61,24 @@ def build_evaluators(names: list[str], ds, gamma: float, horizon: int, fqe_steps
     return out
 
 
+EVAL_COLUMNS = {"sim": ("sim/mean_reward", "sim/discounted_return"), "fqe": ("fqe",),
+                "ope": ("ope/ips", "ope/snips", "ope/dm", "ope/dr", "ope/ess"),
+                "action_diff": ("action_diff",), "value": ("value",), "td": ("td",)}
+
+
+def metric_columns(algo, ds, evals: list[str], batch_size: int) -> list[str]:
+    """The columns of metrics.csv: the algorithm's training metrics (from the traced, not
+    compiled, update) and the evaluators' columns."""
+    import jax
+
+    from jaxmarket.offline.algos import device_data, sample_batch
+    state = jax.eval_shape(algo.init, jax.random.key(0))
+    batch = jax.eval_shape(lambda: sample_batch(jax.random.key(0), device_data(ds, algo.norm),
+                                                batch_size))
+    _, metrics = jax.eval_shape(algo.update, state, batch, jax.random.key(0))
+    return ["step", *metrics, *(c for e in evals for c in EVAL_COLUMNS[e])]
+
+
 def parse_hyper(items: list[str]) -> dict:
     hyper = {}
     for item in items:
@@ -132,6 +150,11 @@ def main(argv: list[str]) -> int:
         from jaxmarket.offline.onnx_export import policy_key
         policy_key(algo)   # exportable? (before training)
     stop = Stop(**info["stop"])
+    if stop.metric is not None:   # a column metrics.csv will have, checked before training
+        columns = set(metric_columns(algo, ds, info["eval"], info["batch_size"]))
+        if stop.metric not in columns:
+            raise ConfigError("--metric", stop.metric, "one of the metrics.csv columns: "
+                              + ", ".join(sorted(columns)))
     evaluators = build_evaluators(info["eval"], ds, info["eval_gamma"], info["eval_horizon"],
                                   info["fqe_steps"], algo)
     run_dir.mkdir(parents=True, exist_ok=True)
