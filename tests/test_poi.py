@@ -274,3 +274,25 @@ def test_surprise_restarts_beta_and_the_heldout_error_is_against_the_true_demand
         pred = numpy_forward(params, x).mean(0)
         rmse = np.sqrt(np.mean(np.square(pred - truth)))
         np.testing.assert_allclose(m["per_seed/model/me/heldout_error"][-1, s], rmse, rtol=1e-4)
+
+
+def test_make_io_scales_prices_and_targets():
+    from jaxmarket.learners.base import Transition
+    from jaxmarket.models.config import build_model
+
+    env, params, _, _, tcfg = prepare(scenario({**MODEL, "rivals": "all"}))
+    info = {"prices": {"me": jnp.array([[[1.0]], [[2.5]]]),
+                       "rivals": jnp.array([[[1.6], [2.2]], [[1.0], [1.75]]])},
+            "traffic": {"me": jnp.array([[[0.5]], [[0.1]]])},
+            "fees": {"me": jnp.array([[[0.5]], [[0.25]]])}}
+    tr = Transition(obs=None, action=None, reward=jnp.array([[0.2], [0.3]]), next_obs=None,
+                    done=None, aux={})
+    # prices -> (p - 1.75) / 0.75 on the bounds [1, 2.5]; 1 query; fees / (1 * 2.5)
+    x, y = build_model(env, params, "me", tcfg.models["me"]).make_io(tr, info)
+    np.testing.assert_allclose(x[:, 0], [[-1.0, -0.2, 0.6], [1.0, -1.0, 0.0]], atol=1e-6)
+    np.testing.assert_allclose(y[:, 0], [[0.5, 0.2], [0.1, 0.1]], atol=1e-6)
+    reward = {"kind": "reward", "rivals": "mean", "eval_random": 0}
+    env, params, _, _, tcfg = prepare(scenario(reward))
+    x, y = build_model(env, params, "me", tcfg.models["me"]).make_io(tr, info)
+    np.testing.assert_allclose(x[:, 0], [[-1.0, 0.2], [1.0, -0.5]], atol=1e-6)
+    np.testing.assert_allclose(y[:, 0], [[0.2 / 2.5], [0.3 / 2.5]], atol=1e-6)  # / (Q max high)
