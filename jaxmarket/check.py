@@ -78,6 +78,13 @@ def describe_training(config: dict) -> list[str]:
                             f"{pop.mix_in_env})" if pop.kind == "resample" else ""))
         if pbt is not None or "pbt" in config:
             lines.append(f"  pbt: {pbt if pbt is not None else config['pbt']}")
+        model = (tcfg.models or {}).get(group)   # learners.<group>.external_model
+        if model is not None:
+            lines.append(f"  external_model: {model.kind}, " + ", ".join(
+                f"{k}={v}" for k, v in model.settings) + f", eval_every={model.eval_every}, "
+                f"eval_grid={model.eval_grid}, eval_random={model.eval_random}")
+            if model.poi is not None:
+                lines.append("  poi: " + ", ".join(f"{k}={v}" for k, v in model.poi))
     return lines
 
 
