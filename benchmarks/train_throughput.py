@@ -129,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="use the built-in ppo_bandit even if the config has learners:")
     ap.add_argument("--profile", action="store_true",
                     help="also time cheaper learners and the market alone")
+    ap.add_argument("--no-env-only", action="store_true",
+                    help="skip the env-only run (the market step alone, same markets) and "
+                         "the ratio of training to it")
     ap.add_argument("--json", action="store_true", help="last line: JSON result")
     args = ap.parse_args(argv)
     log = (lambda s: print(s, flush=True))
@@ -155,6 +158,13 @@ def main(argv: list[str] | None = None) -> int:
     log(f"  agent steps/s               {r['agent_steps_per_s']:>14,.0f}")
     log(f"  target >= {TARGET_ENV_STEPS_PER_S:,} env steps/s: "
         f"{'met' if r['target_met'] else 'NOT met'}")
+    if not args.no_env_only:   # the market alone, same markets and steps, same process
+        mk = market_only(base, args.num_envs * args.num_seeds,
+                         args.iterations * args.rollout_length, args.repeats)
+        r["env_only_env_steps_per_s"] = mk["env_steps_per_s"]
+        r["ratio_vs_env_only"] = round(r["env_steps_per_s"] / mk["env_steps_per_s"], 3)
+        log(f"  env-only (market step alone) {mk['env_steps_per_s']:>13,.0f} env steps/s; "
+            f"training / env-only {r['ratio_vs_env_only']:.3f} (target >= 0.6)")
 
     if args.profile:
         rows = []
