@@ -130,3 +130,19 @@ def test_fit_refuses_a_dataset_of_other_spaces():
     other = make_dataset(np.zeros((8, 3)), np.zeros((8, 1)), np.zeros(8))
     with pytest.raises(ConfigError, match="obs_dim 3.*built for: obs_dim 2"):
         fit(algo, other, stop=1)
+
+
+def test_in_graph_evaluators_run_inside_the_chunk_and_match_the_host_side_value(tmp_path):
+    from jaxmarket.offline import action_difference
+    ds = tiny_dataset()
+    algo = make_algo("bc", ds, hidden=[4])
+    score = action_difference(ds)
+    r = fit(algo, ds, stop=250, chunk=100, run_dir=tmp_path, graph_evaluators={"ad": score},
+            graph_every=40)
+    with (tmp_path / "evaluations.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    # every 40th update of each chunk and its last: chunks [1-100], [101-200], [201-250]
+    assert [float(row["step"]) for row in rows] == [40, 80, 100, 140, 180, 200, 240, 250]
+    # the value computed in the compiled chunk is the host-side scorer's at that state
+    assert r.history[-1]["graph/ad"] == pytest.approx(float(score(algo, r.state)), rel=1e-6)
+    assert float(rows[-1]["graph/ad"]) == r.history[-1]["graph/ad"]

@@ -101,6 +101,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--chunk", type=int, default=1000, help="updates per compiled chunk")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eval", default="", help="comma-separated: " + ", ".join(EVALUATORS))
+    p.add_argument("--graph-eval", default="", help="comma-separated, run inside the "
+                   "compiled chunk every --graph-every updates (evaluations.csv): sim, "
+                   "action_diff, value, td")
+    p.add_argument("--graph-every", type=int, default=100)
     p.add_argument("--eval-gamma", type=float, default=0.9, help="discount of sim and fqe")
     p.add_argument("--eval-horizon", type=int, default=200, help="sim: steps per rollout")
     p.add_argument("--fqe-steps", type=int, default=5000)
@@ -137,6 +141,8 @@ def main(argv: list[str]) -> int:
                 "algo": args.algo, "hyper": parse_hyper(args.hyper),
                 "batch_size": args.batch_size, "chunk": args.chunk, "seed": args.seed,
                 "eval": [e for e in args.eval.split(",") if e],
+                "graph_eval": [e for e in args.graph_eval.split(",") if e],
+                "graph_every": args.graph_every,
                 "eval_gamma": args.eval_gamma, "eval_horizon": args.eval_horizon,
                 "fqe_steps": args.fqe_steps,
                 "stop": {"steps": args.steps or 10_000, "time_s": args.time_budget,
@@ -150,8 +156,17 @@ def main(argv: list[str]) -> int:
         from jaxmarket.offline.onnx_export import policy_key
         policy_key(algo)   # exportable? (before training)
     stop = Stop(**info["stop"])
+    graph_names = info.get("graph_eval", [])
+    for name in graph_names:
+        if name not in ("sim", "action_diff", "value", "td"):
+            raise ConfigError("--graph-eval", name, "names from sim, action_diff, value, td")
+    graph = build_evaluators(graph_names, ds, info["eval_gamma"], info["eval_horizon"],
+                             info["fqe_steps"], algo)
+    if "sim" in graph:
+        graph["sim"] = graph["sim"].graph
     if stop.metric is not None:   # a column metrics.csv will have, checked before training
         columns = set(metric_columns(algo, ds, info["eval"], info["batch_size"]))
+        columns |= {f"graph/{c}" for c in metric_columns(algo, ds, graph_names, 1)[1:]}
         if stop.metric not in columns:
             raise ConfigError("--metric", stop.metric, "one of the metrics.csv columns: "
                               + ", ".join(sorted(columns)))
@@ -163,7 +178,8 @@ def main(argv: list[str]) -> int:
     result = with_tracker(args.tracker, run_dir, info, lambda tracker: fit(
         algo, ds, evaluators=evaluators, stop=stop, batch_size=info["batch_size"],
         chunk=info["chunk"], seed=info["seed"], run_dir=run_dir, resume=bool(args.resume),
-        verbose=True, logger=tracker))
+        verbose=True, logger=tracker, graph_evaluators=graph,
+        graph_every=info.get("graph_every", 100)))
     summary = {"run_dir": str(run_dir), "algo": info["algo"], "steps": result.steps,
                "stopped": result.stopped, "updates_per_s": round(result.updates_per_s, 1),
                "final": result.history[-1] if result.history else {}}

@@ -45,36 +45,66 @@ class FitResult:
     updates_per_s: float
 
 
-def make_chunk(algo: Algo, batch_size: int):
+def make_chunk(algo: Algo, batch_size: int, graph: Mapping[str, Callable] | None = None,
+               every: int = 100):
     """``run(state, data, key, length) -> (state, metrics [length])``: ``length``
-    updates on minibatches drawn on device."""
+    updates on minibatches drawn on device. ``graph`` evaluators (jittable
+    ``fn(algo, state) -> scalar | dict``) run inside the scan after every ``every``-th
+    update of the chunk and after its last (a ``lax.cond``; NaN elsewhere), as metrics
+    ``graph/<name>[/<key>]``."""
+    graph = dict(graph or {})
 
-    def one(carry, key):
+    def evaluate(state):
+        out = {}
+        for name, fn in graph.items():   # static: the evaluators given
+            value = fn(algo, state)
+            if isinstance(value, Mapping):
+                out.update({f"graph/{name}/{k}": jnp.asarray(v, jnp.float32)
+                            for k, v in value.items()})
+            else:
+                out[f"graph/{name}"] = jnp.asarray(value, jnp.float32)
+        return out
+
+    def one(carry, inp):
         state, data = carry
+        key, i, length = inp
         k_batch, k_update = jax.random.split(key)
         state, metrics = algo.update(state, sample_batch(k_batch, data, batch_size), k_update)
+        if graph:
+            shapes = jax.eval_shape(evaluate, state)
+            at = ((i + 1) % every == 0) | (i == length - 1)
+            metrics = {**metrics, "graph/_at": at.astype(jnp.float32), **jax.lax.cond(
+                at, evaluate,
+                lambda s: {k: jnp.full(v.shape, jnp.nan, v.dtype) for k, v in shapes.items()},
+                state)}
         return (state, data), metrics
 
     def run(state, data, key, length):
-        (state, _), metrics = jax.lax.scan(one, (state, data), jax.random.split(key, length))
+        steps = jnp.arange(length, dtype=jnp.int32)
+        (state, _), metrics = jax.lax.scan(
+            one, (state, data), (jax.random.split(key, length), steps,
+                                 jnp.full((length,), length, jnp.int32)))
         return state, metrics
 
     return jax.jit(run, static_argnums=3, donate_argnums=0)
 
 
-_CHUNKS: dict[tuple[int, int], tuple[Algo, Any]] = {}
+_CHUNKS: dict[tuple, tuple[Algo, Any, Any]] = {}
 
 
-def _chunk_for(algo: Algo, batch_size: int):
+def _chunk_for(algo: Algo, batch_size: int, graph: Mapping[str, Callable] | None = None,
+               every: int = 100):
     """The compiled chunk of ``algo`` (cached: fitting the same algorithm again, e.g. a
     resume in the same process, does not recompile)."""
-    key = (id(algo), batch_size)
+    graph = dict(graph or {})
+    key = (id(algo), batch_size, tuple((k, id(v)) for k, v in graph.items()), every)
     hit = _CHUNKS.get(key)
-    if hit is None or hit[0] is not algo:
+    if hit is None or hit[0] is not algo or any(a is not b for a, b in
+                                                zip(hit[1].values(), graph.values())):
         if len(_CHUNKS) >= 16:
             _CHUNKS.pop(next(iter(_CHUNKS)))
-        hit = _CHUNKS[key] = (algo, make_chunk(algo, batch_size))
-    return hit[1]
+        hit = _CHUNKS[key] = (algo, graph, make_chunk(algo, batch_size, graph, every))
+    return hit[2]
 
 
 def _saveable(state: Any) -> dict:
@@ -130,14 +160,19 @@ def fit(algo: Algo, dataset: Dataset, *, evaluators: Mapping[str, Callable] | No
         callbacks: Sequence[Callable] = (), stop: Stop | int | None = None,
         logger: Any = None, batch_size: int = 256, chunk: int = 1000, seed: int = 0,
         run_dir: str | Path | None = None, resume: bool = False, eval_every: int = 1,
-        checkpoint_every: int = 1, verbose: bool = False) -> FitResult:
+        checkpoint_every: int = 1, verbose: bool = False,
+        graph_evaluators: Mapping[str, Callable] | None = None,
+        graph_every: int = 100) -> FitResult:
     """Train ``algo`` on ``dataset``; see the module docstring. ``stop`` may be an int
     (a number of updates). ``callbacks[i](step, state, row)`` may return a string (a
     reason) to stop. ``logger`` is a callable ``(step, row)`` or has ``.log(step, row)``
-    (a :class:`jaxmarket.train.tracking.Tracker`)."""
+    (a :class:`jaxmarket.train.tracking.Tracker`). ``graph_evaluators`` (jittable, e.g.
+    the scorers or ``SimulatorValue.graph``) run inside the compiled chunk every
+    ``graph_every`` updates: each value goes to ``run_dir/evaluations.csv`` (one row per
+    evaluated update) and the chunk's last one to its ``metrics.csv`` row."""
     stop = Stop(steps=stop) if isinstance(stop, int) else (stop or Stop())
     for name, value in (("batch_size", batch_size), ("chunk", chunk), ("eval_every", eval_every),
-                        ("checkpoint_every", checkpoint_every)):
+                        ("checkpoint_every", checkpoint_every), ("graph_every", graph_every)):
         if not isinstance(value, int) or value < 1:
             raise ConfigError(f"fit.{name}", value, "an integer >= 1")
     evaluators = dict(evaluators or {})
@@ -153,7 +188,8 @@ def fit(algo: Algo, dataset: Dataset, *, evaluators: Mapping[str, Callable] | No
     data = device_data(dataset, algo.norm)
     base = jax.random.key(seed)
     state = jax.jit(algo.init)(jax.random.fold_in(base, 0x5EED))
-    run = _chunk_for(algo, batch_size)
+    run = _chunk_for(algo, batch_size, graph_evaluators, graph_every)
+    evals_path = None if run_dir is None or not graph_evaluators else Path(run_dir) / "evaluations.csv"
     done, history, tracker = 0, [], StopTracker(stop)
     ckpt, metrics_path = None, None
     if run_dir is not None:
@@ -177,6 +213,9 @@ def fit(algo: Algo, dataset: Dataset, *, evaluators: Mapping[str, Callable] | No
             for row in history:   # replay the stop rules' state (best value, patience)
                 tracker.check(row, 0.0)
         _write_rows(metrics_path, history)
+        if graph_evaluators:
+            evals = run_dir / "evaluations.csv"
+            _write_rows(evals, _read_rows(evals, done))
     if done >= stop.steps:
         return FitResult(state, done, None, history, 0.0, 0.0)
     t0, chunk_index, stopped, update_time = time.perf_counter(), done // chunk, None, 0.0
@@ -190,7 +229,17 @@ def fit(algo: Algo, dataset: Dataset, *, evaluators: Mapping[str, Callable] | No
         done += length
         chunk_index += 1
         row = {"step": float(done)}
+        graph = {k: np.asarray(metrics.pop(k), np.float64) for k in list(metrics)
+                 if k.startswith("graph/")}
         row.update({k: float(np.mean(np.asarray(v, np.float64))) for k, v in metrics.items()})
+        if graph:
+            at = np.flatnonzero(graph.pop("graph/_at") > 0)   # the evaluated updates
+            rows_g = [{"step": float(done - length + i + 1),
+                       **{k: float(v[i]) for k, v in graph.items()}} for i in at]
+            row.update({k: v for k, v in rows_g[-1].items() if k != "step"})
+            if evals_path is not None:
+                for r in rows_g:
+                    _append_row(evals_path, r)
         if evaluators and (chunk_index % eval_every == 0 or done >= stop.steps):
             row.update(_evaluate(evaluators, algo, state))
         history.append(row)

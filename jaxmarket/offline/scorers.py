@@ -1,4 +1,6 @@
-"""d3rlpy-style scorers over a (held-out) dataset, as evaluators ``fn(algo, state)``:
+"""d3rlpy-style scorers over a (held-out) dataset, as evaluators ``fn(algo, state)``
+returning a JAX scalar: jittable, so they also run inside ``fit``'s compiled chunk
+(``graph_evaluators``):
 
 * ``action_difference`` -- continuous: ``mean_i ||pi(s_i) - a_i||_2`` (environment units);
   discrete: the fraction of rows where the greedy action differs from the logged one.
@@ -29,8 +31,8 @@ def action_difference(dataset, limit: int = 65536):
     def score(algo, state):
         a = algo.policy(state, d["observations"])
         if algo.discrete:
-            return float(jnp.mean(jnp.any(jnp.abs(a - d["actions"]) > 1e-6, -1)))
-        return float(jnp.mean(jnp.linalg.norm(a - d["actions"], axis=-1)))
+            return jnp.mean(jnp.any(jnp.abs(a - d["actions"]) > 1e-6, -1))
+        return jnp.mean(jnp.linalg.norm(a - d["actions"], axis=-1))
 
     return score
 
@@ -43,7 +45,7 @@ def value_estimate(dataset, limit: int = 65536):
     def score(algo, state):
         if algo.q_value is None:
             raise ConfigError("evaluator value", algo.name, "an algorithm with a critic")
-        return float(algo.q_value(state, s0, algo.policy(state, s0)).mean())
+        return algo.q_value(state, s0, algo.policy(state, s0)).mean()
 
     return score
 
@@ -58,7 +60,7 @@ def td_error(dataset, gamma: float = 0.99, limit: int = 65536):
         nq = algo.q_value(state, d["next_observations"],
                           algo.policy(state, d["next_observations"]))
         y = d["rewards"] + gamma * (1.0 - d["terminals"]) * nq
-        return float(jnp.mean((q - y) ** 2))
+        return jnp.mean((q - y) ** 2)
 
     return score
 

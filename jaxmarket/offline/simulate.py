@@ -102,6 +102,10 @@ class SimulatorValue:
         self._run = rollout_fn(sc, self.group, steps, gamma)
         self._cache: dict[int, Callable] = {}
 
+    def graph(self, algo, state) -> dict:
+        """The same value as a pure function (for ``fit(graph_evaluators=...)``)."""
+        return self._run(lambda obs: algo.policy(state, obs), self.key)
+
     def __call__(self, algo, state) -> dict[str, float]:
         fn = self._cache.get(id(algo))
         if fn is None:
