@@ -159,11 +159,41 @@ def test_bonus_reaches_the_bandit_policy_gradient_and_a_model_alone_changes_noth
 
 
 def test_bonus_reaches_the_ppo_policy_gradient():
-    ppo = {"kind": "ppo", "learning_rate": 0.01, "hidden_sizes": [8], "num_minibatches": 2}
-    _, base = run(scenario({**MODEL, "poi": {"kind": "own_price", "beta": 0.0}}, ppo, 0.0), 4)
-    _, up = run(scenario({**MODEL, "poi": {"kind": "own_price", "beta": 1.0}}, ppo, 0.0), 4)
-    # the last iteration's mean price (64 samples), rescaled actions centred on 1.75
-    assert float(up["price/me"][-1, 0]) > float(base["price/me"][-1, 0]) + 0.1
+    # the loop adds the bonus to Transition.reward (test above); PPO computes its GAE
+    # advantages and value targets from that reward, so a bonus growing with the sampled
+    # action moves the actor's mean up, and the opposite bonus moves it down
+    from jaxmarket.learners.base import LearnerSpec, Transition
+    from jaxmarket.learners.ppo import make_ppo
+
+    spec = LearnerSpec(num_agents=64, obs_dim=0, num_products=1,
+                       action_low=np.ones((64, 1), np.float32),
+                       action_high=np.full((64, 1), 2.5, np.float32), num_policies=1,
+                       policy_index=(0,) * 64)
+    ppo = make_ppo({"learning_rate": 0.01, "hidden_sizes": (8,), "num_minibatches": 2}, spec)
+    state = ppo.init(jax.random.key(0))
+    obs = jnp.zeros((64, 0))
+    acts = [ppo.act(state, obs, k) for k in jax.random.split(jax.random.key(1), 4)]
+    aux = jax.tree.map(lambda *v: jnp.stack(v), *[a for _, a in acts])       # [4, 64]
+    raw = aux["raw_action"][..., 0]
+    batch = Transition(obs=jnp.zeros((4, 64, 0)), action=None, reward=jnp.zeros((4, 64)),
+                       next_obs=jnp.zeros((4, 64, 0)), done=jnp.zeros((4, 64), bool), aux=aux)
+    bonus = (raw - raw.mean()) / raw.std()                  # normalised POI ~ the action
+    update = jax.jit(ppo.update)
+
+    def actor_mean(st):
+        from jaxmarket.learners.ppo import ActorCritic
+        net = ActorCritic((8,), "tanh", "gaussian", 1, 11)
+        (mu, _), _ = net.apply(jax.tree.map(lambda v: v[0], st.params), jnp.zeros((0,)))
+        return float(mu[0])
+
+    start = actor_mean(state)
+    plain = actor_mean(update(state, batch)[0])
+    up = actor_mean(update(state, batch.replace(reward=batch.reward + bonus))[0])
+    down = actor_mean(update(state, batch.replace(reward=batch.reward - bonus))[0])
+    # the bonus's sign sets the direction; without it the mean only drifts with the
+    # noise of normalising equal advantages, by less than the bonus moves it
+    assert up > start + 0.2 and down < start - 0.2
+    assert abs(plain - start) < min(up - start, start - down)
 
 
 # ------------------------------------------------------------------ bad input
