@@ -326,3 +326,12 @@ def test_make_io_scales_prices_and_targets():
     x, y = build_model(env, params, "me", tcfg.models["me"]).make_io(tr, info)
     np.testing.assert_allclose(x[:, 0], [[-1.0, 0.2], [1.0, -0.5]], atol=1e-6)
     np.testing.assert_allclose(y[:, 0], [[0.2 / 2.5], [0.3 / 2.5]], atol=1e-6)  # / (Q max high)
+
+
+def test_summary_reports_the_model_errors():
+    from jaxmarket.train.summary import _models
+    header = ["iteration", "reward/me", "model/me/heldout_error", "model/me/loss"]
+    data = np.array([[i + 1, 0.0, 5.0 - i, 9.0] for i in range(5)])
+    # equal spacing: the AUC is the mean (3); the last 20% is the last point
+    assert _models(header, data) == {"me": {"heldout_error": {"final": 1.0, "auc": 3.0,
+                                                              "asymptotic": 1.0}}}

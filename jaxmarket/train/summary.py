@@ -46,13 +46,32 @@ def _members(header: list[str], tail: np.ndarray, group: str, num_products: int)
     return out
 
 
+def _models(header: list[str], data: np.ndarray) -> dict:
+    """External models (``model/<g>/<error>`` columns, means over seeds): per error its
+    ``final`` value, ``auc`` (the mean over the run, jaxmarket.models.metrics.auc) and
+    ``asymptotic`` (the mean over the last 20% of the iterations); docs/poi.md."""
+    from jaxmarket.models.metrics import asymptotic, auc
+
+    out: dict = {}
+    it = data[:, header.index("iteration")]
+    for i, name in enumerate(header):
+        parts = name.split("/")
+        if len(parts) == 3 and parts[0] == "model" and parts[2].endswith("_error"):
+            e = data[:, i]
+            out.setdefault(parts[1], {})[parts[2]] = {
+                "final": float(e[-1]), "auc": auc(it, e), "asymptotic": asymptotic(e)}
+    return out
+
+
 def write_summary(run_dir: Path, env: MarketEnv, stopped: str | None, iterations: int) -> dict:
     """``final[group]`` = ``mean_price`` (list, one per product), ``mean_reward`` and
     ``mean_traffic`` (list per product), averaged over seeds, agents (already in the
     metrics) and the last 10% of the iterations recorded, ``ceil(0.1 * rows)``.
     ``per_seed[group]`` holds the same three for each seed (from ``seeds.csv``), as lists
     indexed by seed. ``members[group]`` (groups with a population) holds each member's
-    ``mean_reward``, ``mean_price`` and the cross-play matrix over the same window."""
+    ``mean_reward``, ``mean_price`` and the cross-play matrix over the same window.
+    ``models[group]`` (groups with an external model) holds the final, mean (AUC) and
+    asymptotic values of its ground-truth errors."""
     header, data = read_metrics(run_dir / "metrics.csv")
     n_tail = max(1, int(np.ceil(0.1 * len(data))))
     tail = data[-n_tail:]
@@ -63,6 +82,9 @@ def write_summary(run_dir: Path, env: MarketEnv, stopped: str | None, iterations
     members = {g: _members(header, tail, g, P) for g in env.agent_groups}
     if any(members.values()):
         summary["members"] = {g: m for g, m in members.items() if m}
+    models = _models(header, data)
+    if models:
+        summary["models"] = models
     if (run_dir / "seeds.csv").is_file():
         s_header, s_data = read_metrics(run_dir / "seeds.csv")
         seed_col, it_col = s_data[:, s_header.index("seed")], s_data[:, s_header.index("iteration")]
