@@ -166,7 +166,7 @@ def main(argv: list[str]) -> int:
         graph["sim"] = graph["sim"].graph
     if stop.metric is not None:   # a column metrics.csv will have, checked before training
         columns = set(metric_columns(algo, ds, info["eval"], info["batch_size"]))
-        columns |= {f"graph/{c}" for c in metric_columns(algo, ds, graph_names, 1)[1:]}
+        columns |= {f"graph/{c}" for e in graph_names for c in EVAL_COLUMNS[e]}
         if stop.metric not in columns:
             raise ConfigError("--metric", stop.metric, "one of the metrics.csv columns: "
                               + ", ".join(sorted(columns)))
