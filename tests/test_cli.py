@@ -238,12 +238,14 @@ def test_early_stop_saves_the_state_where_it_stopped(tmp_path, capsys, rule, sto
 
 
 def test_non_finite_prices_stop_the_run_after_the_first_chunk_and_save_it(tmp_path, capsys):
-    # two sellers' worth of prices at 3e38 overflow float32 (max 3.4e38) when the metric
-    # averages them over the two markets: the first row is already non-finite
+    # prices drawn around 2.9e38 (a different one in every market, so XLA cannot fold
+    # the mean of equal values) overflow float32 (max 3.4e38) when the metric sums them
+    # over the markets: the first row is already non-finite
     d = tmp_path / "r"
     out = run(capsys, "train", LEGACY, "--run-dir", str(d), *TINY,
               "market.sellers[0].high=3e38", "market.consumers[0].budget=3e38",
-              "learners.seller={kind: constant, value: 3e38}")
+              "learners.seller={kind: ppo_bandit, scaled: false, initial_mean: 2.9e38, "
+              "initial_stddev: 1.0e36}")
     assert out.returncode == 0, out.stderr
     summary = json.loads((d / "summary.json").read_text())
     m = re.fullmatch(r"non-finite metric (\S+) at iteration 1", summary["stopped"])
