@@ -8,6 +8,7 @@ Commands:
   sweep   run a grid of settings x seeds
   collect record a scenario's transitions as an offline dataset
   offline train and evaluate an offline learner on a dataset
+  record  render an episode of a trained run or a dataset to a GIF or MP4
 
 jaxmarket COMMAND --help shows a command's own options."""
 
@@ -22,7 +23,8 @@ from jaxmarket.cli import run_cli
 
 COMMANDS = {"train": "jaxmarket.train.__main__", "check": "jaxmarket.check",
             "plot": "jaxmarket.plot", "sweep": "jaxmarket.sweep",
-            "collect": "jaxmarket.collect", "offline": "jaxmarket.offline.__main__"}
+            "collect": "jaxmarket.collect", "offline": "jaxmarket.offline.__main__",
+            "record": "jaxmarket.record"}
 
 
 def main(argv: list[str] | None = None) -> int:
