@@ -378,10 +378,18 @@ def test_a_registered_mapping_drives_each_slot_as_its_fn_says_after_real_steps(t
     # and the learner's view of the last step: slot j of member layout[j] holds its own
     # price and the reward of the market slot it drove
     batch = runner.learners["sellers"]["batch"]
-    gather = np.asarray(runner.assignment["sellers"][0])
     layout = Population(K, "test_stripes").layout(E, A)
     policy = np.repeat(np.arange(S), E * A) * K + np.tile(layout, S)
     np.testing.assert_array_equal(np.asarray(batch.action)[0, :, 0], 1.0 + policy)
+    # every market holds one agent of each member here, so all of a member's market
+    # slots in a seed earn the same revenue: the learner slots of that member carry it
+    revenue = hand_revenue(np.asarray(runner.env_state.prices["sellers"])[..., 0])
+    for s in range(S):
+        for k in range(K):
+            earned = np.unique(revenue[s * E:(s + 1) * E][members[s * E:(s + 1) * E] == k])
+            assert earned.size == 1
+            got = np.asarray(batch.reward)[0, s * E * A:(s + 1) * E * A][layout == k]
+            np.testing.assert_allclose(got, earned[0], rtol=1e-6)
     # mapping.csv: the first draw (0 episodes), then the assignment in force after the
     # chunk (drawn after episode 7), one row per seed and market
     import csv
@@ -565,7 +573,7 @@ def test_league_snapshots_can_drive_another_group(tmp_path):
     seller = config["market"]["sellers"][0]
     config["market"]["sellers"] = [dict(seller, count=1), dict(seller, name="rivals", count=2)]
     config["learners"]["sellers"]["mapping"]["opponents"] = "rivals"
-    runner, cols = train(config, tmp_path / "r")
+    runner, _ = train(config, tmp_path / "r")
     prices = runner.env_state.prices
     np.testing.assert_array_equal(np.asarray(prices["sellers"])[..., 0], 1.0 + 7)
     np.testing.assert_array_equal(np.asarray(prices["rivals"])[..., 0], 1.0 + 6)
