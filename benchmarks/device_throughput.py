@@ -30,6 +30,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import jax  # noqa: E402
 
+import calvano  # noqa: E402  (benchmarks/calvano.py)
+
 import jaxmarket  # noqa: E402
 from jaxmarket.config.loader import load_config  # noqa: E402
 
@@ -101,7 +103,7 @@ def main(argv: list[str] | None = None) -> dict:
         "env_only": lambda: env_sweep(bench_b, sizes["env_markets"], sizes["steps"]),
         "large_market": lambda: env_sweep(large, sizes["large_markets"], max(2, sizes["steps"] // 10)),
         "training": lambda: training(bench_b, sizes["train_markets"]),
-        "calvano": lambda: __import__("calvano").run(
+        "calvano": lambda: calvano.run(
             sessions=sizes["calvano_sessions"], max_periods=sizes["calvano_max_periods"],
             progress=not args.json),
     }

@@ -249,7 +249,7 @@ def make_ppo(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
     K = h["num_actions"]
     low = jnp.asarray(np.broadcast_to(spec.action_low, (A, P)), jnp.float32)
     high = jnp.asarray(np.broadcast_to(spec.action_high, (A, P)), jnp.float32)
-    gamma, lam, eps = h["gamma"], h["gae_lambda"], h["clip_eps"]
+    gamma, lam = h["gamma"], h["gae_lambda"]
     epochs, num_mb = h["update_epochs"], h["num_minibatches"]
 
     network = ActorCritic(hidden_sizes=h["hidden_sizes"], activation=h["activation"], head=head,

@@ -238,7 +238,7 @@ def resolve_training(config: dict) -> TrainConfig:
 
     config = strip_pbt(config)   # pbt blocks are validated by prepare(), not the learners
     if "learners" in config:
-        from jaxmarket.train.run import league_opponents
+        from jaxmarket.learners.population import league_opponents
         env, params = make(config)
         config = league_opponents(env, params, config)   # groups that play snapshots
         build_controller(env, params, config["learners"])

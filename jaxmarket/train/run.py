@@ -31,7 +31,8 @@ from jaxmarket.cli import Interrupted
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.loader import load_config
 from jaxmarket.learners.controller import build_controller, group_learner_spec
-from jaxmarket.learners.population import resolve_population, split_learner_config
+from jaxmarket.learners.population import (league_opponents, resolve_population,
+                                           split_learner_config)
 from jaxmarket.train.config import TrainConfig, resolve_train, resolve_training
 from jaxmarket.train.loop import PER_SEED, Runner, make_train, tile_spec
 from jaxmarket.train.pbt import CSV_COLUMNS as PBT_COLUMNS, PREFIX as PBT_PREFIX
@@ -94,44 +95,6 @@ def resolve_populations(env, params, config: dict, tcfg: TrainConfig) -> dict:
                                   "(a member then moves between agent positions)")
         out[g] = pop
     return out
-
-
-def league_opponents(env, params, config: dict) -> dict:
-    """Leagues whose snapshots another group plays (``learners.<g>.mapping: {kind:
-    league, opponents: <h>}``): check ``h`` and give it a placeholder learner (its actions
-    come from the snapshots). The config as the learner builders then see it."""
-    learners = config.get("learners")
-    if not isinstance(learners, dict):
-        return config
-    learners = dict(learners)
-    for g, raw in list(learners.items()):
-        mapping = raw.get("mapping") if isinstance(raw, dict) else None
-        if not (isinstance(mapping, dict) and mapping.get("kind") == "league"):
-            continue
-        h, field = mapping.get("opponents", "self"), f"learners.{g}.mapping.opponents"
-        if h == "self" or not isinstance(h, str) or g not in env.agent_groups:
-            continue          # self-play, or an error resolve_population names
-        if h == g or h not in env.agent_groups:
-            raise ConfigError(field, h, "self or another agent group: " + ", ".join(
-                x for x in env.agent_groups if x != g))
-        if h in learners:
-            raise ConfigError(f"learners.{h}", learners[h], f"no learner: its agents play "
-                              f"the league snapshots of learners.{g} (remove this entry)")
-        sg, sh = env.action_space(g, params), env.action_space(h, params)
-        lows = np.concatenate([np.ravel(sg.low), np.ravel(sh.low)])
-        highs = np.concatenate([np.ravel(sg.high), np.ravel(sh.high)])
-        if not (np.all(lows == lows[0]) and np.all(highs == highs[0])):
-            raise ConfigError(field, h, f"a group with the same action bounds as {g} "
-                              "(its agents play the snapshots of its members)")
-        obs_g, obs_h = (env.observation_space(x, params).shape[-1] for x in (g, h))
-        if obs_g != obs_h:
-            raise ConfigError(field, h, f"a group with the same observation size as {g} "
-                              f"({obs_g}; {h} has {obs_h})")
-        if env.num_agents(h) % env.num_agents(g):
-            raise ConfigError(field, h, f"a group whose agents per market ({env.num_agents(h)}) "
-                              f"are a multiple of {g}'s ({env.num_agents(g)})")
-        learners[h] = {"kind": "constant", "value": float(lows[0])}
-    return {**config, "learners": learners}
 
 
 def metric_columns(env, params, learners, specs, tcfg) -> list[str]:
