@@ -56,6 +56,9 @@ class LearnerSpec:
     # counter, say) keep them per session.
     num_markets: int = 1
     num_sessions: int = 1
+    # POI observations (learners.<g>.external_model.poi_obs with emb_size > 0): the last
+    # k observation features go through a learned Dense(size) + tanh of the policy
+    obs_embed: tuple[int, int] | None = None
 
     @property
     def agents_per_market(self) -> int:

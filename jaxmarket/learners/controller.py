@@ -79,10 +79,26 @@ def resolve_learner(config: Any, where: str) -> tuple[str, dict]:
 
 def build_learner(config: Any, spec: LearnerSpec, where: str) -> Learner:
     kind, hyper = resolve_learner(config, where)
+    spec = poi_obs_spec(config, spec, where)
     try:
         return LEARNERS[kind].make(hyper, spec)
     except ConfigError as err:
         raise ConfigError(_in_group(err.field, kind, where), err.value, err.allowed) from None
+
+
+def poi_obs_spec(config: Any, spec: LearnerSpec, where: str) -> LearnerSpec:
+    """With ``external_model.poi_obs`` (:mod:`jaxmarket.models.config`) the learner sees
+    ``k`` more observation features, the POI values the training loop appends; with
+    ``emb_size > 0`` its policy embeds them (``spec.obs_embed = (k, emb_size)``)."""
+    from jaxmarket.models.config import poi_obs_block
+
+    block = poi_obs_block(config, where)
+    if block is None:
+        return spec
+    import dataclasses
+    k, size = block["k"], block["emb_size"]
+    return dataclasses.replace(spec, obs_dim=spec.obs_dim + k,
+                               obs_embed=(k, size) if size > 0 else None)
 
 
 def _in_group(field: str, kind: str, where: str) -> str:

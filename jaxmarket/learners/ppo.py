@@ -133,10 +133,18 @@ class ActorCritic(nn.Module):
     num_products: int
     num_actions: int
     log_std_init: float = 0.0
+    # (k, size): the last k features (POI observations) pass through a learned
+    # Dense(size) + tanh ("poi_embed", shared by actor and critic, trained by the PPO
+    # loss like every other parameter) before the torsos see them
+    embed: tuple | None = None
 
     @nn.compact
     def __call__(self, x):
         act = nn.tanh if self.activation == "tanh" else nn.relu
+        if self.embed is not None:
+            k, size = self.embed
+            e = nn.tanh(nn.Dense(size, name="poi_embed")(x[..., x.shape[-1] - k:]))
+            x = jnp.concatenate([x[..., : x.shape[-1] - k], e], axis=-1)
         if x.shape[-1] == 0:  # observation-free (bandit) groups: a constant input
             x = jnp.ones(x.shape[:-1] + (1,), x.dtype)
 
@@ -253,7 +261,8 @@ def make_ppo(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
     epochs, num_mb = h["update_epochs"], h["num_minibatches"]
 
     network = ActorCritic(hidden_sizes=h["hidden_sizes"], activation=h["activation"], head=head,
-                          num_products=P, num_actions=K, log_std_init=h["log_std_init"])
+                          num_products=P, num_actions=K, log_std_init=h["log_std_init"],
+                          embed=spec.obs_embed)
 
     steps_per_update, total = epochs * num_mb, h["num_updates"]
 

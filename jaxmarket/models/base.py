@@ -6,11 +6,17 @@ its own experience, inside the compiled training chunk.
     loss(params, x [B, I], y [B, O], weight [M, B]) -> scalar
     fit(state, x [N, I], y [N, O], key) -> (state, metrics)   (epochs x minibatches of SGD)
     make_io(transition, info) -> (x [E, A, I], y [E, A, O])
+    make_inputs(prices, obs) -> x [E, A, I]                   (optional)
 
 ``make_io`` (EMMA's ``rollout_to_model_input`` / ``rollout_to_model_output``) turns one
 market step of the group -- its :class:`~jaxmarket.learners.base.Transition` row in
 market order (``[E, A, ...]``) and the environment's ``info`` dict (every seller group's
-quoted ``prices``, ``traffic``, ``fees``) -- into model inputs and targets. All five are
+quoted ``prices``, ``traffic``, ``fees``, and ``prev_prices``: the prices in force before
+the step) -- into model inputs and targets. ``make_inputs`` builds the inputs alone from
+a price profile (every seller group's ``[E, n, P]`` prices in force) and the group's
+observation ``[E, A, D]``: the model input *of a state*, which ``poi target: state`` and
+POI observations need; its first ``own_dims`` features are the agent's own scaled
+prices (what the grid and uniform samplers replace). All six are
 pure and jittable; ``fit`` has no Python loop over samples or members (``vmap`` over the
 ensemble, ``lax.scan`` over epochs and minibatches).
 
@@ -48,6 +54,7 @@ class ModelContext:
     seller_low: np.ndarray          # [num_sellers, P] action bounds of every seller
     seller_high: np.ndarray
     queries: np.ndarray             # [P] queries sent per step by all consumers (scale)
+    obs_dim: int = 0                # D: the group's observation size (the env's)
 
 
 @struct.dataclass
@@ -68,6 +75,10 @@ class ExternalModel(NamedTuple):
     in_dim: int
     out_dim: int
     dropout: float
+    # inputs of a state: make_inputs(prices {group: [E, n, P]}, obs [E, A, D]) -> [E, A, I]
+    # (None: the model cannot say; poi target: state and poi_obs are refused)
+    make_inputs: Callable | None = None
+    own_dims: int = 0   # x[..., :own_dims]: the agent's own prices scaled to [-1, 1]
 
 
 @dataclass(frozen=True)
@@ -118,7 +129,8 @@ class MLP(nn.Module):
 
 
 def make_mlp_model(settings: Mapping[str, Any], in_dim: int, out_dim: int,
-                   make_io: Callable) -> ExternalModel:
+                   make_io: Callable, make_inputs: Callable | None = None,
+                   own_dims: int = 0) -> ExternalModel:
     """An MLP regression model (an ensemble of ``settings["ensemble"]`` members) with
     squared-error loss, trained by Adam on minibatches.
 
@@ -190,4 +202,5 @@ def make_mlp_model(settings: Mapping[str, Any], in_dim: int, out_dim: int,
         # the loss of the last minibatch step, per member (sum over members / M)
         return state, {"loss": losses[-1, -1] / M}
 
-    return ExternalModel(init, predict, loss, fit, make_io, M, in_dim, out_dim, dropout)
+    return ExternalModel(init, predict, loss, fit, make_io, M, in_dim, out_dim, dropout,
+                         make_inputs, own_dims)

@@ -23,7 +23,25 @@ EVAL_FIELDS = {
     "eval_random": Field("int", 64, low=0,
                          doc="samples of the uniformly-random-agent error (0: not computed)"),
     "poi": Field("any", None, optional=True, doc="the exploration bonus {kind: ..., beta: ...}"),
+    "poi_obs": Field("any", None, optional=True,
+                     doc="the POI field at k sampled inputs, appended to the group's "
+                         "observation {k: 8, sampler: grid}"),
 }
+
+POI_OBS_FIELDS = {
+    "k": Field("int", 8, low=1, doc="sampled model inputs (features appended)"),
+    "sampler": Field("choice", "grid", choices=("grid", "replay", "uniform"),
+                     doc="grid: own price on a fixed grid, rivals at their current prices; "
+                         "replay: inputs drawn from the last iteration's experience; "
+                         "uniform: own price uniform (redrawn every iteration)"),
+    "emb_size": Field("int", 0, low=0, doc="0: the k raw values; N: through a learned "
+                                           "Dense(N) + tanh inside the policy"),
+    "normalise": Field("choice", "none", choices=("none", "running"),
+                       doc="running: (poi - mu) / sigma with the bonus's running statistics"),
+}
+
+# learner kinds whose policy reads observations as features (and can embed the tail)
+POI_OBS_LEARNERS = ("ppo",)
 
 POI_COMMON = {
     "beta": Field("float", 0.1, low=0.0, doc="bonus weight: r + beta * normalise(poi)"),
@@ -39,8 +57,9 @@ POI_COMMON = {
     "restart_on_surprise": Field("float", None, optional=True, low=1.0, low_open=True,
                                  doc="restart the beta schedule when the batch error "
                                      "exceeds this multiple of its moving average"),
-    "target": Field("choice", "action", choices=("action",),
-                    doc="the POI of the input the action taken produced"),
+    "target": Field("choice", "action", choices=("action", "state"),
+                    doc="action: the POI of the input the action taken produced; state: of "
+                        "the input of the state reached (make_inputs of the next prices)"),
 }
 
 
@@ -52,6 +71,11 @@ class ModelConfig:
     eval_grid: int
     eval_random: int
     poi: tuple | None        # sorted (name, value) pairs, kind included, or None
+    poi_obs: tuple | None = None   # sorted (name, value) pairs, or None
+
+    @property
+    def poi_obs_settings(self) -> dict | None:
+        return None if self.poi_obs is None else dict(self.poi_obs)
 
     @property
     def model_settings(self) -> dict:
@@ -78,6 +102,7 @@ def model_context(env, params, group: str) -> ModelContext:
     queries = sum(np.asarray(params.consumers[c.name].queries, np.float64).sum(0)
                   for c in spec.consumers)
     return ModelContext(group=group, side=g.side, num_agents=g.count,
+                        obs_dim=int(env.observation_space(group, params).shape[-1]),
                         num_products=spec.num_products,
                         group_offset=g.offset if g.side == "seller" else -1,
                         seller_groups=tuple((s.name, s.count) for s in sellers),
@@ -88,11 +113,13 @@ def model_context(env, params, group: str) -> ModelContext:
 def build_model(env, params, group: str, cfg: ModelConfig):
     """The group's :class:`~jaxmarket.models.base.ExternalModel`."""
     import jaxmarket.models.demand  # noqa: F401  (registers the shipped kinds)
+    import jaxmarket.models.rival  # noqa: F401
     return MODELS[cfg.kind].make(cfg.model_settings, model_context(env, params, group))
 
 
 def resolve_model(env, params, group: str, raw: Any, populations: Any = None) -> ModelConfig:
     import jaxmarket.models.demand  # noqa: F401
+    import jaxmarket.models.rival  # noqa: F401
     from jaxmarket.models.poi import POI_FIELDS
 
     where = f"learners.{group}.{KEY}"
@@ -114,12 +141,53 @@ def resolve_model(env, params, group: str, raw: Any, populations: Any = None) ->
             raise ConfigError(f"{pw}.kind", pkind, "a POI that needs no spread (zero, gradient, "
                               f"error), or a model with ensemble >= 2 or dropout > 0 "
                               f"({pkind} measures the members' disagreement)")
+        if pvals["target"] == "state" and pdef.needs_target:
+            raise ConfigError(f"{pw}.target", "state", f"action ({pkind} needs the targets "
+                              "of the input, and the state reached reveals them only at the "
+                              "next step), or a POI without targets (zero, disagreement)")
         poi = tuple(sorted({"kind": pkind, **pvals}.items()))
+    poi_obs = None
+    if vals["poi_obs"] is not None:
+        ow = f"{where}.poi_obs"
+        ovals = check_mapping(POI_OBS_FIELDS, vals["poi_obs"], ow, ignore=())
+        if poi is None:
+            raise ConfigError(ow, vals["poi_obs"], "a poi block beside it (its kind is the "
+                              "field poi_obs evaluates; beta: 0 for no bonus)")
+        if ovals["sampler"] != "replay" and POI_FIELDS[dict(poi)["kind"]].needs_target:
+            raise ConfigError(f"{ow}.sampler", ovals["sampler"],
+                              f"replay ({dict(poi)['kind']} needs targets, known only at "
+                              "replayed inputs), or a POI without targets (zero, disagreement)")
+        poi_obs = tuple(sorted(ovals.items()))
     cfg = ModelConfig(kind, tuple(sorted((k, _hashable(v)) for k, v in settings.items())),
-                      vals["eval_every"], vals["eval_grid"], vals["eval_random"], poi)
+                      vals["eval_every"], vals["eval_grid"], vals["eval_random"], poi, poi_obs)
     model = build_model(env, params, group, cfg)
     check_io(env, params, group, model, where)
+    needs_inputs = (poi is not None and dict(poi)["target"] == "state") or poi_obs is not None
+    if needs_inputs and model.make_inputs is None:
+        field = f"{where}.poi.target" if poi_obs is None else f"{where}.poi_obs"
+        raise ConfigError(field, kind, "a model with make_inputs (the inputs of a state): "
+                          "demand, reward or rival")
+    if poi_obs is not None and ovals["sampler"] != "replay" and model.own_dims < 1:
+        raise ConfigError(f"{where}.poi_obs.sampler", ovals["sampler"],
+                          "replay (the model declares no own-price inputs, own_dims = 0)")
     return cfg
+
+
+def poi_obs_block(learner_config: Any, where: str) -> dict | None:
+    """The validated ``external_model.poi_obs`` settings of a group's learner config
+    (``where``: ``learners.<group>``), or None. A learner that reads no observation
+    features is refused here: the POI values would go nowhere."""
+    _, block = split_model(learner_config)
+    if not isinstance(block, Mapping) or block.get("poi_obs") is None:
+        return None
+    ow = f"{where}.{KEY}.poi_obs"
+    vals = check_mapping(POI_OBS_FIELDS, block["poi_obs"], ow, ignore=())
+    kind = learner_config.get("kind") if isinstance(learner_config, Mapping) else None
+    if kind not in POI_OBS_LEARNERS:
+        raise ConfigError(ow, dict(block["poi_obs"]), "no poi_obs on a learner without "
+                          f"observation features (kind: {kind}); a learner of kind "
+                          + " or ".join(POI_OBS_LEARNERS))
+    return vals
 
 
 def check_io(env, params, group: str, model, where: str) -> None:
@@ -137,6 +205,7 @@ def check_io(env, params, group: str, model, where: str) -> None:
         tr = Transition(obs=obs[group], action=acts[group], reward=rewards[group],
                         next_obs=obs2[group], done=jnp.zeros(rewards[group].shape, bool),
                         aux={})
+        info = {**info, "prev_prices": info["prices"]}   # the profile held
         batch = jax.tree.map(lambda v: v[None], (tr, info))
         return model.make_io(*batch)
 

@@ -1,10 +1,13 @@
-"""Shipped external models of a seller group's market: ``demand`` and ``reward``.
+"""Shipped external models of a seller group's market: ``demand`` and ``reward`` (and
+``rival``, :mod:`jaxmarket.models.rival`).
 
-Inputs (both kinds), for agent ``a`` of the group in one market, every price scaled to
+Inputs (every kind), for agent ``a`` of the group in one market, every price scaled to
 ``[-1, 1]`` by its seller's action bounds (``u = (p - mid) / half``)::
 
-    x = [u_own (P), u_rivals]        rivals: all -> every other seller's u ((S - 1) P)
+    x = [u_own (P), u_rivals, obs]   rivals: all -> every other seller's u ((S - 1) P)
                                               mean -> their mean per product (P)
+                                     obs: the group's observation (D), with
+                                          ``observation: true`` only
 
 Targets:
 
@@ -33,6 +36,8 @@ from jaxmarket.models.base import MLP_FIELDS, ModelContext, ModelDef, make_mlp_m
 INPUT_FIELDS = {
     "rivals": Field("choice", "all", choices=("all", "mean"),
                     doc="every other seller's price, or their mean per product"),
+    "observation": Field("bool", False,
+                         doc="append the group's observation (e.g. its price history)"),
 }
 DEMAND_FIELDS = {**MLP_FIELDS, **INPUT_FIELDS,
                  "targets": Field("choice", "both", choices=("traffic", "fees", "both"),
@@ -41,7 +46,9 @@ REWARD_FIELDS = {**MLP_FIELDS, **INPUT_FIELDS}
 
 
 def price_inputs(settings: Mapping[str, Any], ctx: ModelContext, where: str):
-    """``(inputs(info) -> [E, A, I], I)``: the scaled own and rivals' prices."""
+    """``(inputs(prices, obs) -> [E, A, I], I)``: the scaled own and rivals' prices of a
+    price profile ``prices`` (every seller group's ``[E, n, P]``), then the group's
+    observation ``obs [E, A, D]`` with ``observation: true``."""
     if ctx.side != "seller":
         raise ConfigError(where, ctx.group, "a seller group (the model reads its prices, "
                           "traffic and fees)")
@@ -59,15 +66,18 @@ def price_inputs(settings: Mapping[str, Any], ctx: ModelContext, where: str):
     mean = settings["rivals"] == "mean"
     names = [g for g, _ in ctx.seller_groups]
 
-    def inputs(info):
-        prices = jnp.concatenate([info["prices"][g] for g in names], axis=1)  # [E, n, P]
+    with_obs = settings.get("observation", False)
+
+    def inputs(prices, obs=None):
+        prices = jnp.concatenate([prices[g] for g in names], axis=1)          # [E, n, P]
         u = (prices - mid) / half
         x_own = u[:, own]                                                     # [E, A, P]
         x_riv = u[:, rivals]                                                  # [E, A, R, P]
         x_riv = x_riv.mean(2) if mean else x_riv.reshape(x_riv.shape[:2] + (-1,))
-        return jnp.concatenate([x_own, x_riv], axis=-1)
+        parts = [x_own, x_riv] + ([jnp.asarray(obs, jnp.float32)] if with_obs else [])
+        return jnp.concatenate(parts, axis=-1)
 
-    return inputs, P + (P if mean else rivals.shape[1] * P)
+    return inputs, P + (P if mean else rivals.shape[1] * P) + (ctx.obs_dim if with_obs else 0)
 
 
 def make_demand(settings: Mapping[str, Any], ctx: ModelContext):
@@ -80,16 +90,15 @@ def make_demand(settings: Mapping[str, Any], ctx: ModelContext):
     g = ctx.group
 
     def make_io(transition, info):
-        del transition
         ys = []
         if which in ("traffic", "both"):
             ys.append(info["traffic"][g] / q)
         if which in ("fees", "both"):
             ys.append(info["fees"][g] / fee_scale)
-        return inputs(info), jnp.concatenate(ys, axis=-1)
+        return inputs(info["prices"], transition.obs), jnp.concatenate(ys, axis=-1)
 
     out_dim = ctx.num_products * (2 if which == "both" else 1)
-    return make_mlp_model(settings, in_dim, out_dim, make_io)
+    return make_mlp_model(settings, in_dim, out_dim, make_io, inputs, ctx.num_products)
 
 
 def make_reward(settings: Mapping[str, Any], ctx: ModelContext):
@@ -98,9 +107,9 @@ def make_reward(settings: Mapping[str, Any], ctx: ModelContext):
     scale = float(max(np.sum(ctx.queries) * np.max(ctx.seller_high), 1e-6))
 
     def make_io(transition, info):
-        return inputs(info), transition.reward[..., None] / scale
+        return inputs(info["prices"], transition.obs), transition.reward[..., None] / scale
 
-    return make_mlp_model(settings, in_dim, 1, make_io)
+    return make_mlp_model(settings, in_dim, 1, make_io, inputs, ctx.num_products)
 
 
 register_model(ModelDef("demand", make_demand, DEMAND_FIELDS,

@@ -42,6 +42,7 @@ class PoiDef:
     kind: str
     fn: Callable            # fn(model, state, x, y, settings) -> [B]
     needs_spread: bool = False   # an ensemble (M > 1) or MC-dropout
+    needs_target: bool = False   # reads y: only where the target is known
     fields: Mapping[str, Field] = field(default_factory=dict)
     doc: str = ""
 
@@ -93,11 +94,11 @@ register_poi(PoiDef("disagreement", disagreement, needs_spread=True,
                     fields={"mc_passes": Field("int", 30, low=2,
                                                doc="MC-dropout passes (one member)")},
                     doc="ensemble std (or MC-dropout std), mean over outputs"))
-register_poi(PoiDef("gradient", gradient,
+register_poi(PoiDef("gradient", gradient, needs_target=True,
                     fields={"signed": Field("bool", False,
                                             doc="EMMA's signed mean instead of the norm")},
                     doc="per-example parameter-gradient norm of the loss"))
-register_poi(PoiDef("error", error, doc="squared error of the ensemble mean"))
+register_poi(PoiDef("error", error, needs_target=True, doc="squared error of the ensemble mean"))
 
 
 def make_poi(kind: str, model, settings: Mapping[str, Any] | None = None) -> Callable:

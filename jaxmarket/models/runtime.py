@@ -7,7 +7,22 @@ that seed's markets; its state is ``runner.models[group]``::
 
     {"model": ModelState (leaves [S, M, ...]),
      "poi": {"count", "mean", "var"} [S]     running POI statistics,
-     "eval": {"heldout", "random"} [S]       the last ground-truth errors}
+     "eval": {"heldout", "random"} [S]       the last ground-truth errors,
+     "obs": {...}                            poi_obs only: the sampler's points}
+
+POI observations (``poi_obs: {k, sampler, emb_size, normalise}``). At every market step
+the POI field (the model as it was at the start of the iteration) is evaluated at ``k``
+model inputs per agent and the ``k`` values are appended to the group's observation
+(and, at the prices just quoted, to its next observation):
+
+* ``grid``: the agent's inputs in the state (``make_inputs`` of the prices in force,
+  rivals at their current prices) with its own scaled prices set to
+  ``linspace(-1, 1, k)[j]`` (every product at once): the whole own-price range;
+* ``uniform``: the same with own prices ``u_j ~ U(-1, 1)^P``, drawn per seed once per
+  iteration (every step and market of the iteration sees the same ``u``);
+* ``replay``: ``k`` inputs (and their targets) drawn without replacement from the seed's
+  previous iteration of experience (zeros before the first), the same for every agent
+  of the seed.
 
 Ground truth. Every ``eval_every`` iterations (and at the first), for the first market
 of each seed: agent 0 of the group quotes each of ``eval_grid`` prices evenly spaced on
@@ -28,6 +43,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmarket.learners.base import Transition
+
+OBS_KEY = 20241   # folded into the iteration's key for the uniform / replay draws
 from jaxmarket.models.config import ModelConfig, build_model
 from jaxmarket.models.poi import make_poi
 
@@ -84,6 +101,8 @@ class GroupModel:
         poi = cfg.poi_settings
         self.poi_settings = poi
         self.poi = None if poi is None else make_poi(poi["kind"], self.model, poi)
+        self.target = "action" if poi is None else poi["target"]
+        self.obs_settings = cfg.poi_obs_settings
         g = env.spec.group(group)
         low = np.asarray(params.sellers[group].low, np.float32)[0]          # agent 0 [P]
         high = np.asarray(params.sellers[group].high, np.float32)[0]
@@ -98,7 +117,17 @@ class GroupModel:
     def init(self, key: jax.Array) -> dict:
         S = self.S
         model = jax.vmap(self.model.init)(jax.random.split(key, S))
-        return {"model": model,
+        extra = {}
+        if self.obs_settings is not None:
+            K, sampler = self.obs_settings["k"], self.obs_settings["sampler"]
+            if sampler == "replay":
+                extra["obs"] = {"x": jnp.zeros((S, K, self.model.in_dim), jnp.float32),
+                                "y": jnp.zeros((S, K, self.model.out_dim), jnp.float32)}
+            elif sampler == "uniform":
+                extra["obs"] = {"u": jax.random.uniform(
+                    jax.random.fold_in(key, OBS_KEY), (S, K, self.model.own_dims),
+                    minval=-1.0, maxval=1.0)}
+        return {**extra, "model": model,
                 "poi": {"count": jnp.zeros((S,), jnp.float32), "mean": jnp.zeros((S,), jnp.float32),
                         "var": jnp.ones((S,), jnp.float32), "start": jnp.zeros((S,), jnp.int32),
                         "error": jnp.zeros((S,), jnp.float32)},
@@ -106,9 +135,24 @@ class GroupModel:
                          "random": jnp.zeros((S,), jnp.float32)}}
 
     # -- data ----------------------------------------------------------------------------
-    def io(self, transition: Transition, info: dict):
-        """One step's ``(x [E, A, I], y [E, A, O])`` in market order."""
-        return self.model.make_io(transition, info)
+    def prices_in_force(self, env_state, params) -> dict:
+        """Every seller group's quoted prices ``[E, n, P]`` in a (batched) state: what
+        it quoted last (or its reset price)."""
+        quoted = jax.vmap(self.env._quoted_prices, in_axes=(0, None))(env_state, params)
+        return {s.name: quoted[:, s.offset:s.offset + s.count] for s in self.env.spec.sellers}
+
+    def io(self, transition: Transition, info: dict, env_state=None, params=None) -> dict:
+        """One step's ``{"x": [E, A, I], "y": [E, A, O]}`` in market order (``info``
+        gets ``prev_prices``, the prices in force in ``env_state``, the state before the
+        step); with ``poi target: state`` also ``"xs"``, the inputs of the state reached
+        (``make_inputs`` of the prices just quoted and the next observation)."""
+        if env_state is not None:
+            info = {**info, "prev_prices": self.prices_in_force(env_state, params)}
+        x, y = self.model.make_io(transition, info)
+        out = {"x": x, "y": y}
+        if self.target == "state":
+            out["xs"] = self.model.make_inputs(info["prices"], transition.next_obs)
+        return out
 
     def per_seed(self, x: jax.Array) -> jax.Array:
         """``[T, E, A, d]`` (markets seed-major) -> ``[S, T * Es * A, d]``."""
@@ -122,9 +166,12 @@ class GroupModel:
         return b.reshape(T, self.S * self.Es, self.A)
 
     # -- exploration bonus ---------------------------------------------------------------
-    def bonus(self, mstate: dict, x: jax.Array, y: jax.Array, iteration: jax.Array):
+    def bonus(self, mstate: dict, x: jax.Array, y: jax.Array, iteration: jax.Array,
+              xs: jax.Array | None = None):
         """``(beta * normalise(poi) [S, N], new poi statistics, metrics)`` with the
-        model as it was before this iteration's fit.
+        model as it was before this iteration's fit: the POI at ``x`` (the inputs the
+        actions produced) or, with ``poi target: state``, at ``xs`` (the inputs of the
+        states reached).
 
         The beta schedule's clock starts at iteration 0 and, with
         ``restart_on_surprise: k``, restarts (per seed) at an iteration whose batch
@@ -133,7 +180,7 @@ class GroupModel:
         warm-up and at least ``decay_iterations`` after the last (re)start: the model
         noticed that the market changed, and exploration starts over."""
         settings = self.poi_settings
-        poi = jax.vmap(self.poi)(mstate["model"], x, y)                        # [S, N]
+        poi = jax.vmap(self.poi)(mstate["model"], x if xs is None else xs, y)  # [S, N]
         old = mstate["poi"]
         stats = running_update(old, poi, settings["normalise_horizon"])
         if settings["normalise"] == "running":
@@ -160,6 +207,60 @@ class GroupModel:
                               "bonus": jnp.abs(bonus).mean(),
                               "restarts": surprised.astype(jnp.float32).mean()}
 
+    # -- POI observations ----------------------------------------------------------------
+    def obs_points(self, mstate: dict, prices: dict, obs: jax.Array) -> jax.Array:
+        """The grid / uniform sampler's model inputs ``[E, A, k, I]`` in a state with
+        ``prices`` in force (every seller group's ``[E, n, P]``) and the group's
+        observation ``obs [E, A, D]``."""
+        K, sampler = self.obs_settings["k"], self.obs_settings["sampler"]
+        P = self.model.own_dims
+        x = self.model.make_inputs(prices, obs)                                # [E, A, I]
+        E, A, I = x.shape
+        if sampler == "grid":
+            own = jnp.broadcast_to(jnp.linspace(-1.0, 1.0, K, dtype=jnp.float32)[:, None],
+                                   (E, A, K, P))
+        else:   # uniform: the seed's draws of this iteration
+            own = jnp.repeat(mstate["obs"]["u"], self.Es, axis=0)[:, None]    # [E, 1, K, P]
+            own = jnp.broadcast_to(own, (E, A, K, P))
+        x = jnp.broadcast_to(x[:, :, None], (E, A, K, I))
+        return jnp.concatenate([own, x[..., P:]], axis=-1)
+
+    def obs_features(self, mstate: dict, prices: dict, obs: jax.Array) -> jax.Array:
+        """The ``k`` POI values ``[E, A, k]`` appended to the group's observation."""
+        o = self.obs_settings
+        K, E, A = o["k"], self.S * self.Es, self.A
+        if o["sampler"] == "replay":
+            v = jax.vmap(self.poi)(mstate["model"], mstate["obs"]["x"], mstate["obs"]["y"])
+            v = jnp.broadcast_to(jnp.repeat(v, self.Es, axis=0)[:, None], (E, A, K))
+        else:
+            x = self.obs_points(mstate, prices, obs)
+            x = x.reshape((self.S, self.Es * A * K, x.shape[-1]))
+            v = jax.vmap(self.poi)(mstate["model"], x).reshape(E, A, K)
+        if o["normalise"] == "running":
+            stats = mstate["poi"]
+            mean = jnp.repeat(stats["mean"], self.Es)[:, None, None]
+            std = jnp.repeat(jnp.sqrt(stats["var"]), self.Es)[:, None, None]
+            v = (v - mean) / (std + 1e-8)
+        return v
+
+    def refresh_obs(self, mstate: dict, x: jax.Array, y: jax.Array, key: jax.Array) -> dict:
+        """After an iteration: ``replay`` draws its ``k`` points (without replacement
+        when the iteration has ``k`` samples or more) from this iteration's ``x [S, N,
+        I]``, ``y``; ``uniform`` draws fresh own prices."""
+        o = self.obs_settings
+        K, key = o["k"], jax.random.fold_in(key, OBS_KEY)
+        if o["sampler"] == "replay":
+            N = x.shape[1]
+            pick = jax.vmap(lambda k: jax.random.choice(k, N, (K,), replace=N < K))(
+                jax.random.split(key, self.S))                                # [S, K]
+            take = jax.vmap(lambda a, i: a[i])
+            return {**mstate, "obs": {"x": take(x, pick), "y": take(y, pick)}}
+        if o["sampler"] == "uniform":
+            u = jax.random.uniform(key, (self.S, K, self.model.own_dims), minval=-1.0,
+                                   maxval=1.0)
+            return {**mstate, "obs": {"u": u}}
+        return mstate
+
     # -- fit -----------------------------------------------------------------------------
     def fit(self, mstate: dict, x: jax.Array, y: jax.Array):
         model, m = jax.vmap(self.model.fit)(mstate["model"], x, y)
@@ -176,7 +277,9 @@ class GroupModel:
             obs, _, rewards, _, info = env.step_env(jax.random.key(0), state, acts, params)
             tr = Transition(obs=obs[g], action=acts[g], reward=rewards[g], next_obs=obs[g],
                             done=jnp.zeros(rewards[g].shape, bool), aux={})
-            return tr, info
+            # the profile is the one in force: a rival model's true target is the
+            # rivals' (held) prices
+            return tr, {**info, "prev_prices": info["prices"]}
 
         tr, info = jax.vmap(one)(jnp.arange(n))
         x, y = self.model.make_io(tr, info)                                   # [n, A, d]

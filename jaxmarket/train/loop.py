@@ -142,6 +142,7 @@ def make_train(env: MarketEnv, params: MarketParams, learners: dict[str, Learner
         from jaxmarket.models.runtime import GroupModel
         models = {g: GroupModel(env, params, g, cfg, S, tcfg.num_envs)
                   for g, cfg in tcfg.models.items()}
+    obs_models = {g: m for g, m in models.items() if m.obs_settings is not None}
 
     def scheduled(params, iteration):
         """``train.schedule``: the changes due at this (0-based) iteration, applied to the
@@ -227,15 +228,19 @@ def make_train(env: MarketEnv, params: MarketParams, learners: dict[str, Learner
         chosen = chosen.reshape((n // L, E, L, chosen.shape[-1])).swapaxes(0, 1)
         return chosen.reshape((E, n, chosen.shape[-1]))
 
-    def market_step(lstates, assignment, league, params, carry, _):
+    def market_step(lstates, assignment, league, params, carry, _, mstates=None):
         # ``lstates`` is read, never written, during a rollout (``act`` is pure): it is
         # closed over rather than carried, so the scan does not copy learner buffers.
         # ``assignment`` is fixed within a rollout: a learner slot's trajectory stays one
-        # market slot's.
+        # market slot's. ``mstates``: the external models' states (read only, as lstates).
         env_state, obs, key = carry
         key, k_act, k_step = jax.random.split(key, 3)
         akeys = jax.random.split(k_act, len(groups))
         actions, learner_actions, aux = {}, {}, {}
+        env_obs, obs = obs, dict(obs)
+        for g, m in obs_models.items():   # POI observations: k values appended
+            feats = m.obs_features(mstates[g], m.prices_in_force(env_state, params), obs[g])
+            obs[g] = jnp.concatenate([obs[g], feats], axis=-1)
         for i, g in enumerate(groups):  # static loop over groups (config), not agents
             a, aux[g] = learners[g].act(lstates[g], to_learner(flat(obs[g], g), g, assignment),
                                         akeys[i])
@@ -250,26 +255,35 @@ def make_train(env: MarketEnv, params: MarketParams, learners: dict[str, Learner
         for h, g in opponent_of.items():   # another group plays g's league snapshots
             actions[h] = league_act(g, lstates[g], league, obs[h],
                                     jax.random.fold_in(akeys[groups.index(g)], 1))
+        before = env_state
         next_obs, env_state, rewards, term, trunc, info = vstep(
             jax.random.split(k_step, E), env_state, actions, params)
         done = jnp.logical_or(term, trunc)
+        final_obs = info["final_observation"]
+        if obs_models:
+            final_obs = dict(final_obs)
+            for g, m in obs_models.items():   # at the prices just quoted
+                final_obs[g] = jnp.concatenate(
+                    [final_obs[g], m.obs_features(mstates[g], info["prices"], final_obs[g])], -1)
 
         def learner_view(x, g):
             return to_learner(flat(x, g), g, assignment)
 
         batch = {g: Transition(obs=learner_view(obs[g], g), action=learner_actions[g],
                                reward=learner_view(rewards[g], g),
-                               next_obs=learner_view(info["final_observation"][g], g),
+                               next_obs=learner_view(final_obs[g], g),
                                done=done if g in live_only else to_learner(
                                    jnp.repeat(done, sizes[g]), g, assignment),
                                aux=aux[g]) for g in groups}
         io = {}
         for g, m in models.items():   # the external models' inputs and targets
-            io[g] = m.io(Transition(obs=obs[g], action=actions[g], reward=rewards[g],
+            io[g] = m.io(Transition(obs=env_obs[g], action=actions[g], reward=rewards[g],
                                     next_obs=info["final_observation"][g],
                                     done=jnp.broadcast_to(done[:, None], rewards[g].shape),
-                                    aux={}), info)
+                                    aux={}), info, before, params)
         metrics = {"episodes": done[0].astype(jnp.float32)}   # markets step in lockstep
+        for g, m in obs_models.items():   # poi/<g>/obs [k]: the appended values' means
+            metrics[f"poi/{g}/obs"] = obs[g][..., -m.obs_settings["k"]:].mean((0, 1))
         for g in groups:
             served = (info["traffic"][g] if g in seller_groups
                       else info["queries"][g] - info["unserved"][g])
@@ -318,12 +332,12 @@ def make_train(env: MarketEnv, params: MarketParams, learners: dict[str, Learner
         params = scheduled(runner.params, runner.iteration) if schedule else runner.params
         if T == 1:  # one step: no loop (the learners see a [1, ...] time axis all the same)
             (env_state, obs, key), out = market_step(lstates, assignment, runner.league,
-                                                     params, carry, None)
+                                                     params, carry, None, runner.models)
             traj, metrics, io = jax.tree.map(lambda x: x[None], out)
         else:
             (env_state, obs, key), (traj, metrics, io) = jax.lax.scan(
                 functools.partial(market_step, lstates, assignment, runner.league,
-                                  params), carry, length=T)
+                                  params, mstates=runner.models), carry, length=T)
         # an episode ends at each truncation; a market that never truncates counts each
         # iteration as one
         truncations = metrics.pop("episodes").sum().astype(jnp.int32)
@@ -343,15 +357,18 @@ def make_train(env: MarketEnv, params: MarketParams, learners: dict[str, Learner
                     jnp.float32)
         mstates = dict(runner.models)
         for g, m in models.items():
-            x, y = m.per_seed(io[g][0]), m.per_seed(io[g][1])           # [S, N, d]
+            x, y = m.per_seed(io[g]["x"]), m.per_seed(io[g]["y"])       # [S, N, d]
             if m.poi is not None:   # r + beta * normalise(poi), before any advantage
-                bonus, stats, pm = m.bonus(mstates[g], x, y, runner.iteration)
+                xs = m.per_seed(io[g]["xs"]) if "xs" in io[g] else None   # poi target: state
+                bonus, stats, pm = m.bonus(mstates[g], x, y, runner.iteration, xs)
                 bonus = jax.vmap(lambda b: to_learner(flat(b, g), g, runner.assignment))(
                     m.to_market(bonus, T))                               # [T, slots]
                 traj = {**traj, g: traj[g].replace(reward=traj[g].reward + bonus)}
                 mstates[g] = {**mstates[g], "poi": stats}
                 metrics.update({f"poi/{g}/{k}": v for k, v in pm.items()})
             mstates[g], loss = m.fit(mstates[g], x, y)
+            if g in obs_models:   # the next iteration's replay / uniform points
+                mstates[g] = m.refresh_obs(mstates[g], x, y, key)
             errors = m.maybe_evaluate(mstates[g], env_state, params, runner.iteration)
             mstates[g] = {**mstates[g], "eval": errors}
             for name, v in (("loss", loss), ("heldout_error", errors["heldout"]),
