@@ -1,10 +1,14 @@
 """POI exploration efficacy on configs/poi_demand.yaml (docs/poi.md).
 
     python benchmarks/poi_efficacy.py [--json] [--iterations N] [--seeds S]
-                                      [--variants zero,disagreement,gradient,error]
+                                      [--variants zero,disagreement,gradient,error,poi_obs]
 
 Each variant is the scenario with ``learners.me.external_model.poi.kind`` set to it (the
-``zero`` baseline: no bonus), all seeds in one compiled program, equal env steps. Per
+``zero`` baseline: no bonus), all seeds in one compiled program, equal env steps.
+``poi_obs`` is POI as observation: the ``disagreement`` bonus, and the learner a ``ppo``
+actor-critic whose observation is the disagreement at ``k = 8`` own prices on a grid
+over its range (rivals at their current prices), through a learned embedding of size 4
+(:data:`POI_OBS_LEARNER`; the scenario's ``ppo_bandit`` has no observation). Per
 seed and phase (before / after the half-time market change) from the held-out error
 curve (``model/me/heldout_error``, logged every ``eval_every`` iterations) and the task
 reward (``reward/me``, the market's profit, never the bonus):
@@ -44,11 +48,23 @@ from jaxmarket.train.run import prepare
 
 CONFIG = ROOT / "configs" / "poi_demand.yaml"
 GROUP = "me"
+VARIANTS = "zero,disagreement,gradient,error,poi_obs"
+# the poi_obs variant's learner: PPO on the POI observations (a bandit market: gamma 0,
+# the advantage is the reward minus the critic's value of the observed POI landscape),
+# its initial stddev the ppo_bandit's 0.3 (0.5 in the [-1, 1]-rescaled action space)
+POI_OBS_LEARNER = {"kind": "ppo", "hidden_sizes": [32, 32], "learning_rate": 0.003,
+                   "gamma": 0.0, "gae_lambda": 0.0, "update_epochs": 4, "num_minibatches": 1,
+                   "log_std_init": -0.69, "ent_coef": 0.0}
+POI_OBS = {"k": 8, "sampler": "grid", "emb_size": 4, "normalise": "running"}
 
 
 def run_variant(config: dict, kind: str) -> dict:
     config = copy.deepcopy(config)
     model = config["learners"][GROUP]["external_model"]
+    if kind == "poi_obs":
+        config["learners"][GROUP] = {**POI_OBS_LEARNER, "external_model": model}
+        model["poi_obs"] = dict(POI_OBS)
+        kind = "disagreement"
     model["poi"] = {**model["poi"], "kind": kind}
     if kind == "zero":
         model["poi"]["beta"] = 0.0
@@ -97,7 +113,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true", help="print the summary as JSON last")
     ap.add_argument("--iterations", type=int, default=None)
     ap.add_argument("--seeds", type=int, default=16)
-    ap.add_argument("--variants", default="zero,disagreement,gradient,error")
+    ap.add_argument("--variants", default=VARIANTS)
     ap.add_argument("--default", default="disagreement", help="the variant the target is for")
     ap.add_argument("--threshold", type=float, default=0.03,
                     help="held-out RMSE below which a phase counts as converged")

@@ -85,6 +85,8 @@ def describe_training(config: dict) -> list[str]:
                 f"eval_grid={model.eval_grid}, eval_random={model.eval_random}")
             if model.poi is not None:
                 lines.append("  poi: " + ", ".join(f"{k}={v}" for k, v in model.poi))
+            if model.poi_obs is not None:
+                lines.append("  poi_obs: " + ", ".join(f"{k}={v}" for k, v in model.poi_obs))
     return lines
 
 

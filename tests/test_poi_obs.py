@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from jaxmarket.config.errors import ConfigError
-from jaxmarket.models.poi import POI_FIELDS, PoiDef, make_poi, register_poi
+from jaxmarket.models.poi import POI_FIELDS, PoiDef, register_poi
 from jaxmarket.train.loop import make_train
 from jaxmarket.train.run import prepare
 
@@ -203,41 +203,44 @@ def test_the_poi_embedding_is_part_of_the_policy_and_trains(ppo_obs):
     assert moved.max() > 1e-3
 
 
-def test_sampler_points():
+def test_sampler_points(ppo_obs):
+    # grid: own price on linspace(-1, 1, k), the rival at its price in force in each
+    # market; uniform: the seed's own-price draws; replay: k distinct rows of the
+    # iteration's (x, y), and the POI there for every agent of the seed
+    import dataclasses
+
     from jaxmarket.models.runtime import GroupModel
 
-    env, params, _, _, tcfg = prepare(PPO_OBS)
+    env, params, tcfg, states, m = ppo_obs
     cfg = tcfg.models["me"]
     prices = {"me": jnp.array([[[1.0]], [[2.5]]]), "c1": jnp.array([[[1.6]], [[2.2]]])}
     obs = jnp.zeros((2, 1, 0))
-    grid = GroupModel(env, params, "me", cfg, num_seeds=1, envs_per_seed=2)
-    pts = np.asarray(grid.obs_points(None, prices, obs))                   # [E, A, k, I]
+
+    def sampler(name):
+        c = dataclasses.replace(cfg, poi_obs=tuple(sorted({**cfg.poi_obs_settings,
+                                                           "sampler": name}.items())))
+        return GroupModel(env, params, "me", c, num_seeds=1, envs_per_seed=2)
+
+    pts = np.asarray(sampler("grid").obs_points(None, prices, obs))           # [E, A, k, I]
     np.testing.assert_allclose(pts[:, 0, :, 0], [np.linspace(-1, 1, 4)] * 2, atol=1e-6)
     np.testing.assert_allclose(pts[:, 0, :, 1], [[u(1.6)] * 4, [u(2.2)] * 4], atol=1e-6)
-    import dataclasses
-    uni_cfg = dataclasses.replace(cfg, poi_obs=tuple(sorted({**cfg.poi_obs_settings,
-                                                             "sampler": "uniform"}.items())))
-    uni = GroupModel(env, params, "me", uni_cfg, num_seeds=1, envs_per_seed=2)
-    state = uni.init(jax.random.key(0))
-    pts = np.asarray(uni.obs_points(state, prices, obs))
-    np.testing.assert_allclose(pts[:, 0, :, 0], np.repeat(state["obs"]["u"][:, :, 0], 2, 0))
+    draws = jnp.array([[[0.3], [-0.7], [0.9], [0.1]]])                          # [S, k, P]
+    pts = np.asarray(sampler("uniform").obs_points({"obs": {"u": draws}}, prices, obs))
+    np.testing.assert_allclose(pts[:, 0, :, 0], [[0.3, -0.7, 0.9, 0.1]] * 2, atol=1e-6)
     np.testing.assert_allclose(pts[:, 0, :, 1], [[u(1.6)] * 4, [u(2.2)] * 4], atol=1e-6)
-    rep_cfg = dataclasses.replace(cfg, poi_obs=tuple(sorted({**cfg.poi_obs_settings,
-                                                             "sampler": "replay"}.items())))
-    rep = GroupModel(env, params, "me", rep_cfg, num_seeds=1, envs_per_seed=2)
-    state = rep.init(jax.random.key(0))
-    x = jnp.arange(20.0).reshape(1, 10, 2)
+    rep = sampler("replay")
+    model = jax.tree.map(lambda v: v[:1], states[-1].models["me"]["model"])   # seed 0
+    x = jnp.arange(20.0).reshape(1, 10, 2) / 20
     y = jnp.arange(10.0).reshape(1, 10, 1)
-    state = rep.refresh_obs(state, x, y, jax.random.key(1))
+    state = rep.refresh_obs({"model": model}, x, y, jax.random.key(1))
     xs, ys = np.asarray(state["obs"]["x"])[0], np.asarray(state["obs"]["y"])[0]
-    rows = (xs[:, 0] / 2).astype(int)                 # x row i is [2i, 2i + 1], y row i is i
+    rows = np.round(xs[:, 0] * 10).astype(int)        # x row i is [2i, 2i + 1] / 20
     assert len(set(rows)) == 4                        # without replacement
-    np.testing.assert_array_equal(xs, np.asarray(x)[0, rows])
+    np.testing.assert_allclose(xs, np.asarray(x)[0, rows])
     np.testing.assert_array_equal(ys[:, 0], rows)
-    feats = np.asarray(rep.obs_features(state, prices, obs))               # [E, A, k]
-    want = make_poi("disagreement", rep.model)(jax.tree.map(lambda v: v[0], state["model"]),
-                                               xs)
-    np.testing.assert_allclose(feats, np.broadcast_to(want, (2, 1, 4)), rtol=1e-5)
+    feats = np.asarray(rep.obs_features(state, prices, obs))                 # [E, A, k]
+    want = members_forward(jax.tree.map(lambda v: v[0], model.params), xs).std(0).mean(-1)
+    np.testing.assert_allclose(feats, np.broadcast_to(want, (2, 1, 4)), rtol=1e-4, atol=1e-7)
 
 
 # ------------------------------------------------------------------ bad input
