@@ -16,6 +16,13 @@ The first call of the chunk (trace + compile + one run) is timed as ``compile_s`
     python benchmarks/train_throughput.py --config configs/bench_b.yaml --json
     python benchmarks/train_throughput.py --num-envs 4096 --iterations 50
     python benchmarks/train_throughput.py --profile      # what dominates an iteration
+    XLA_FLAGS=--xla_force_host_platform_device_count=2 \
+        python benchmarks/train_throughput.py --devices 1 --devices 2   # side by side
+
+``--devices N`` shards the seeds x markets over ``N`` local devices exactly as
+``python -m jaxmarket.train --devices N`` does (``jaxmarket.train.devices``; default: all
+local devices); given more than once, each count is timed in the same process and the
+speed-up over the first is printed (``devices_speedup``).
 
 ``--profile`` times the same chunk with the learners swapped for cheaper ones (``random``:
 the loop and the market only; ``ppo_bandit`` with a buffer longer than the chunk: act +
@@ -44,6 +51,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from throughput import machine, peak_rss_mb
 
 from jaxmarket.config.loader import load_config
+from jaxmarket.train.devices import Placement
 from jaxmarket.train.loop import make_train
 from jaxmarket.train.run import prepare
 
@@ -70,16 +78,19 @@ def with_learners(config: dict, learner: dict, force: bool) -> dict:
 
 
 def time_chunk(config: dict, num_envs: int, num_seeds: int, iterations: int, rollout: int,
-               repeats: int, seed: int = 0, vmap_seeds: bool = True) -> dict:
+               repeats: int, seed: int = 0, vmap_seeds: bool = True,
+               devices: int | None = None) -> dict:
     """Time ``run_chunk`` as the Trainer compiles it: ``jit(run_chunk)``, all seeds and
-    markets in one program (``vmap_seeds`` is kept for the command line and ignored)."""
+    markets in one program, sharded over ``devices`` local devices (``vmap_seeds`` is
+    kept for the command line and ignored)."""
     config = copy.deepcopy(config)
     config["train"] = {"num_iterations": iterations, "rollout_length": rollout,
                        "num_envs": num_envs, "num_seeds": num_seeds, "chunk_size": iterations}
     env, params, learners, specs, tcfg = prepare(config)
     init, run_chunk = make_train(env, params, learners, specs, tcfg)
-    chunk = jax.jit(lambda r: run_chunk(r, iterations), donate_argnums=0)  # as the Trainer
-    runner = jax.block_until_ready(jax.jit(init)(jax.random.key(seed)))
+    place = Placement(init, specs, tcfg, devices)   # as the Trainer
+    chunk = place.jit_chunk(lambda r: run_chunk(r, iterations))
+    runner = jax.block_until_ready(place.jit_init(init)(jax.random.key(seed)))
 
     t0 = time.perf_counter()
     runner, metrics = jax.block_until_ready(chunk(runner))
@@ -97,6 +108,7 @@ def time_chunk(config: dict, num_envs: int, num_seeds: int, iterations: int, rol
             if k.startswith(("reward/", "learner/")) and jnp.ndim(v[:, -1]) <= 1}
     return {
         "num_envs": num_envs, "num_seeds": num_seeds, "markets": num_envs * num_seeds,
+        "devices": place.num_devices,
         "iterations": iterations, "rollout_length": rollout, "agents": groups,
         "compile_s": round(compile_s, 3), "run_s": round(med, 4), "run_s_best": round(best, 4),
         "env_steps_per_s": round(steps / med, 1), "env_steps_per_s_best": round(steps / best, 1),
@@ -132,15 +144,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-env-only", action="store_true",
                     help="skip the env-only run (the market step alone, same markets) and "
                          "the ratio of training to it")
+    ap.add_argument("--devices", type=int, action="append", default=None, metavar="N",
+                    help="shard the markets over N local devices (default: all); repeat to "
+                         "time several counts side by side")
     ap.add_argument("--json", action="store_true", help="last line: JSON result")
     args = ap.parse_args(argv)
+    counts = args.devices or [None]
     log = (lambda s: print(s, flush=True))
     info = machine()
     base = load_config(args.config, args.overrides)
     config = with_learners(base, PPO, args.learner_override)
 
     r = time_chunk(config, args.num_envs, args.num_seeds, args.iterations,
-                   args.rollout_length, args.repeats)
+                   args.rollout_length, args.repeats, devices=counts[0])
     r.update(config=args.config, learners=config["learners"], machine=info,
              peak_rss_mb=round(peak_rss_mb(), 1),
              target_env_steps_per_s=TARGET_ENV_STEPS_PER_S,
@@ -155,7 +171,24 @@ def main(argv: list[str] | None = None) -> int:
         f"{r['run_s']:.3f}s (median of {args.repeats}, best {r['run_s_best']:.3f}s)")
     log(f"  env steps/s (with learning) {r['env_steps_per_s']:>14,.0f}  "
         f"(best {r['env_steps_per_s_best']:,.0f}); {r['us_per_iteration']:,.0f} us/iteration")
-    log(f"  agent steps/s               {r['agent_steps_per_s']:>14,.0f}")
+    log(f"  agent steps/s               {r['agent_steps_per_s']:>14,.0f}  "
+        f"({r['devices']} device(s))")
+    if len(counts) > 1:   # the other device counts, same process, same config
+        r["by_devices"] = [{k: r[k] for k in ("devices", "compile_s", "env_steps_per_s",
+                                               "env_steps_per_s_best")}]
+        for n in counts[1:]:
+            o = time_chunk(config, args.num_envs, args.num_seeds, args.iterations,
+                           args.rollout_length, args.repeats, devices=n)
+            row = {k: o[k] for k in ("devices", "compile_s", "env_steps_per_s",
+                                     "env_steps_per_s_best")}
+            row["speedup"] = round(o["env_steps_per_s"] / r["env_steps_per_s"], 3)
+            row["speedup_best"] = round(o["env_steps_per_s_best"] / r["env_steps_per_s_best"], 3)
+            r["by_devices"].append(row)
+            log(f"  {o['devices']} device(s): env steps/s {o['env_steps_per_s']:>14,.0f} "
+                f"(best {o['env_steps_per_s_best']:,.0f}); x{row['speedup']:.2f} the "
+                f"{r['devices']}-device median (best vs best x{row['speedup_best']:.2f}); "
+                f"compile {o['compile_s']:.1f}s")
+        r["devices_speedup"] = r["by_devices"][-1]["speedup"]
     log(f"  target >= {TARGET_ENV_STEPS_PER_S:,} env steps/s: "
         f"{'met' if r['target_met'] else 'NOT met'}")
     if not args.no_env_only:   # the market alone, same markets and steps, same process

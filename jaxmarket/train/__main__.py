@@ -1,11 +1,16 @@
 """python -m jaxmarket.train [CONFIG | --config CONFIG] [--run-dir DIR] [key=value ...]
 python -m jaxmarket.train --resume DIR [train.num_iterations=N ...]
+python -m jaxmarket.train CONFIG --devices N            (default: every local device)
+python -m jaxmarket.train CONFIG --distributed [--coordinator-address HOST:PORT
+                          --num-processes N --process-id I]
 
 Trains the learners of a scenario; with no arguments, the shipped default
 (configs/legacy_default.yaml). Overrides are dotted key=value settings (quote the ones
 with brackets: 'market.sellers[0].count=3'). --resume continues an interrupted run from
 its last checkpoint, or extends a finished one with train.num_iterations=N.
-Ctrl-C finishes the running chunk, checkpoints it and says how to resume."""
+Ctrl-C finishes the running chunk, checkpoints it and says how to resume.
+--devices shards the seeds x markets over N local devices; --distributed joins a
+multi-process run (every process runs the same command; docs/scaling.md)."""
 
 from __future__ import annotations
 
@@ -48,16 +53,41 @@ def main(argv: list[str]) -> int:
                         help="JAX's persistent compilation cache: a second run of the same "
                              "scenario loads its compiled programs (default: $JAXMARKET_"
                              "COMPILE_CACHE, else ~/.cache/jaxmarket/xla; 'none': off)")
+    parser.add_argument("--devices", type=int, default=None, metavar="N",
+                        help="local devices to shard the seeds x markets over (default: "
+                             "every local device that divides them)")
+    parser.add_argument("--distributed", action="store_true",
+                        help="join a multi-process run (jax.distributed.initialize; with no "
+                             "address flags: JAX_COORDINATOR_ADDRESS etc., or the cluster's "
+                             "auto-detection on Cloud TPU pods and SLURM)")
+    parser.add_argument("--coordinator-address", default=None, metavar="HOST:PORT",
+                        help="--distributed: process 0's address")
+    parser.add_argument("--num-processes", type=int, default=None, metavar="N",
+                        help="--distributed: number of processes")
+    parser.add_argument("--process-id", type=int, default=None, metavar="I",
+                        help="--distributed: this process's index, 0 .. N-1")
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="dotted overrides, e.g. seed=3 'market.sellers[0].count=3'")
     args = parser.parse_intermixed_args(argv)
     positional, overrides = split_positional(args.overrides)
+    address_flags = (args.coordinator_address, args.num_processes, args.process_id)
+    if not args.distributed and any(v is not None for v in address_flags):
+        raise ConfigError("--coordinator-address/--num-processes/--process-id",
+                          " ".join(str(v) for v in address_flags if v is not None),
+                          "only with --distributed")
+    if args.devices is not None and args.devices < 1:
+        raise ConfigError("--devices", args.devices, "a positive integer")
+    if args.distributed:   # before anything compiles
+        from jaxmarket.train.distributed import initialize
+        initialize(*address_flags)
     from jaxmarket.compile_cache import compilation_cache, resolve
     with compilation_cache(resolve(args.compile_cache)):
         summary = _run(args, positional, overrides)
-    print(json.dumps(summary["final"], indent=2))
-    from jaxmarket.train.run import finish_message
-    print(finish_message(summary))
+    import jax
+    if jax.process_index() == 0:   # a distributed run: process 0 reports
+        print(json.dumps(summary["final"], indent=2))
+        from jaxmarket.train.run import finish_message
+        print(finish_message(summary))
     return 0
 
 
@@ -67,13 +97,15 @@ def _run(args, positional: str | None, overrides: list[str]) -> dict:
         if args.config or positional:
             raise ConfigError("--resume", args.resume, "no scenario file with --resume: the run "
                               "directory's own config.yaml is used")
-        summary = resume_run(args.resume, args.tracker, args.mongo_url, overrides)
+        summary = resume_run(args.resume, args.tracker, args.mongo_url, overrides,
+                             devices=args.devices)
     else:
         if args.config and positional:
             raise ConfigError("config", positional, f"one scenario file (--config {args.config} "
                               "was given too)")
         config = args.config or positional or str(DEFAULT_CONFIG)
-        summary = start_run(config, overrides, args.run_dir, args.tracker, args.mongo_url)
+        summary = start_run(config, overrides, args.run_dir, args.tracker, args.mongo_url,
+                            devices=args.devices)
     return summary
 
 

@@ -6,11 +6,17 @@ the tracker, writes an orbax checkpoint every ``checkpoint_every`` chunks (orbax
 to a temporary directory and renames it: atomic) and checks the stop conditions.
 ``resume(run_dir)`` restores the last checkpoint and replays nothing: chunk boundaries
 are the same, so on CPU the result is bit-identical to an uninterrupted run.
+
+The seeds x markets are sharded over ``devices`` local devices (``--devices``; default
+all, ``jaxmarket.train.devices``), and over every process of a distributed run
+(``--distributed``, ``jaxmarket.train.distributed``): then only process 0 writes the run
+directory's files, while every process takes part in orbax's checkpoint saves.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import signal
@@ -34,6 +40,7 @@ from jaxmarket.learners.controller import build_controller, group_learner_spec
 from jaxmarket.learners.population import (league_opponents, resolve_population,
                                            split_learner_config)
 from jaxmarket.train.config import TrainConfig, resolve_train, resolve_training
+from jaxmarket.train.devices import Placement, to_host
 from jaxmarket.train.loop import PER_SEED, Runner, make_train, tile_spec
 from jaxmarket.train.pbt import CSV_COLUMNS as PBT_COLUMNS, PREFIX as PBT_PREFIX
 from jaxmarket.train.pbt import event_rows, resolve_pbt, strip_pbt
@@ -159,7 +166,7 @@ def _assignment_members(runner: Runner, dynamic: dict, tcfg) -> dict[str, np.nda
     current assignment (a resampled or custom mapping): ``layout[scatter[i] mod E A]``."""
     out = {}
     for g, pop in dynamic.items():
-        scatter = np.asarray(jax.device_get(runner.assignment[g][1]))
+        scatter = to_host(runner.assignment[g][1])
         n = scatter.size // tcfg.num_seeds
         layout = pop.layout(tcfg.num_envs, n // tcfg.num_envs)
         out[g] = layout[scatter % n].reshape(tcfg.num_seeds, tcfg.num_envs, -1)
@@ -175,11 +182,17 @@ def _mapping_rows(members: dict[str, np.ndarray], iteration: int) -> list[dict]:
 
 
 class Trainer:
-    def __init__(self, config: dict, run_dir: Path):
+    """``devices``: local devices to shard the seeds x markets over (None: all that
+    divide them); checked with everything else before anything compiles."""
+
+    def __init__(self, config: dict, run_dir: Path, devices: int | None = None):
         self.config, self.run_dir = config, Path(run_dir)
         self.env, self.params, self.learners, self.specs, self.tcfg = prepare(config)
         init, run_chunk = make_train(self.env, self.params, self.learners, self.specs, self.tcfg)
-        self._init = jax.jit(init)
+        self.placement = Placement(init, self.specs, self.tcfg, devices)
+        # in a distributed run only process 0 writes files (orbax: every process saves)
+        self.primary = jax.process_index() == 0
+        self._init = self.placement.jit_init(init)
         self._chunks: dict[int, Any] = {}
         self._run_chunk = run_chunk
         self.metrics = CsvMetrics(self.run_dir / "metrics.csv")
@@ -201,9 +214,10 @@ class Trainer:
     def chunk_fn(self, length: int):
         if length not in self._chunks:
             # the runner is donated: XLA updates the learners' buffers in place (without
-            # donation it copied a bandit's whole sample buffer on every step)
-            self._chunks[length] = jax.jit(lambda r: self._run_chunk(r, length),
-                                           donate_argnums=0)
+            # donation it copied a bandit's whole sample buffer on every step); sharded
+            # over the placement's devices, metrics replicated
+            self._chunks[length] = self.placement.jit_chunk(
+                lambda r: self._run_chunk(r, length))
         return self._chunks[length]
 
     def initial_runner(self) -> Runner:
@@ -211,11 +225,11 @@ class Trainer:
 
     def restore(self) -> tuple[Runner, int]:
         step = self.ckpt.latest_step()
-        target = jax.eval_shape(self.initial_runner)
+        target = self.placement.abstract   # shapes with shardings: restored in place
         if step is None:
             return self.initial_runner(), 0
         saved = self.ckpt.restore(step, args=ocp.args.StandardRestore(_saveable(target)))
-        return _unsaveable(saved, target), int(step)
+        return self.placement.put(_unsaveable(saved, target)), int(step)
 
     def _save(self, runner: Runner, iteration: int) -> None:
         if self.ckpt.latest_step() != iteration:
@@ -246,9 +260,11 @@ class Trainer:
     def _train(self, tracker: Tracker, start_runner: Runner, start: int,
                interrupted: list) -> dict:
         tcfg = self.tcfg
-        self.metrics.truncate_after(start)
-        self.seed_metrics.truncate_after(start)
-        if tcfg.pbt:
+        writes = self.primary   # only process 0 writes files
+        if writes:
+            self.metrics.truncate_after(start)
+            self.seed_metrics.truncate_after(start)
+        if tcfg.pbt and writes:
             self.pbt_events.truncate_after(start)
             if not self.pbt_events.path.exists():   # the header, even before any event
                 self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -256,9 +272,10 @@ class Trainer:
         runner, done_iters = start_runner, start
         dynamic = {g: p for g, p in (tcfg.populations or {}).items() if p is not None and p.dynamic}
         if dynamic:
-            self.mapping_log.truncate_after(start)
             logged = _assignment_members(runner, dynamic, tcfg)
-            if start == 0:
+            if writes:
+                self.mapping_log.truncate_after(start)
+            if start == 0 and writes:
                 self.run_dir.mkdir(parents=True, exist_ok=True)
                 self.mapping_log.append(_mapping_rows(logged, 0))
         total = tcfg.num_iterations
@@ -275,21 +292,24 @@ class Trainer:
                 length = min(tcfg.chunk_size, total - done_iters)
                 t0 = time.perf_counter()
                 runner, metrics = self.chunk_fn(length)(runner)
-                metrics = jax.device_get(metrics)
+                metrics = jax.tree.map(to_host, metrics)   # replicated: every process
                 dt = time.perf_counter() - t0
                 events = {k: metrics.pop(k) for k in list(metrics) if k.startswith(PBT_PREFIX)}
-                if events:
+                if events and writes:
                     self.pbt_events.append(event_rows(events, done_iters))
                 if dynamic:   # the assignment in force after this chunk, when it changed
                     now = _assignment_members(runner, dynamic, tcfg)
                     changed = {g: m for g, m in now.items() if not np.array_equal(m, logged[g])}
-                    self.mapping_log.append(_mapping_rows(changed, done_iters + length))
+                    if writes:
+                        self.mapping_log.append(_mapping_rows(changed, done_iters + length))
                     logged = now
                 rows = _flatten_metrics(metrics, done_iters)
-                self.metrics.append(rows)
-                self.seed_metrics.append(_seed_rows(metrics, done_iters))
-                for row in rows[-1:]:
-                    tracker.log(row["iteration"], {k: v for k, v in row.items() if k != "iteration"})
+                if writes:
+                    self.metrics.append(rows)
+                    self.seed_metrics.append(_seed_rows(metrics, done_iters))
+                    for row in rows[-1:]:
+                        tracker.log(row["iteration"],
+                                    {k: v for k, v in row.items() if k != "iteration"})
                 done_iters += length
                 chunk_index += 1
                 steps = length * tcfg.rollout_length * tcfg.num_envs * tcfg.num_seeds
@@ -307,9 +327,16 @@ class Trainer:
                 if interrupted:
                     self._save(runner, done_iters)
                     raise Interrupted(done_iters, str(self.run_dir))
+        if not writes:   # process 0 writes the summary; the others read it
+            from jaxmarket.train.distributed import wait_for_primary
+            wait_for_primary("summary")
+            return json.loads((self.run_dir / "summary.json").read_text())
         summary = write_summary(self.run_dir, self.env, stopped=stopped, iterations=done_iters)
         tracker.artifact(self.run_dir / "summary.json")
         tracker.artifact(self.run_dir / "metrics.csv")
+        if jax.process_count() > 1:
+            from jaxmarket.train.distributed import wait_for_primary
+            wait_for_primary("summary")
         return summary
 
     def _stop_reason(self, rows: list[dict[str, float]]) -> str | None:
@@ -348,20 +375,50 @@ def require_new_dir(run_dir: str | Path, resume: str) -> Path:
     return run_dir
 
 
+def _agree(config: dict, run_dir: str, **flags) -> str:
+    """In a distributed run: process 0's run directory, after checking that every process
+    resolved the same config and flags (one-line ConfigError otherwise)."""
+    if jax.process_count() == 1:
+        return run_dir
+    from jaxmarket.train.distributed import broadcast_text, check_same, config_hash
+    run_dir = broadcast_text(str(run_dir))
+    check_same(config_hash(config, run_dir=run_dir, **flags))
+    return run_dir
+
+
+def _synchronised(name: str) -> None:
+    if jax.process_count() > 1:
+        from jaxmarket.train.distributed import wait_for_primary
+        wait_for_primary(name)
+
+
 def start_run(config_path: str | None, overrides: list[str], run_dir: str | None,
-              tracker: str = "files", mongo_url: str | None = None) -> dict:
+              tracker: str = "files", mongo_url: str | None = None,
+              devices: int | None = None) -> dict:
     config = load_config(config_path, overrides)
     _ = resolve_train(config.get("train"))
     if run_dir is None:
         run_dir = f"runs/{Path(config_path).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir = _agree(config, run_dir, devices=devices, resume=False)
     run_dir = require_new_dir(run_dir, "that run: python -m jaxmarket.train --resume")
-    trainer = Trainer(config, run_dir)   # validates everything before writing
-    run_dir.mkdir(parents=True, exist_ok=True)
-    _write_config(run_dir, config)
-    print(f"run directory: {run_dir}")
-    summary = with_tracker(tracker, run_dir, config,
+    trainer = Trainer(config, run_dir, devices)   # validates everything before writing
+    _synchronised("validated")   # every process checked the directory before it exists
+    if trainer.primary:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        _write_config(run_dir, config)
+        print(f"run directory: {run_dir}" + _placement_note(trainer))
+    _synchronised("run-dir")
+    summary = with_tracker(tracker if trainer.primary else "files", run_dir, config,
                            lambda t: trainer.train(t, trainer.initial_runner(), 0), mongo_url)
     return {**summary, "run_dir": str(run_dir)}
+
+
+def _placement_note(trainer: Trainer) -> str:
+    n, procs = trainer.placement.num_devices, jax.process_count()
+    if n == 1 and procs == 1:
+        return ""
+    where = f"{n} device(s)" + (f" x {procs} processes" if procs > 1 else "")
+    return f" (markets sharded over {where})"
 
 
 # what ``--resume DIR key=value`` may change: how long and when to stop, not what runs
@@ -370,10 +427,11 @@ RESUME_OVERRIDES = ("train.num_iterations", "train.early_stop", "train.stop_on_n
 
 
 def resume_run(run_dir: str, tracker: str = "files", mongo_url: str | None = None,
-               overrides: list[str] | tuple[str, ...] = ()) -> dict:
+               overrides: list[str] | tuple[str, ...] = (), devices: int | None = None) -> dict:
     """Continue ``run_dir`` from its last checkpoint (from iteration 0 if it has none).
     ``overrides`` may extend or shorten the run (``train.num_iterations=N``, at least the
-    checkpointed iteration) and change its stop rules; they are saved to its config.yaml."""
+    checkpointed iteration) and change its stop rules; they are saved to its config.yaml.
+    ``devices`` may differ from the interrupted run's (a checkpoint holds whole arrays)."""
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError("--resume", str(run_dir), "a run directory holding config.yaml")
@@ -383,19 +441,21 @@ def resume_run(run_dir: str, tracker: str = "files", mongo_url: str | None = Non
             raise ConfigError("--resume overrides", item, "only " + ", ".join(RESUME_OVERRIDES)
                               + " (everything else is fixed by the run's config.yaml)")
     config = load_config(run_dir / "config.yaml", overrides)
-    trainer = Trainer(config, run_dir)
+    _agree(config, str(run_dir), devices=devices, resume=True)
+    trainer = Trainer(config, run_dir, devices)
     runner, start = trainer.restore()
     if trainer.tcfg.num_iterations < start:
         raise ConfigError("train.num_iterations", trainer.tcfg.num_iterations,
                           f"an integer >= {start} (the run's last checkpoint)")
-    if overrides:
+    _synchronised("restored")
+    if overrides and trainer.primary:
         _write_config(run_dir, config)
-    if start == 0:
-        print(f"no checkpoint in {run_dir}: starting it from iteration 0")
-    else:
-        print(f"resuming {run_dir} from iteration {start}")
-    summary = with_tracker(tracker, run_dir, config, lambda t: trainer.train(t, runner, start),
-                           mongo_url)
+    if trainer.primary:
+        print((f"resuming {run_dir} from iteration {start}" if start else
+               f"no checkpoint in {run_dir}: starting it from iteration 0")
+              + _placement_note(trainer))
+    summary = with_tracker(tracker if trainer.primary else "files", run_dir, config,
+                           lambda t: trainer.train(t, runner, start), mongo_url)
     return {**summary, "run_dir": str(run_dir)}
 
 
