@@ -166,11 +166,14 @@ def time_calls(fn: Callable, args_fn: Callable[[int], tuple], repeats: int,
 
 
 def measure(env: MarketEnv, params, num_envs: int, steps: int, repeats: int, seed: int = 0,
-            min_total_s: float = 0.0) -> dict:
-    """Throughput of ``steps`` vmapped steps of ``num_envs`` markets."""
+            min_total_s: float = 0.0, devices: int | None = None) -> dict:
+    """Throughput of ``steps`` vmapped steps of ``num_envs`` markets, the markets sharded
+    over ``devices`` local devices (None: all that divide them; jaxmarket.train.devices)."""
+    from jaxmarket.train.devices import shard_markets
     rollout = make_rollout(env, params, num_envs, steps)
     reset = jax.jit(jax.vmap(env.reset, in_axes=(0, None)))
     _, states = reset(jax.random.split(jax.random.key(seed), num_envs), params)
+    states, devices = shard_markets(states, num_envs, devices)
     jax.block_until_ready(states)
 
     def args(i):
@@ -181,7 +184,7 @@ def measure(env: MarketEnv, params, num_envs: int, steps: int, repeats: int, see
     n = num_envs * steps
     agents = total_agents(env)
     return {
-        "num_envs": num_envs, "steps": steps, "agents_per_env": agents,
+        "num_envs": num_envs, "steps": steps, "agents_per_env": agents, "devices": devices,
         "compile_s": round(t["compile_s"], 3),        # lower + XLA compile (AOT)
         "first_call_s": round(t["first_call_s"], 3),  # compile + the first run
         "timed_calls": len(t["times"]),
@@ -318,6 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=3, help="timed calls after the first")
     ap.add_argument("--json", action="store_true", help="last line: JSON result")
+    ap.add_argument("--devices", type=int, default=None, metavar="N",
+                    help="shard the markets over N local devices (default: all)")
     ap.add_argument("--breakdown", action="store_true",
                     help="also time the parts of a step (actions, distributor, reset, step_env)")
     ap.add_argument("--sweep", action="store_true",
@@ -352,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     minimal = []
     if args.against_minimal:
         minimal.append(run_minimal(args.minimal_script, args.num_envs, args.steps))
-    r = measure(env, params, args.num_envs, args.steps, args.repeats)
+    r = measure(env, params, args.num_envs, args.steps, args.repeats, devices=args.devices)
     if args.against_minimal:
         minimal.append(run_minimal(args.minimal_script, args.num_envs, args.steps))
         r["minimal_env_steps_per_s"] = round(statistics.mean(minimal), 1)
@@ -372,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"{args.num_envs} envs x {args.steps} steps: compile {r['compile_s']:.2f}s "
         f"(first call {r['first_call_s']:.2f}s), run {r['run_s']:.3f}s "
         f"(median of {r['timed_calls']}, best {r['run_s_best']:.3f}s; "
-        f"{r['cores_used']:.2f} cores busy on average)")
+        f"{r['cores_used']:.2f} cores busy on average; {r['devices']} device(s))")
     log(f"  env steps/s   {r['env_steps_per_s']:>14,.0f}  (best {r['env_steps_per_s_best']:,.0f})")
     log(f"  agent steps/s {r['agent_steps_per_s']:>14,.0f}")
     log(f"  us / env step {r['us_per_env_step']:>14.3f}")

@@ -172,6 +172,17 @@ class Placement:
         return jax.device_put(runner, self.runner)
 
 
+def shard_markets(tree: Any, num_markets: int, devices: int | None = None):
+    """``(tree, n)``: a pytree of ``[num_markets, ...]`` arrays split along axis 0 over
+    ``n`` local devices (the benchmarks' market states)."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    n = resolve_devices(devices, num_markets)
+    if n == 1 and devices is None:
+        return tree, 1
+    return jax.device_put(tree, NamedSharding(make_mesh(n), P(AXIS))), n
+
+
 def to_host(x: Any) -> np.ndarray:
     """A (possibly multi-process) array as a NumPy array on this host."""
     import jax
@@ -184,4 +195,4 @@ def to_host(x: Any) -> np.ndarray:
 
 
 __all__ = ["AXIS", "NO_YNN", "compiler_options", "resolve_devices", "make_mesh",
-           "runner_shardings", "Placement", "to_host"]
+           "runner_shardings", "Placement", "shard_markets", "to_host"]
