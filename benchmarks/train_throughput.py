@@ -95,11 +95,12 @@ def time_chunk(config: dict, num_envs: int, num_seeds: int, iterations: int, rol
     t0 = time.perf_counter()
     runner, metrics = jax.block_until_ready(chunk(runner))
     compile_s = time.perf_counter() - t0
-    times = []
+    times, cpu = [], []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         runner, metrics = jax.block_until_ready(chunk(runner))
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
     med, best = statistics.median(times), min(times)
     steps = iterations * rollout * num_envs * num_seeds
     groups = {g: env.num_agents(g) for g in env.agent_groups}
@@ -114,6 +115,8 @@ def time_chunk(config: dict, num_envs: int, num_seeds: int, iterations: int, rol
         "env_steps_per_s": round(steps / med, 1), "env_steps_per_s_best": round(steps / best, 1),
         "agent_steps_per_s": round(steps * sum(groups.values()) / med, 1),
         "iterations_per_s": round(iterations / med, 2),
+        # CPU seconds per wall second of the timed calls: the cores the run really got
+        "cores_used": round(sum(cpu) / sum(times), 2),
         "us_per_iteration": round(1e6 * med / iterations, 1),
         "last_metrics": last,
     }
@@ -172,22 +175,21 @@ def main(argv: list[str] | None = None) -> int:
     log(f"  env steps/s (with learning) {r['env_steps_per_s']:>14,.0f}  "
         f"(best {r['env_steps_per_s_best']:,.0f}); {r['us_per_iteration']:,.0f} us/iteration")
     log(f"  agent steps/s               {r['agent_steps_per_s']:>14,.0f}  "
-        f"({r['devices']} device(s))")
+        f"({r['devices']} device(s), {r['cores_used']:.2f} cores busy)")
     if len(counts) > 1:   # the other device counts, same process, same config
-        r["by_devices"] = [{k: r[k] for k in ("devices", "compile_s", "env_steps_per_s",
-                                               "env_steps_per_s_best")}]
+        keys = ("devices", "compile_s", "env_steps_per_s", "env_steps_per_s_best", "cores_used")
+        r["by_devices"] = [{k: r[k] for k in keys}]
         for n in counts[1:]:
             o = time_chunk(config, args.num_envs, args.num_seeds, args.iterations,
                            args.rollout_length, args.repeats, devices=n)
-            row = {k: o[k] for k in ("devices", "compile_s", "env_steps_per_s",
-                                     "env_steps_per_s_best")}
+            row = {k: o[k] for k in keys}
             row["speedup"] = round(o["env_steps_per_s"] / r["env_steps_per_s"], 3)
             row["speedup_best"] = round(o["env_steps_per_s_best"] / r["env_steps_per_s_best"], 3)
             r["by_devices"].append(row)
             log(f"  {o['devices']} device(s): env steps/s {o['env_steps_per_s']:>14,.0f} "
                 f"(best {o['env_steps_per_s_best']:,.0f}); x{row['speedup']:.2f} the "
                 f"{r['devices']}-device median (best vs best x{row['speedup_best']:.2f}); "
-                f"compile {o['compile_s']:.1f}s")
+                f"{o['cores_used']:.2f} cores busy; compile {o['compile_s']:.1f}s")
         r["devices_speedup"] = r["by_devices"][-1]["speedup"]
     log(f"  target >= {TARGET_ENV_STEPS_PER_S:,} env steps/s: "
         f"{'met' if r['target_met'] else 'NOT met'}")
