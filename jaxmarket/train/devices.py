@@ -49,26 +49,32 @@ def compiler_options() -> dict | None:
 
 
 def resolve_devices(requested: int | None, num_markets: int, where: str = "--devices") -> int:
-    """The device count to shard ``num_markets`` (seeds x markets per seed) over: every
-    local device when ``requested`` is None, checked against what exists and against
-    the market count, before anything compiles."""
+    """The local device count to shard ``num_markets`` (seeds x markets per seed) over:
+    every local device when ``requested`` is None (as many as divide the markets), checked
+    against what exists and against the market count, before anything compiles. In a
+    distributed run each process contributes that many devices."""
     import jax
-    available = len(jax.local_devices())
+    available, procs = len(jax.local_devices()), jax.process_count()
+    platform = jax.local_devices()[0].platform
     if requested is None:
-        # every local device that divides the markets (a remainder cannot be split)
-        return max(n for n in range(1, available + 1) if num_markets % n == 0)
+        fits = [n for n in range(1, available + 1) if num_markets % (n * procs) == 0]
+        if not fits:
+            raise ConfigError("train.num_seeds x train.num_envs", num_markets,
+                              f"a multiple of the {procs} processes, which split the markets "
+                              "evenly")
+        return max(fits)
     if isinstance(requested, bool) or not isinstance(requested, int) or requested < 1:
         raise ConfigError(where, requested, f"a positive integer (this process has {available} "
-                          f"local device(s): {jax.local_devices()[0].platform})")
+                          f"local device(s): {platform})")
     if requested > available:
         raise ConfigError(where, requested, f"at most the {available} local device(s) of this "
-                          f"process ({jax.local_devices()[0].platform}; more CPU devices: "
-                          "XLA_FLAGS=--xla_force_host_platform_device_count=N before JAX "
-                          "starts)")
-    if num_markets % requested:
-        raise ConfigError(where, requested, f"a divisor of the {num_markets} markets "
-                          "(train.num_seeds x train.num_envs), which are split evenly over "
-                          "the devices")
+                          f"process ({platform}; more CPU devices: XLA_FLAGS="
+                          "--xla_force_host_platform_device_count=N before JAX starts)")
+    if num_markets % (requested * procs):
+        total = f"{requested * procs} devices ({procs} processes)" if procs > 1 else \
+            f"{requested} devices"
+        raise ConfigError(where, requested, f"a count that divides the {num_markets} markets "
+                          f"(train.num_seeds x train.num_envs) evenly over {total}")
     return requested
 
 

@@ -204,11 +204,15 @@ class Trainer:
     @property
     def ckpt(self) -> ocp.CheckpointManager:
         # created on first use: a Trainer that fails validation leaves no directory behind
+        # a distributed run: every process calls save() with its shards, orbax's primary
+        # host (process 0) creates the directory, writes the metadata and commits the step
+        # (the run directory must be storage every process sees)
         if self._ckpt is None:
             self._ckpt = ocp.CheckpointManager(
                 (self.run_dir / "checkpoints").absolute(),
-                options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True,
-                                                     enable_async_checkpointing=False))
+                options=ocp.CheckpointManagerOptions(
+                    max_to_keep=2, create=True, enable_async_checkpointing=False,
+                    multiprocessing_options=ocp.options.MultiprocessingOptions(primary_host=0)))
         return self._ckpt
 
     def chunk_fn(self, length: int):
