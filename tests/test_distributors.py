@@ -564,6 +564,73 @@ def test_small_market_mask_path_equals_sorted_kernel(outside, withhold, monkeypa
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+def _softmax_reference(u, price, budget, queries, log_outside):
+    """float64 numpy: share_cs = [p_s <= b_c] exp(u_s) / (sum_eligible exp(u_j) + exp(o))."""
+    u, price, budget, queries = (np.asarray(x, np.float64) for x in (u, price, budget, queries))
+    elig = price[None] <= budget[:, None]                                   # [C, S, P]
+    shift = np.max(np.where(elig, u[None], -np.inf), axis=1)               # [C, P]
+    shift = np.maximum(shift, log_outside)
+    w = np.where(elig, np.exp(np.minimum(u[None] - shift[:, None], 0.0)), 0.0)
+    denom = w.sum(1) + np.exp(log_outside - shift)
+    traffic = np.einsum("csp,cp->sp", w, queries / denom)
+    unserved = queries * np.exp(log_outside - shift) / denom
+    return traffic, unserved
+
+
+def test_fast_mask_kernel_one_shift_per_product_matches_reference():
+    """The small-market kernel takes one shift per product (exp per seller, not per
+    consumer x seller); on ordinary markets it gives the reference shares, and the
+    guard that would send a market to the per-consumer shift stays off."""
+    from jaxmarket.market.distributors import prefix_softmax as ps
+    rng = np.random.default_rng(7)
+    B, C, S, P = 5, 4, 6, 3
+    u = rng.normal(0, 3, (B, S, P)).astype(np.float32)
+    price = rng.uniform(0, 3, (B, S, P)).astype(np.float32)
+    budget = rng.uniform(0.5, 3, (B, C, P)).astype(np.float32)
+    queries = rng.uniform(0, 5, (B, C, P)).astype(np.float32)
+    lo = np.float32(0.4)
+    _, ok = ps._dense_fast(u, price, budget, queries, np.full((B, P), lo), True, False)
+    assert bool(ok)
+    out = jax.vmap(lambda *a: ps.prefix_softmax(*a, log_outside=lo))(u, price, budget, queries)
+    for b in range(B):
+        traffic, unserved = _softmax_reference(u[b], price[b], budget[b], queries[b], lo)
+        np.testing.assert_allclose(out.traffic[b], traffic, rtol=2e-5, atol=1e-6)
+        np.testing.assert_allclose(out.unserved[b], unserved, rtol=2e-5, atol=1e-6)
+
+
+def test_fast_mask_kernel_falls_back_when_a_consumer_would_underflow():
+    """Consumer 0 can afford only sellers whose utilities are 200 below the product's
+    best: one shift per product underflows its weights to 0. That market sends the whole
+    batch to the per-consumer shift (vmapped, nested too), so every market -- the
+    ill-conditioned one and an ordinary one beside it -- gets the reference shares."""
+    from jaxmarket.market.distributors import prefix_softmax as ps
+    price = np.array([[1.0], [1.0], [3.0]], np.float32)         # seller 2 is dear but best
+    u_bad = np.array([[-200.0], [-201.0], [0.0]], np.float32)
+    u_good = np.array([[-1.0], [-2.0], [0.0]], np.float32)
+    budget = np.array([[1.5], [4.0]], np.float32)                # consumer 0 can't afford 2
+    queries = np.array([[2.0], [3.0]], np.float32)
+    lo = np.float32(-250.0)
+    fast, ok = ps._dense_fast(u_bad, price, budget, queries, np.full((1,), lo), True, False)
+    assert not bool(ok)
+    assert float(fast[0][0, 0]) == 0.0        # the underflow the guard exists for
+    u = np.stack([u_good, u_bad])
+    args = (u, np.stack([price] * 2), np.stack([budget] * 2), np.stack([queries] * 2))
+    flat = jax.vmap(lambda *a: ps.prefix_softmax(*a, log_outside=lo))(*args)
+    nested = jax.vmap(jax.vmap(lambda *a: ps.prefix_softmax(*a, log_outside=lo)))(
+        *(np.stack([x] * 3) for x in args))
+    for b in range(2):
+        traffic, unserved = _softmax_reference(u[b], price, budget, queries, lo)
+        # consumer 0 splits its 2 queries e^0 : e^-1 between sellers 0 and 1
+        if b == 1:
+            np.testing.assert_allclose(traffic[:2, 0], [2 / (1 + math.exp(-1)),
+                                                         2 * math.exp(-1) / (1 + math.exp(-1))],
+                                       rtol=1e-6)
+        np.testing.assert_allclose(flat.traffic[b], traffic, rtol=2e-5, atol=1e-6)
+        np.testing.assert_allclose(flat.unserved[b], unserved, rtol=2e-5, atol=1e-6)
+        for k in range(3):
+            np.testing.assert_array_equal(nested.traffic[k, b], flat.traffic[b])
+
+
 def test_dense_detector_flags_dense_kinds():
     # positive control: the walker does see the [C, S, P] arrays of the dense kinds
     for kind in ("isa_2022", "isa_greedy"):

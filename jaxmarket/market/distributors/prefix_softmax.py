@@ -249,6 +249,98 @@ def _dense_one_product(u, price, budget, queries, log_outside, outside, withhold
     return traffic, money(traffic * price), unserved, money(spend), sent
 
 
+def _add3(a, b):
+    return a[0] + b[0], a[1] + b[1], a[2] + b[2]
+
+
+def _add2(a, b):
+    return a[0] + b[0], a[1] + b[1]
+
+
+SHARE_FLOOR = 1e-20  # the fast mask kernel's sum of eligible weights must stay above this
+
+
+def _dense_fast(u, price, budget, queries, log_outside, outside, withhold):
+    """The mask kernel's formula with *one* shift per product: ``C x S`` selects and adds
+    instead of ``C x S`` exponentials. Any leading batch dims; ``u, price [..., S, P]``,
+    ``budget, queries [..., C, P]``, ``log_outside [..., P]``, ``outside, withhold [...]``.
+
+    With ``m_p = max(max_s u_s, o)`` every weight is ``e_s = exp(u_s - m_p) <= 1`` (one
+    exponential per seller and product), and per consumer::
+
+        W_c = sum_s [p_s <= b_c] e_s,   D_c = W_c + [outside] exp(o - m_p)
+        served_c = q_c W_c / D_c,  spend_c = q_c sum_s [p_s <= b_c] e_s p_s / D_c
+        traffic_s = e_s sum_c [p_s <= b_c] q_c / D_c   (capped at sum_c [p_s <= b_c] q_c)
+
+    -- the same shares as :func:`_dense_one_product`, whose per-consumer shift differs by
+    a common factor that cancels. The one shift is exact to float rounding unless a
+    consumer's eligible weights underflow (its best eligible utility ~45 below the
+    product's best): ``ok`` is False for such a market, and the caller recomputes it
+    with the per-consumer shift. The two reductions over the ``[C, S]`` pairs are each
+    one multi-output reduce (XLA fuses the select into it: no ``[C, S]`` array is
+    written)."""
+    f = u.dtype
+    outside = jnp.asarray(outside, bool)[..., None, None]
+    withhold = jnp.asarray(withhold, bool)[..., None, None]
+    lo = log_outside[..., None, :]                                          # [..., 1, P]
+    top = jnp.max(u, axis=-2, keepdims=True)                                # [..., 1, P]
+    m = jnp.where(outside, jnp.maximum(top, lo), top)
+    e = jnp.exp(u - m)                                                      # [..., S, P]
+    e_out = jnp.where(outside, jnp.exp(jnp.minimum(lo - m, 0.0)), 0.0)     # [..., 1, P]
+    elig = price[..., None, :, :] <= budget[..., :, None, :]                # [..., C, S, P]
+    zero = jnp.zeros((), f)
+    w_sum, wp_sum, n_elig = jax.lax.reduce(
+        (jnp.where(elig, e[..., None, :, :], zero),
+         jnp.where(elig, (e * price)[..., None, :, :], zero),
+         jnp.where(elig, jnp.ones((), f), zero)),
+        (zero, zero, zero), _add3, (elig.ndim - 2,))                        # [..., C, P]
+    has_seller = n_elig > 0
+    denom = w_sum + e_out
+    sent = jnp.where(withhold & ~(has_seller | outside), 0.0, queries)
+    inv_d = jnp.where(denom > 0, 1.0 / jnp.where(denom > 0, denom, 1.0), 0.0)
+    served = sent * jnp.minimum(w_sum * inv_d, 1.0)
+    unserved = sent - served
+    spend = jnp.minimum(sent * (wp_sum * inv_d), sent * budget)
+    per_query, reach = jax.lax.reduce(
+        (jnp.where(elig, (sent * inv_d)[..., :, None, :], zero),
+         jnp.where(elig, sent[..., :, None, :], zero)),
+        (zero, zero), _add2, (elig.ndim - 3,))                              # [..., S, P]
+    traffic = jnp.minimum(e * per_query, reach)
+    ok = jnp.all(~has_seller | (sent == 0) | (w_sum >= SHARE_FLOOR))
+    return (traffic, money(traffic * price), unserved, money(spend), sent), ok
+
+
+def _dense_exact(u, price, budget, queries, log_outside, outside, withhold):
+    """:func:`_dense_one_product` (per-consumer shift) over any leading batch dims."""
+    fn = jax.vmap(_dense_one_product, in_axes=(1, 1, 1, 1, 0, None, None), out_axes=1)
+    for _ in range(u.ndim - 2):
+        fn = jax.vmap(fn)
+    batch = u.shape[:-2]
+    outside = jnp.broadcast_to(jnp.asarray(outside, bool), batch)
+    withhold = jnp.broadcast_to(jnp.asarray(withhold, bool), batch)
+    return fn(u, price, budget, queries, log_outside, outside, withhold)
+
+
+@jax.custom_batching.custom_vmap
+def _dense(u, price, budget, queries, log_outside, outside, withhold):
+    """The small-market kernel: :func:`_dense_fast`, and the exact per-consumer shift
+    (:func:`_dense_exact`) only if some market of the whole batch needs it (a
+    ``lax.cond`` on one flag for the batch: under ``vmap`` this function sees the whole
+    batch -- its vmap rule folds every batch axis into the leading dims -- so the slow
+    path costs nothing unless it is taken)."""
+    args = (u, price, budget, queries, log_outside, outside, withhold)
+    fast, ok = _dense_fast(*args)
+    return jax.lax.cond(ok, lambda a: fast, lambda a: tuple(_dense_exact(*a)), args)
+
+
+@_dense.def_vmap
+def _dense_vmap(axis_size, in_batched, *args):
+    args = [a if b else jnp.broadcast_to(a, (axis_size,) + jnp.shape(a))
+            for a, b in zip(args, in_batched)]
+    out = _dense(*args)
+    return out, jax.tree.map(lambda _: True, out)
+
+
 @jax.jit
 def _prefix_softmax(u, price, budget, queries, log_outside, outside, withhold):
     price = clean_price(price)
@@ -259,10 +351,13 @@ def _prefix_softmax(u, price, budget, queries, log_outside, outside, withhold):
     lo = clip_utility(jnp.broadcast_to(f32(log_outside), (P,)))
     outside = jnp.asarray(outside, bool)
     withhold = jnp.asarray(withhold, bool)
-    kernel = (_dense_one_product if price.shape[0] * budget.shape[0] <= DENSE_MAX_PAIRS
-              else _one_product)
-    fn = jax.vmap(kernel, in_axes=(1, 1, 1, 1, 0, None, None), out_axes=1)
-    traffic, fees, unserved, spend, sent = fn(u, price, budget, queries, lo, outside, withhold)
+    if price.shape[0] * budget.shape[0] <= DENSE_MAX_PAIRS:
+        traffic, fees, unserved, spend, sent = _dense(u, price, budget, queries, lo, outside,
+                                                      withhold)
+    else:
+        fn = jax.vmap(_one_product, in_axes=(1, 1, 1, 1, 0, None, None), out_axes=1)
+        traffic, fees, unserved, spend, sent = fn(u, price, budget, queries, lo, outside,
+                                                  withhold)
     return Allocation(traffic=traffic, fees=fees, unserved=unserved, spend=spend, sent=sent)
 
 
