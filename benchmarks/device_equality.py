@@ -35,15 +35,16 @@ import os
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_force_host_platform_device_count=8").strip()
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import json
+import sys
+from pathlib import Path
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_YNN = {"xla_cpu_experimental_ynn_fusion_type": ""}
@@ -111,8 +112,9 @@ def bandit_update() -> bool:
     for n in (1, 8):
         mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:n]), ("markets",))
         rep, slots = NamedSharding(mesh, P()), NamedSharding(mesh, P(None, "markets"))
-        s_sh = jax.tree.map(lambda x: slots if x.ndim >= 2 and x.shape[1] == A else rep, state)
-        b_sh = jax.tree.map(lambda x: slots if x.ndim >= 2 else rep, batch)
+        s_sh = jax.tree.map(lambda x, s=slots, r=rep: s if x.ndim >= 2 and x.shape[1] == A
+                            else r, state)
+        b_sh = jax.tree.map(lambda x, s=slots, r=rep: s if x.ndim >= 2 else r, batch)
         f = jax.jit(learner.update, in_shardings=(s_sh, b_sh), out_shardings=(s_sh, rep),
                     compiler_options=NO_YNN)
         new, _ = f(jax.device_put(state, s_sh), jax.device_put(batch, b_sh))

@@ -26,6 +26,11 @@ CONFIG = {
 }
 
 
+REFUSAL = ("config error: --distributed: got 'process(es) [1] differ from process 0'; "
+           "allowed: the same config on every process (scenario file, overrides, --devices, "
+           "--resume)")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -78,9 +83,7 @@ def test_two_processes_write_what_one_process_with_two_devices_writes(tmp_path):
     for code, out, err in results[3:]:
         lines = [x for x in err.splitlines() if x.startswith("config error")]
         assert code == 2, err[-3000:]
-        assert lines == ["config error: --distributed: got 'process(es) [1] differ from process "
-                         "0'; allowed: the same config on every process (scenario file, "
-                         "overrides, --devices, --resume)"]
+        assert lines == [REFUSAL]
     assert not refused.exists()
 
 
@@ -88,16 +91,18 @@ def test_incomplete_or_stray_address_flags_are_one_line_errors(tmp_path, capsys)
     from jaxmarket.cli import run_cli
     from jaxmarket.train.__main__ import main
     cases = [
-        (["--distributed", "--num-processes", "2"], "config error: --distributed: got "
-         "'--coordinator-address, --process-id missing'; allowed: all three of"),
-        (["--process-id", "1"], "config error: --coordinator-address/--num-processes/"
-         "--process-id: got '1'; allowed: only with --distributed"),
+        (["--distributed", "--num-processes", "2"],
+         ("config error: --distributed: got '--coordinator-address, --process-id missing'; "
+          "allowed: all three of")),
+        (["--process-id", "1"],
+         ("config error: --coordinator-address/--num-processes/--process-id: got '1'; "
+          "allowed: only with --distributed")),
         (["--distributed", "--coordinator-address", "127.0.0.1:1", "--num-processes", "2",
-          "--process-id", "2"], "config error: --process-id: got 2; allowed: an integer in "
-         "[0, 1] (--num-processes 2)"),
+          "--process-id", "2"],
+         "config error: --process-id: got 2; allowed: an integer in [0, 1] (--num-processes 2)"),
         (["--distributed", "--coordinator-address", "nohost", "--num-processes", "2",
-          "--process-id", "0"], "config error: --coordinator-address: got 'nohost'; allowed: "
-         "HOST:PORT"),
+          "--process-id", "0"],
+         "config error: --coordinator-address: got 'nohost'; allowed: HOST:PORT"),
     ]
     for args, start in cases:
         run_dir = tmp_path / "run"

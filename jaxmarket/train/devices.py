@@ -107,7 +107,8 @@ def runner_shardings(runner: Any, mesh, num_markets: int, slots: dict[str, tuple
     slot count (``slots[g] = (slots, policies)``) when that count differs from the
     policy count and divides over the mesh; everything else replicated."""
     import jax
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
     n = mesh.size
     replicated = NamedSharding(mesh, P())
 
@@ -147,7 +148,8 @@ class Placement:
     def __init__(self, init, specs: dict, tcfg, devices: int | None = None,
                  where: str = "--devices"):
         import jax
-        from jax.sharding import NamedSharding, PartitionSpec as P
+        from jax.sharding import NamedSharding
+        from jax.sharding import PartitionSpec as P
         markets = tcfg.num_seeds * tcfg.num_envs
         self.num_devices = resolve_devices(devices, markets, where)
         self.mesh = make_mesh(self.num_devices)
@@ -182,7 +184,8 @@ def shard_markets(tree: Any, num_markets: int, devices: int | None = None):
     """``(tree, n)``: a pytree of ``[num_markets, ...]`` arrays split along axis 0 over
     ``n`` local devices (the benchmarks' market states)."""
     import jax
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
     n = resolve_devices(devices, num_markets)
     if n == 1 and devices is None:
         return tree, 1
@@ -200,5 +203,14 @@ def to_host(x: Any) -> np.ndarray:
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
-__all__ = ["AXIS", "NO_YNN", "compiler_options", "resolve_devices", "make_mesh",
-           "runner_shardings", "Placement", "shard_markets", "to_host"]
+__all__ = [
+    "AXIS",
+    "NO_YNN",
+    "Placement",
+    "compiler_options",
+    "make_mesh",
+    "resolve_devices",
+    "runner_shardings",
+    "shard_markets",
+    "to_host",
+]

@@ -131,4 +131,4 @@ def wait_for_primary(name: str) -> None:
         multihost_utils.sync_global_devices(f"jaxmarket:{name}")
 
 
-__all__ = ["initialize", "config_hash", "check_same", "broadcast_text", "wait_for_primary"]
+__all__ = ["broadcast_text", "check_same", "config_hash", "initialize", "wait_for_primary"]
