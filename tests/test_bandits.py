@@ -518,3 +518,33 @@ def test_discrete_bandits_find_the_best_arm(kind, hyper):
     # exp3: the arm with the largest weight; the others: the arm pulled most
     score = states.log_weights if kind == "exp3" else states.counts
     assert np.all(np.argmax(np.asarray(score), -1) == best), np.asarray(score)
+
+
+@pytest.mark.parametrize("shape", [((5, 2, 4, 3, 3), (2, 1, 3, 3)), ((6, 1, 1, 7, 2), (1, 1, 7, 2))])
+def test_centred_log_prob_value_and_gradient_equal_the_gaussian_log_density(shape):
+    """The PPO bandits' log-probability from centred samples (hand-written gradient)
+    equals autodiff of the elementwise Gaussian log-density, in float64, for parameters
+    broadcast over the sample and market axes."""
+    from jaxmarket.learners.gaussian_bandits import centred_log_prob, normal_log_prob
+    sample_shape, param_shape = shape
+    with jax.enable_x64(True):
+        rng = np.random.default_rng(0)
+        x = jnp.asarray(rng.normal(2.0, 0.7, sample_shape))
+        centre = jnp.asarray(rng.normal(2.0, 0.1, param_shape))
+        mean = jnp.asarray(rng.normal(2.0, 0.3, param_shape))
+        log_std = jnp.asarray(rng.normal(-0.5, 0.3, param_shape))
+        weight = jnp.asarray(rng.normal(0.0, 1.0, sample_shape[:-1]))
+
+        def direct(mean, log_std):
+            return (weight * normal_log_prob(x, mean, log_std).sum(-1)).sum()
+
+        def centred(mean, log_std):
+            d = x - centre
+            return (weight * centred_log_prob(d, d * d, mean - centre, log_std)).sum()
+
+        v0, g0 = jax.value_and_grad(direct, argnums=(0, 1))(mean, log_std)
+        v1, g1 = jax.value_and_grad(centred, argnums=(0, 1))(mean, log_std)
+        np.testing.assert_allclose(v1, v0, rtol=1e-12)
+        for a, b in zip(g1, g0):
+            assert a.shape == b.shape
+            np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)

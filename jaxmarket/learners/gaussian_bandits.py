@@ -142,6 +142,54 @@ def normal_log_prob(x: jax.Array, mean: jax.Array, log_std: jax.Array) -> jax.Ar
     return -0.5 * jnp.square((x - mean) * jnp.exp(-log_std)) - log_std - 0.5 * _LOG_2PI
 
 
+@jax.custom_vjp
+def centred_log_prob(d: jax.Array, d2: jax.Array, delta: jax.Array,
+                     log_std: jax.Array) -> jax.Array:
+    """``sum_p log N(x_p; mean_p, exp(log_std_p))`` over the last axis, from the samples
+    centred once per update: ``d = x - c`` and ``d2 = d**2`` (``c`` a fixed centre, the
+    mean when the update started) with ``delta = mean - c``::
+
+        sum_p log N = -1/2 sum_p w_p (d2 - 2 d delta_p + delta_p**2) - sum_p log_std_p
+                      - P/2 log(2 pi),       w = exp(-2 log_std)
+
+    ``delta``/``log_std`` broadcast against ``d``. The gradient is written out as sums over
+    the axes they broadcast along (one pass of multiply-adds over the buffer per sum,
+    where autodiff of the elementwise form made XLA:CPU write several buffer-sized
+    temporaries): ``d/d delta = w (sum g d - delta sum g)`` and ``d/d log_std =
+    w (sum g d2 - 2 delta sum g d + delta**2 sum g) - sum g`` for the cotangent ``g``.
+    Centring keeps the expansion exact to float rounding: ``d - delta`` is a deviation
+    from the current mean, not a difference of two large numbers."""
+    w = jnp.exp(-2.0 * log_std)
+    q = (d2 * w - 2.0 * d * (delta * w)).sum(-1) + (jnp.square(delta) * w).sum(-1)
+    return -0.5 * q - log_std.sum(-1) - 0.5 * _LOG_2PI * d.shape[-1]
+
+
+def _centred_fwd(d, d2, delta, log_std):
+    return centred_log_prob(d, d2, delta, log_std), (d, d2, delta, log_std)
+
+
+def _centred_bwd(res, g):
+    d, d2, delta, log_std = res
+    shape = jnp.broadcast_shapes(delta.shape, log_std.shape)
+    lead = d.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape[:-1])
+                                      if n == 1 and d.shape[lead + i] != 1)
+    gx = g[..., None]
+
+    def total(x):
+        return x.sum(axes).reshape(shape[:-1] + x.shape[-1:])
+
+    sg, sgd, sgd2 = total(gx), total(gx * d), total(gx * d2)
+    w = jnp.exp(-2.0 * log_std)
+    d_delta = w * (sgd - delta * sg)
+    d_log_std = w * (sgd2 - 2.0 * delta * sgd + jnp.square(delta) * sg) - sg
+    return (jnp.zeros_like(d), jnp.zeros_like(d2), d_delta.reshape(delta.shape),
+            d_log_std.reshape(log_std.shape))
+
+
+centred_log_prob.defvjp(_centred_fwd, _centred_bwd)
+
+
 def standardised(reward: jax.Array, mask: jax.Array) -> jax.Array:
     """``(r - mean) / (std + 1e-8)`` over the valid (``mask``) entries of axis 0; zero
     where invalid. ``reward``, ``mask``: ``[L, A]``."""
@@ -266,11 +314,16 @@ def _make(kind: str, fields: Mapping[str, Field], algo: str, rolling: bool):
         def slot_hyper(state, name):   # per-policy [N] -> per-slot [A]
             return layout.view(state.hyper[name][:, None])[:, 0]
 
-        def loss_fn(params, state, mask):
-            mean = layout.params(params["mean"])                      # [S, 1, n, P]
-            log_std = layout.params(params["log_std"])
-            sample = layout.split(state.buf_sample, axis=1)           # [L, S, M, n, P]
-            logp = layout.merge(normal_log_prob(sample, mean, log_std).sum(-1), axis=1)
+        def centred(state):
+            """The buffer's samples about the update's starting mean: ``d``, ``d**2``
+            (``[L, S, M, n, P]``, computed once per update, read by every epoch)."""
+            d = layout.split(state.buf_sample, axis=1) - layout.params(state.params["mean"])
+            return d, jnp.square(d)
+
+        def loss_fn(params, state, mask, d, d2):
+            delta = layout.params(params["mean"] - jax.lax.stop_gradient(state.params["mean"]))
+            log_std = layout.params(params["log_std"])                # [S, 1, n, P]
+            logp = layout.merge(centred_log_prob(d, d2, delta, log_std), axis=1)   # [L, A]
             mean, log_std = layout.view(params["mean"]), layout.view(params["log_std"])
             adv = standardised(state.buf_reward, mask)
             n = jnp.maximum(mask.sum(0), 1.0)
@@ -305,10 +358,11 @@ def _make(kind: str, fields: Mapping[str, Field], algo: str, rolling: bool):
         def do_update(state):
             mask = (jnp.arange(length) < state.count).astype(jnp.float32)[:, None]
             mask = jnp.broadcast_to(mask, (length, num_agents))
+            d, d2 = centred(state)
 
             def epoch(carry, _):
                 params, opt_state = carry
-                loss, grads = jax.value_and_grad(loss_fn)(params, state, mask)
+                loss, grads = jax.value_and_grad(loss_fn)(params, state, mask, d, d2)
                 updates, opt_state = opt.update(grads, opt_state, params)
                 lr = state.hyper["learning_rate"]
                 updates = jax.tree.map(lambda u: lr.reshape((-1,) + (1,) * (u.ndim - 1)) * u,
@@ -317,7 +371,7 @@ def _make(kind: str, fields: Mapping[str, Field], algo: str, rolling: bool):
                 return (params, opt_state), loss
 
             (params, opt_state), losses = jax.lax.scan(
-                epoch, (state.params, state.opt_state), None, length=epochs)
+                epoch, (state.params, state.opt_state), None, length=epochs, unroll=True)
             return params, opt_state, losses[-1]
 
         def step(carry, x):

@@ -40,10 +40,17 @@ to rounding), which makes conservation exact to float rounding even where huge u
 (``|u| >~ 1e6``) cost float32 precision in the log-space differences.
 
 Small markets: when ``C * S <= DENSE_MAX_PAIRS`` (a constant, 1024) the same formula is
-evaluated directly on the ``[C, S]`` eligibility mask of each product instead
-(:func:`_dense_one_product`): on CPU a sort and two scans of ~40 elements cost far more
-than a few hundred fused multiply-adds. The choice is static (shapes), both paths
-compute the same shares (tested against each other), and the cost stays
+evaluated directly on the ``[C, S]`` eligibility mask of each product instead: on CPU a
+sort and two scans of ~40 elements cost far more than a few hundred fused multiply-adds.
+There the weight ``exp(u_s)`` depends on the seller only, so :func:`_dense_fast` takes one
+shift per product (``S`` exponentials, not ``C x S``) and the mask only selects and adds,
+inside multi-output reduces that XLA fuses with the compare (no ``[C, S]`` array is
+written). Where one shift would underflow a consumer's eligible weights (its best
+eligible utility ~45 below the product's best), the batch is recomputed with a
+per-consumer shift (:func:`_dense_one_product`) behind one ``lax.cond`` for the whole
+batch (:func:`_dense` is a ``custom_vmap``, so under ``vmap`` it still sees one flag).
+The choice of kernel is static (shapes), the paths compute the same shares (tested
+against each other and a float64 reference), and the cost stays
 ``O((C + S) log(C + S) P)`` for every market larger than that constant.
 
 Precision: like any float32 softmax, the shares are accurate to about ``|u| * 2**-24``
