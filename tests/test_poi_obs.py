@@ -284,3 +284,11 @@ def test_bad_poi_config_is_one_config_error(config, field, words):
         resolve_training(config)
     assert err.value.field == field
     assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_metrics_csv_names_the_poi_observation_columns_by_sample_not_product():
+    from jaxmarket.train.run import _flatten_metrics
+    rows = _flatten_metrics({"poi/s/obs": np.array([[1.0, 2.0, 3.0]]),
+                             "price/s": np.array([[4.0, 5.0]]), "loss": np.array([7.0])}, 10)
+    assert rows == [{"iteration": 11, "poi/s/obs/k0": 1.0, "poi/s/obs/k1": 2.0,
+                     "poi/s/obs/k2": 3.0, "price/s/p0": 4.0, "price/s/p1": 5.0, "loss": 7.0}]

@@ -145,7 +145,8 @@ def _seed_rows(metrics: dict[str, np.ndarray], start: int) -> list[dict[str, flo
 
 def _flatten_metrics(metrics: dict[str, np.ndarray], start: int) -> list[dict[str, float]]:
     """[chunk, ...] arrays (already means over seeds, markets and agents) -> one row per
-    iteration; per-product vectors expand to name/p{j}."""
+    iteration; per-product vectors expand to name/p{j}, the POI observation's ``k``
+    values (``poi/<g>/obs``) to name/k{j}."""
     columns: dict[str, np.ndarray] = {}
     for name, value in metrics.items():
         if name.startswith(PER_SEED):
@@ -154,8 +155,9 @@ def _flatten_metrics(metrics: dict[str, np.ndarray], start: int) -> list[dict[st
         if v.ndim == 1:
             columns[name] = v
         else:
+            axis = "k" if name.startswith("poi/") and name.endswith("/obs") else "p"
             for j in range(v.shape[1]):
-                columns[f"{name}/p{j}"] = v[:, j]
+                columns[f"{name}/{axis}{j}"] = v[:, j]
     n = next(iter(columns.values())).shape[0]
     return [{"iteration": start + i + 1, **{k: float(c[i]) for k, c in columns.items()}}
             for i in range(n)]
