@@ -348,6 +348,19 @@ def _dense_vmap(axis_size, in_batched, *args):
     return out, jax.tree.map(lambda _: True, out)
 
 
+@jax.custom_jvp
+def _dense_differentiable(u, price, budget, queries, log_outside, outside, withhold):
+    """:func:`_dense`, differentiable: ``custom_vmap`` has no autodiff rule, so
+    derivatives (``jvp``, ``grad``) are those of the per-consumer-shift formula
+    (:func:`_dense_exact`, plain ``jnp``), which computes the same shares."""
+    return _dense(u, price, budget, queries, log_outside, outside, withhold)
+
+
+@_dense_differentiable.defjvp
+def _dense_jvp(primals, tangents):
+    return jax.jvp(lambda *a: tuple(_dense_exact(*a)), primals, tangents)
+
+
 @jax.jit
 def _prefix_softmax(u, price, budget, queries, log_outside, outside, withhold):
     price = clean_price(price)
@@ -359,8 +372,8 @@ def _prefix_softmax(u, price, budget, queries, log_outside, outside, withhold):
     outside = jnp.asarray(outside, bool)
     withhold = jnp.asarray(withhold, bool)
     if price.shape[0] * budget.shape[0] <= DENSE_MAX_PAIRS:
-        traffic, fees, unserved, spend, sent = _dense(u, price, budget, queries, lo, outside,
-                                                      withhold)
+        traffic, fees, unserved, spend, sent = _dense_differentiable(
+            u, price, budget, queries, lo, outside, withhold)
     else:
         fn = jax.vmap(_one_product, in_axes=(1, 1, 1, 1, 0, None, None), out_axes=1)
         traffic, fees, unserved, spend, sent = fn(u, price, budget, queries, lo, outside,
