@@ -51,15 +51,18 @@ def compilation_cache(path: str | Path | None):
     state (``jaxmarket.train.pbt.HYPERPARAMS``: learning rates, entropy and clip
     coefficients, Q-learning's alpha and beta). Structural values (counts, kinds, action
     bounds, buffer lengths) compile once per distinct value."""
-    if path is None:
-        yield
-        return
     import jax
     from jax.experimental.compilation_cache import compilation_cache as cc
 
-    Path(path).mkdir(parents=True, exist_ok=True)
-    settings = {"jax_compilation_cache_dir": str(Path(path).absolute()),
-                "jax_persistent_cache_min_compile_time_secs": 0.0}
+    if path is None:   # off, even where JAX_COMPILATION_CACHE_DIR names one
+        if jax.config.jax_compilation_cache_dir is None:
+            yield
+            return
+        settings = {"jax_compilation_cache_dir": None}
+    else:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        settings = {"jax_compilation_cache_dir": str(Path(path).absolute()),
+                    "jax_persistent_cache_min_compile_time_secs": 0.0}
     previous = {name: getattr(jax.config, name) for name in settings}
     cc.reset_cache()
     for name, value in settings.items():
