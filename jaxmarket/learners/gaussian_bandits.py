@@ -183,8 +183,17 @@ def _centred_bwd(res, g):
     w = jnp.exp(-2.0 * log_std)
     d_delta = w * (sgd - delta * sg)
     d_log_std = w * (sgd2 - 2.0 * delta * sgd + jnp.square(delta) * sg) - sg
-    return (jnp.zeros_like(d), jnp.zeros_like(d2), d_delta.reshape(delta.shape),
-            d_log_std.reshape(log_std.shape))
+    return (jnp.zeros_like(d), jnp.zeros_like(d2), _unbroadcast(d_delta, delta.shape),
+            _unbroadcast(d_log_std, log_std.shape))
+
+
+def _unbroadcast(x: jax.Array, shape: tuple) -> jax.Array:
+    """``x`` (of the broadcast shape) summed over the axes along which an input of
+    ``shape`` was broadcast: that input's cotangent."""
+    lead = x.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape)
+                                      if n == 1 and x.shape[lead + i] != 1)
+    return x.sum(axes).reshape(shape)
 
 
 centred_log_prob.defvjp(_centred_fwd, _centred_bwd)
