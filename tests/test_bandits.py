@@ -548,3 +548,56 @@ def test_centred_log_prob_value_and_gradient_equal_the_gaussian_log_density(shap
         for a, b in zip(g1, g0):
             assert a.shape == b.shape
             np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind, hyper", [
+    ("ppo_bandit", {"update_epochs": 3, "entropy_coef": 0.01, "pullback_coef": 0.1}),
+    ("vpg_bandit", {})])
+def test_policy_major_feature_buffer_updates_as_the_per_slot_buffer(kind, hyper):
+    """One policy per seller position (2 seeds x 3 markets x 2 sellers, 2 products): the
+    learner keeps each policy's samples as features (d, d**2) about a centre and takes
+    the loss's sums as matrix-vector products. The same problem with the policies
+    numbered in another order (a gather layout, per-slot buffer) must give the same
+    parameters: over two full buffers, with the parameters moved between two samples of
+    the second buffer (as a PBT exploit does), so the centre is not the update's start."""
+    S, M, n, P, L = 2, 3, 2, 2, 4
+    A = S * M * n
+    ident = tuple(int(s * n + a % n) for s in range(S) for a in range(M * n))
+    perm = np.array([2, 0, 3, 1])                        # policy p -> perm[p]
+    spec_f = LearnerSpec(num_agents=A, obs_dim=0, num_products=P,
+                         action_low=np.zeros((A, P), np.float32),
+                         action_high=np.full((A, P), 4.0, np.float32), num_policies=S * n,
+                         policy_index=ident, num_markets=S * M, num_sessions=S)
+    spec_g = LearnerSpec(**{**spec_f.__dict__, "policy_index": tuple(int(perm[p]) for p in ident)})
+    h = {"buffer_length": L, "learning_rate": 0.05, **hyper}
+    fast, slow = make(kind, h, spec_f), make(kind, h, spec_g)
+    sf, sg = fast.init(jax.random.PRNGKey(0), spec_f), slow.init(jax.random.PRNGKey(0), spec_g)
+    assert sf.buf_sample.shape == (S * n, 2 * P, L, M)      # the feature layout
+    assert sg.buf_sample.shape == (L, A, P)                  # the per-slot layout
+    inv = np.argsort(perm)
+
+    def relabel(params):            # fast's policy p is slow's policy perm[p]
+        return jax.tree.map(lambda x: x[inv], params)
+
+    rng = np.random.default_rng(1)
+    for step in range(2 * L):
+        if step == L + 2:           # move the parameters mid-buffer, in both learners
+            moved = {"mean": sf.params["mean"] + jnp.asarray(rng.normal(0, 0.2, (S * n, P)),
+                                                             jnp.float32),
+                     "log_std": sf.params["log_std"] - 0.1}
+            sf, sg = sf.replace(params=moved), sg.replace(params=relabel(moved))
+        _, aux = fast.act(sf, jnp.zeros((A, 0)), jax.random.PRNGKey(10 + step))
+        z = np.asarray(aux["sample"])
+        reward = -np.square(z - 1.5).sum(-1) + rng.normal(0, 0.1, A)
+        batch = make_batch({"sample": z[None], "log_prob": np.asarray(aux["log_prob"])[None]},
+                           reward[None], action=jnp.asarray(z[None]))
+        sf, mf = fast.update(sf, batch)
+        sg, mg = slow.update(sg, batch)
+        if (step + 1) % L == 0:     # an update happened: same parameters, same loss
+            for key in ("mean", "log_std"):
+                np.testing.assert_allclose(np.asarray(sf.params[key]),
+                                           np.asarray(sg.params[key])[perm], rtol=2e-5,
+                                           atol=2e-6)
+            np.testing.assert_allclose(float(mf["loss"]), float(mg["loss"]), rtol=1e-4)
+    assert int(sf.updates) == 2
+    assert np.abs(np.asarray(sf.params["mean"]) - 2.0).max() > 1e-3   # it learned something
