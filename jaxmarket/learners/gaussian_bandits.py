@@ -133,9 +133,9 @@ class GaussianBanditState:
     opt_state: Any
     initial_mean: jax.Array  # [N, P] pull-back target and reset value
     buf_sample: jax.Array   # [L, A, P] pre-clip samples z; with one policy per seller
-                            # position (``features``): [N, 2P, L, M], (d, d**2), d = z - centre
-    buf_logp: jax.Array     # [L, A] behaviour log-probabilities from ``act``
-    buf_reward: jax.Array   # [L, A]
+                            # position (``features``): [N, L, M, 2P], (d, d**2), d = z - centre
+    buf_logp: jax.Array     # [L, A] behaviour log-probabilities from ``act`` ([N, L, M])
+    buf_reward: jax.Array   # [L, A] ([N, L, M])
     count: jax.Array        # () int32: valid samples in the buffer (same for every slot)
     steps: jax.Array        # () int32: transitions received so far
     updates: jax.Array      # () int32: parameter updates performed so far
@@ -209,12 +209,13 @@ def _unbroadcast(x: jax.Array, shape: tuple) -> jax.Array:
 centred_log_prob.defvjp(_centred_fwd, _centred_bwd)
 
 
-def standardised(reward: jax.Array, mask: jax.Array) -> jax.Array:
-    """``(r - mean) / (std + 1e-8)`` over the valid (``mask``) entries of axis 0; zero
-    where invalid. ``reward``, ``mask``: ``[L, A]``."""
-    n = jnp.maximum(mask.sum(0), 1.0)
-    mean = (reward * mask).sum(0) / n
-    var = (jnp.square(reward - mean) * mask).sum(0) / n
+def standardised(reward: jax.Array, mask: jax.Array, axis: int = 0) -> jax.Array:
+    """``(r - mean) / (std + 1e-8)`` over the valid (``mask``) entries of ``axis``; zero
+    where invalid. ``reward``: ``[L, A]`` (``axis`` 0) or ``[N, L, M]`` (``axis`` 1);
+    ``mask`` has the whole ``axis`` and broadcasts against ``reward``."""
+    n = jnp.maximum(mask.sum(axis, keepdims=True), 1.0)
+    mean = (reward * mask).sum(axis, keepdims=True) / n
+    var = (jnp.square(reward - mean) * mask).sum(axis, keepdims=True) / n
     return mask * (reward - mean) / (jnp.sqrt(var) + _ADV_EPS)
 
 
@@ -304,6 +305,7 @@ def _make(kind: str, fields: Mapping[str, Field], algo: str, rolling: bool):
         # parameters give the log-probabilities (``features_log_prob``).
         S_, M_, n_ = layout.shape
         features = not rolling and layout.tiled and S_ * n_ == num_policies
+        row_shape = (num_policies, length, M_) if features else (length, num_agents)
 
         def init(key, spec_=None):
             del key, spec_
@@ -314,10 +316,10 @@ def _make(kind: str, fields: Mapping[str, Field], algo: str, rolling: bool):
                 opt_state=opt.init(params),
                 initial_mean=jnp.asarray(init_mean),
                 buf_sample=jnp.zeros(
-                    (num_policies, 2 * num_products, length, M_) if features
+                    (num_policies, length, M_, 2 * num_products) if features
                     else (length, num_agents, num_products), jnp.float32),
-                buf_logp=jnp.zeros((length, num_agents), jnp.float32),
-                buf_reward=jnp.zeros((length, num_agents), jnp.float32),
+                buf_logp=jnp.zeros(row_shape, jnp.float32),
+                buf_reward=jnp.zeros(row_shape, jnp.float32),
                 count=jnp.zeros((), jnp.int32),
                 steps=jnp.zeros((), jnp.int32),
                 updates=jnp.zeros((), jnp.int32),
@@ -389,24 +391,22 @@ def _make(kind: str, fields: Mapping[str, Field], algo: str, rolling: bool):
             d, d2 = centred(state)
             return optimise(state, lambda params: loss_fn(params, state, mask, d, d2))
 
-        def policy_major(x):
-            """``[L, A]`` -> ``[N, L M]``: each policy's samples together (policy
-            ``s n + j`` drives the slots ``(s, m, j)`` of every market ``m``)."""
-            x = jnp.moveaxis(layout.split(x, axis=1), (1, 3), (0, 1))      # [S, n, L, M]
-            return x.reshape((num_policies, -1))
+        def policy_rows(x):
+            """One step's per-slot ``[A]`` -> ``[N, 1, M]``: each policy's slots together
+            (policy ``s n + j`` drives the slots ``(s, m, j)`` of every market ``m``)."""
+            return jnp.swapaxes(layout.split(x), 1, 2).reshape((num_policies, 1, M_))
 
         def features_row(sample, centre):
-            """One step's samples ``[A, P]`` -> ``[N, 2P, 1, M]``: ``(d, d**2)`` with
+            """One step's samples ``[A, P]`` -> ``[N, 1, M, 2P]``: ``(d, d**2)`` with
             ``d = z - centre`` of each policy, policy-major (written into the buffer at
             every step, where the transpose is of one step's samples, in cache)."""
             d = layout.split(sample) - centre.reshape(S_, 1, n_, num_products)  # [S, M, n, P]
             f = jnp.concatenate([d, jnp.square(d)], axis=-1)                    # [S, M, n, 2P]
-            return jnp.transpose(f, (0, 2, 3, 1)).reshape(
-                (num_policies, 2 * num_products, 1, M_))
+            return jnp.swapaxes(f, 1, 2).reshape((num_policies, 1, M_, 2 * num_products))
 
         def features_log_prob(F, params, centre):
             """``sum_p log N(z_p; mean_p, exp(log_std_p))`` of every sample, ``[N, K]``,
-            from ``F [N, 2P, K]`` = ``(d, d**2)``, ``d = z - centre``: with ``delta = mean -
+            from ``F [N, K, 2P]`` = ``(d, d**2)``, ``d = z - centre``: with ``delta = mean -
             centre`` and ``w = exp(-2 log_std)``,
 
                 sum_p log N = F . [w delta, -w/2] - sum_p (w delta**2 / 2 + log_std)
@@ -421,18 +421,18 @@ def _make(kind: str, fields: Mapping[str, Field], algo: str, rolling: bool):
             coef = jnp.concatenate([w * delta, -0.5 * w], axis=1)                 # [N, 2P]
             const = -(0.5 * w * jnp.square(delta) + params["log_std"]).sum(1) \
                 - 0.5 * _LOG_2PI * num_products                                   # [N]
-            return jnp.einsum("nfk,nf->nk", F, coef,
+            return jnp.einsum("nkf,nf->nk", F, coef,
                               precision=jax.lax.Precision.HIGHEST) + const[:, None]
 
-        def do_update_features(state):   # the feature buffer [N, 2P, L, M]
-            valid = (jnp.arange(length) < state.count).astype(jnp.float32)       # [L]
-            mask = jnp.broadcast_to(valid[:, None], (length, num_agents))
+        def do_update_features(state):   # the feature buffer [N, L, M, 2P]
+            valid = (jnp.arange(length) < state.count).astype(jnp.float32)[:, None]  # [L, 1]
             # each sample's weight in its policy's loss: the mean over the policy's M
             # slots of the mean over the valid buffer rows
-            weight = policy_major(mask / (jnp.maximum(valid.sum(), 1.0) * M_))   # [N, K]
-            adv = policy_major(standardised(state.buf_reward, mask))
-            logp_old = policy_major(state.buf_logp)
-            F = state.buf_sample.reshape((num_policies, 2 * num_products, -1))  # [N, 2P, K]
+            weight = (valid / (jnp.maximum(valid.sum(), 1.0) * M_)).reshape(1, -1)  # [1, L]
+            adv = standardised(state.buf_reward, valid[None], axis=1).reshape(num_policies, -1)
+            logp_old = state.buf_logp.reshape(num_policies, -1)                     # [N, K]
+            weight = jnp.repeat(weight, M_, axis=1)                                  # [1, K]
+            F = state.buf_sample.reshape((num_policies, -1, 2 * num_products))  # [N, K, 2P]
 
             def loss(params):
                 logp = features_log_prob(F, params, state.centre)                 # [N, K]
@@ -479,13 +479,18 @@ def _make(kind: str, fields: Mapping[str, Field], algo: str, rolling: bool):
             write = jax.lax.dynamic_update_index_in_dim
             if features:   # a fresh buffer is centred on the policies' current means
                 centre = jnp.where(state.count == 0, state.params["mean"], state.centre)
-                state = state.replace(centre=centre, buf_sample=jax.lax.dynamic_update_slice(
-                    state.buf_sample, features_row(sample, centre), (0, 0, pos, 0)))
+                put = jax.lax.dynamic_update_slice
+                state = state.replace(
+                    centre=centre,
+                    buf_sample=put(state.buf_sample, features_row(sample, centre),
+                                   (0, pos, 0, 0)),
+                    buf_logp=put(state.buf_logp, policy_rows(logp), (0, pos, 0)),
+                    buf_reward=put(state.buf_reward, policy_rows(reward), (0, pos, 0)))
             else:
-                state = state.replace(buf_sample=write(state.buf_sample, sample, pos, 0))
+                state = state.replace(buf_sample=write(state.buf_sample, sample, pos, 0),
+                                      buf_logp=write(state.buf_logp, logp, pos, 0),
+                                      buf_reward=write(state.buf_reward, reward, pos, 0))
             state = state.replace(
-                buf_logp=write(state.buf_logp, logp, pos, 0),
-                buf_reward=write(state.buf_reward, reward, pos, 0),
                 count=jnp.minimum(state.count + 1, length),
                 steps=state.steps + 1,
             )
