@@ -188,7 +188,7 @@ def test_resume_with_a_resampled_population_is_bit_identical(tmp_path, capsys):
 
 
 LEARNER_KINDS = {
-    "ppo_bandit": {"kind": "ppo_bandit", "buffer_length": 2},
+    "ppo_bandit": {"kind": "ppo_bandit", "buffer_length": 2, "update_epochs": 1},
     "ucb1": {"kind": "ucb1", "grid_size": 5},
     "ppo": {"kind": "ppo", "num_minibatches": 1},
     "q_learning": {"kind": "q_learning", "grid_size": 3, "q_init": "zero"},

@@ -23,7 +23,7 @@ it. When every policy drives one seller position of every market of its session 
 training loop's layout for independent sellers) and the buffer is not a rolling window,
 the samples are stored per policy, as ``d = z - c`` and ``d**2`` about a centre ``c`` (the
 policy's mean when the buffer's first sample was written): the update's log-probabilities
-are then one matrix-vector product per policy (see ``features_log_prob``), the same
+are then one matrix-vector product per policy (see ``features_coef``), the same
 numbers to float rounding. ``update`` consumes a time-major batch step by step
 (``lax.scan`` over ``T``):
 
@@ -302,7 +302,7 @@ def _make(kind: str, fields: Mapping[str, Field], algo: str, rolling: bool):
         # One policy per (session, agent position), the layout of independent sellers
         # (and not a rolling window, whose policy moves between its samples): the buffer
         # holds each policy's samples together, as features whose products with the
-        # parameters give the log-probabilities (``features_log_prob``).
+        # parameters give the log-probabilities (``features_coef``).
         S_, M_, n_ = layout.shape
         features = not rolling and layout.tiled and S_ * n_ == num_policies
         row_shape = (num_policies, length, M_) if features else (length, num_agents)
@@ -389,7 +389,8 @@ def _make(kind: str, fields: Mapping[str, Field], algo: str, rolling: bool):
             mask = (jnp.arange(length) < state.count).astype(jnp.float32)[:, None]
             mask = jnp.broadcast_to(mask, (length, num_agents))
             d, d2 = centred(state)
-            return optimise(state, lambda params: loss_fn(params, state, mask, d, d2))
+            return optimise(state, jax.value_and_grad(
+                lambda params: loss_fn(params, state, mask, d, d2)))
 
         def policy_rows(x):
             """One step's per-slot ``[A]`` -> ``[N, 1, M]``: each policy's slots together
@@ -404,25 +405,25 @@ def _make(kind: str, fields: Mapping[str, Field], algo: str, rolling: bool):
             f = jnp.concatenate([d, jnp.square(d)], axis=-1)                    # [S, M, n, 2P]
             return jnp.swapaxes(f, 1, 2).reshape((num_policies, 1, M_, 2 * num_products))
 
-        def features_log_prob(F, params, centre):
-            """``sum_p log N(z_p; mean_p, exp(log_std_p))`` of every sample, ``[N, K]``,
-            from ``F [N, K, 2P]`` = ``(d, d**2)``, ``d = z - centre``: with ``delta = mean -
-            centre`` and ``w = exp(-2 log_std)``,
+        def features_coef(params, centre):
+            """The log-probability's coefficients: ``sum_p log N(z_p; mean_p,
+            exp(log_std_p)) = F . coef + const`` for ``F = (d, d**2)``, ``d = z - centre``.
+            With ``delta = mean - centre`` and ``w = exp(-2 log_std)``,
 
-                sum_p log N = F . [w delta, -w/2] - sum_p (w delta**2 / 2 + log_std)
-                              - P/2 log(2 pi),
+                coef = [w delta, -w/2]                                   [N, 2P]
+                const = -sum_p (w delta**2 / 2 + log_std) - P/2 log(2 pi)   [N]
 
-            one matrix-vector product per policy; its gradient's sums over the samples are
-            another (``F^T g``). (The same sums written elementwise took XLA:CPU ~4x as
-            long.) The centre keeps the expansion exact to float rounding: ``d`` is a
-            deviation from the mean, not a difference of two large numbers."""
+            so the log-probabilities of a policy's samples are one matrix-vector product,
+            and the gradient's sums over them another (``F^T g``). (The same sums written
+            elementwise took XLA:CPU ~4x as long.) The centre keeps the expansion exact to
+            float rounding: ``d`` is a deviation from the mean, not a difference of two
+            large numbers."""
             delta = params["mean"] - centre                                       # [N, P]
             w = jnp.exp(-2.0 * params["log_std"])
             coef = jnp.concatenate([w * delta, -0.5 * w], axis=1)                 # [N, 2P]
             const = -(0.5 * w * jnp.square(delta) + params["log_std"]).sum(1) \
                 - 0.5 * _LOG_2PI * num_products                                   # [N]
-            return jnp.einsum("nkf,nf->nk", F, coef,
-                              precision=jax.lax.Precision.HIGHEST) + const[:, None]
+            return coef, const
 
         def do_update_features(state):   # the feature buffer [N, L, M, 2P]
             valid = (jnp.arange(length) < state.count).astype(jnp.float32)[:, None]  # [L, 1]
@@ -433,28 +434,45 @@ def _make(kind: str, fields: Mapping[str, Field], algo: str, rolling: bool):
             logp_old = state.buf_logp.reshape(num_policies, -1)                     # [N, K]
             weight = jnp.repeat(weight, M_, axis=1)                                  # [1, K]
             F = state.buf_sample.reshape((num_policies, -1, 2 * num_products))  # [N, K, 2P]
+            highest = jax.lax.Precision.HIGHEST
 
-            def loss(params):
-                logp = features_log_prob(F, params, state.centre)                 # [N, K]
+            def regulariser(params):
+                entropy = (params["log_std"] + 0.5 * (_LOG_2PI + 1.0)).sum(1)
+                pull = jnp.square(params["mean"] - state.initial_mean).sum(1)
+                return (-state.hyper["entropy_coef"] * entropy
+                        + state.hyper["pullback_coef"] * pull).sum()
+
+            def value_and_grad(params):
+                """The loss of ``do_update_slots`` and its gradient, the sum over samples
+                written as ``F^T g`` with ``g`` = d loss / d log-probability:
+                ``-weight adv`` (VPG) and ``-weight adv ratio`` where the clipped
+                objective follows the ratio, else 0 (PPO)."""
+                (coef, const), coef_grad = jax.vjp(
+                    lambda p: features_coef(p, state.centre), params)
+                logp = jnp.einsum("nkf,nf->nk", F, coef, precision=highest) + const[:, None]
                 if algo == "vpg":
-                    surrogate = adv * logp
+                    surrogate, slope = adv * logp, adv
                 else:
                     ratio = jnp.exp(logp - logp_old)
                     eps = state.hyper["clip_eps"][:, None]
-                    surrogate = jnp.minimum(ratio * adv,
-                                            jnp.clip(ratio, 1.0 - eps, 1.0 + eps) * adv)
-                pg = -(weight * surrogate).sum(1)                                  # [N]
-                entropy = (params["log_std"] + 0.5 * (_LOG_2PI + 1.0)).sum(1)
-                pull = jnp.square(params["mean"] - state.initial_mean).sum(1)
-                return (pg - state.hyper["entropy_coef"] * entropy
-                        + state.hyper["pullback_coef"] * pull).sum()
+                    clipped = jnp.clip(ratio, 1.0 - eps, 1.0 + eps) * adv
+                    follows = (ratio * adv <= clipped) | ((ratio > 1.0 - eps)
+                                                          & (ratio < 1.0 + eps))
+                    surrogate = jnp.minimum(ratio * adv, clipped)
+                    slope = jnp.where(follows, adv * ratio, 0.0)
+                g = -weight * slope                                                   # [N, K]
+                grads, = coef_grad((jnp.einsum("nkf,nk->nf", F, g, precision=highest),
+                                    g.sum(1)))
+                reg, reg_grads = jax.value_and_grad(regulariser)(params)
+                loss = -(weight * surrogate).sum() + reg
+                return loss, jax.tree.map(jnp.add, grads, reg_grads)
 
-            return optimise(state, loss)
+            return optimise(state, value_and_grad)
 
-        def optimise(state, loss_fn):
+        def optimise(state, value_and_grad):
             def epoch(carry, _):
                 params, opt_state = carry
-                loss, grads = jax.value_and_grad(loss_fn)(params)
+                loss, grads = value_and_grad(params)
                 updates, opt_state = opt.update(grads, opt_state, params)
                 lr = state.hyper["learning_rate"]
                 updates = jax.tree.map(lambda u: lr.reshape((-1,) + (1,) * (u.ndim - 1)) * u,
