@@ -552,10 +552,12 @@ def test_centred_log_prob_value_and_gradient_equal_the_gaussian_log_density(shap
             np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("kind, hyper", [
-    ("ppo_bandit", {"update_epochs": 3, "entropy_coef": 0.01, "pullback_coef": 0.1}),
-    ("vpg_bandit", {})])
-def test_policy_major_feature_buffer_updates_as_the_per_slot_buffer(kind, hyper):
+@pytest.mark.parametrize("kind, hyper, perm", [
+    ("ppo_bandit", {"update_epochs": 3, "entropy_coef": 0.01, "pullback_coef": 0.1},
+     [2, 0, 3, 1]),                  # a gather layout
+    ("ppo_bandit", {"update_epochs": 2}, [1, 0, 3, 2]),   # tiled, positions swapped per seed
+    ("vpg_bandit", {}, [2, 0, 3, 1])])
+def test_policy_major_feature_buffer_updates_as_the_per_slot_buffer(kind, hyper, perm):
     """One policy per seller position (2 seeds x 3 markets x 2 sellers, 2 products): the
     learner keeps each policy's samples as features (d, d**2) about a centre and takes
     the loss's sums as matrix-vector products. The same problem with the policies
@@ -565,7 +567,7 @@ def test_policy_major_feature_buffer_updates_as_the_per_slot_buffer(kind, hyper)
     S, M, n, P, L = 2, 3, 2, 2, 4
     A = S * M * n
     ident = tuple(int(s * n + a % n) for s in range(S) for a in range(M * n))
-    perm = np.array([2, 0, 3, 1])                        # policy p -> perm[p]
+    perm = np.array(perm)                                # policy p -> perm[p]
     spec_f = LearnerSpec(num_agents=A, obs_dim=0, num_products=P,
                          action_low=np.zeros((A, P), np.float32),
                          action_high=np.full((A, P), 4.0, np.float32), num_policies=S * n,

@@ -304,7 +304,7 @@ def _make(kind: str, fields: Mapping[str, Field], algo: str, rolling: bool):
         # holds each policy's samples together, as features whose products with the
         # parameters give the log-probabilities (``features_coef``).
         S_, M_, n_ = layout.shape
-        features = not rolling and layout.tiled and S_ * n_ == num_policies
+        features = not rolling and layout.one_policy_per_column
         row_shape = (num_policies, length, M_) if features else (length, num_agents)
 
         def init(key, spec_=None):
