@@ -164,8 +164,7 @@ class SlotLayout:
     def one_policy_per_column(self) -> bool:
         """Slot ``(s, m, j)`` of :meth:`split` is driven by policy ``s n + j``: every
         column ``j`` of a session has a policy of its own, the same in every market."""
-        return self.tiled and self._base is None and \
-            self.shape[0] * self.shape[2] == self.shape[0] * self._policies_per_session
+        return self.tiled and self._base is None and self.shape[2] == self._policies_per_session
 
     def split(self, x: jax.Array, axis: int = 0) -> jax.Array:
         """Per-slot ``x`` with the slot axis at ``axis`` -> that axis split into
