@@ -576,7 +576,7 @@ def test_policy_major_feature_buffer_updates_as_the_per_slot_buffer(kind, hyper,
     h = {"buffer_length": L, "learning_rate": 0.05, **hyper}
     fast, slow = make(kind, h, spec_f), make(kind, h, spec_g)
     sf, sg = fast.init(jax.random.PRNGKey(0), spec_f), slow.init(jax.random.PRNGKey(0), spec_g)
-    assert sf.buf_sample.shape == (S * n, M, L, 2 * P)      # the feature layout
+    assert sf.buf_sample.shape == (S * n, L, M, 2 * P)      # the feature layout
     assert sg.buf_sample.shape == (L, A, P)                  # the per-slot layout
     inv = np.argsort(perm)
 

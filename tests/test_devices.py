@@ -62,7 +62,7 @@ for n in (1, 8):   # 2 devices: tests/test_distributed.py
     runner, _ = t.restore()
     prices = runner.env_state.prices["sellers"]
     mean = runner.learners["sellers"].params["mean"]
-    buf = runner.learners["sellers"].buf_sample   # the feature buffer [N, M, L, 2P]
+    buf = runner.learners["sellers"].buf_sample   # the feature buffer [N, L, M, 2P]
     facts[str(n)] = {"price_devices": len(prices.sharding.device_set),
                      "price_shard_rows": prices.addressable_shards[0].data.shape[0],
                      "mean_replicated": bool(mean.sharding.is_fully_replicated),
@@ -71,8 +71,8 @@ for n in (1, 8):   # 2 devices: tests/test_distributed.py
                      "buffer_shard_shape": list(buf.addressable_shards[0].data.shape)}
     np.savez(out / f"d{n}.npz", **{jax.tree_util.keystr(p): np.asarray(x)
                                    for p, x in jax.tree_util.tree_leaves_with_path(runner)})
-# 8 seeds of 4 markets on 8 devices: the feature buffer split by seed (whole seeds per
-# device, as the markets' state); its shardings, not compiled
+# 8 seeds of 4 markets on 8 devices: the feature buffer split by policy (24 policies,
+# whole seeds per device, as the markets' state); its shardings, not compiled
 seeds = Trainer({**config, "train": {**config["train"], "num_seeds": 8, "num_envs": 4}},
                 out / "seeds8", devices=8)
 facts["seeds8_buffer_spec"] = [str(a) for a in
@@ -116,14 +116,15 @@ def test_markets_are_split_over_the_devices_and_policies_replicated(runs):
         assert f["mean_replicated"] and f["mean_devices"] == n
 
 
-def test_feature_buffer_is_split_by_seed_or_by_market(runs):
-    """The ppo_bandit's buffer is stored per policy ([3 sellers x seeds, markets per seed,
-    rows, 2 P]): 4 seeds on 8 devices do not divide, so its markets axis is split (8 -> 1
-    per device); 8 seeds on 8 devices split its policy axis (whole seeds)."""
+def test_feature_buffer_is_split_by_policy_or_by_market(runs):
+    """The ppo_bandit's buffer is stored per policy ([3 sellers x seeds, rows, markets per
+    seed, 2 P]): 4 seeds x 3 sellers = 12 policies do not divide over 8 devices, so its
+    markets axis is split (8 -> 1 per device); 8 seeds (24 policies) split its policy
+    axis, whole seeds per device."""
     _, facts = runs
-    assert facts["1"]["buffer_shape"] == [3 * 4, 8, 4, 2 * 2]
-    assert facts["1"]["buffer_shard_shape"] == [3 * 4, 8, 4, 2 * 2]
-    assert facts["8"]["buffer_shard_shape"] == [3 * 4, 1, 4, 2 * 2]
+    assert facts["1"]["buffer_shape"] == [3 * 4, 4, 8, 2 * 2]
+    assert facts["1"]["buffer_shard_shape"] == [3 * 4, 4, 8, 2 * 2]
+    assert facts["8"]["buffer_shard_shape"] == [3 * 4, 4, 1, 2 * 2]
     spec = facts["seeds8_buffer_spec"]      # PartitionSpec('markets'[, None ...])
     assert spec[0] == "markets" and all(a == "None" for a in spec[1:]), spec
 

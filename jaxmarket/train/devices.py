@@ -101,19 +101,20 @@ def _market_axis(shape: tuple[int, ...], size: int) -> int | None:
     return None
 
 
-def runner_shardings(runner: Any, mesh, num_markets: int,
-                     slots: dict[str, tuple[int, ...]]):
+def runner_shardings(runner: Any, mesh, num_markets: int, slots: dict[str, tuple[int, int]]):
     """A ``NamedSharding`` per leaf of the (abstract) runner: the markets' state and
     observations split along axis 0; a learner leaf along its first axis of the group's
-    slot count (``slots[g] = (slots, policies[, seeds])``) when that count differs from
-    the policy count and divides over the mesh; everything else replicated.
+    slot count (``slots[g] = (slots, policies)``) when that count differs from the
+    policy count and divides over the mesh; everything else replicated.
 
     A learner state may name arrays stored per policy rather than per slot in a static
-    ``market_axes`` attribute, ``((field, seed_axis, market_axis), ...)``: an axis of
-    policies grouped by seed and an axis of a seed's markets (a Gaussian bandit's feature
-    buffer ``[policies, markets, rows, 2P]``). Such an array is split along its seed axis
-    when the seeds divide over the mesh (each device then holds whole seeds, as the
-    markets' state does), else along its market axis when that divides."""
+    ``market_axes`` attribute, ``((field, policy_axis, market_axis), ...)``: an axis of
+    policies (grouped by seed) and an axis of a seed's markets (a Gaussian bandit's
+    feature buffer ``[policies, rows, markets, 2P]``). Such an array is split along its
+    policies when they divide over the mesh: each device then updates its own policies
+    from its own rows, and when the seeds divide too it holds whole seeds, as the
+    markets' state does; otherwise each step's samples move to their policies' device
+    (one step's worth). Else along its markets when they divide."""
     import jax
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
@@ -140,10 +141,9 @@ def runner_shardings(runner: Any, mesh, num_markets: int,
 
     def learner_state(g, state):
         out = jax.tree.map(learner(g), state)
-        seeds = slots[g][2] if len(slots[g]) > 2 else 1
-        for field, seed_axis, market_axis in getattr(state, "market_axes", None) or ():
+        for field, policy_axis, market_axis in getattr(state, "market_axes", None) or ():
             x = getattr(state, field)
-            axis = (seed_axis if seeds % n == 0 else
+            axis = (policy_axis if x.shape[policy_axis] % n == 0 else
                     market_axis if x.shape[market_axis] % n == 0 else None)
             out = out.replace(**{field: split(axis, x.ndim)})
         return out
@@ -173,8 +173,7 @@ class Placement:
         self.mesh = make_mesh(self.num_devices)
         abstract = jax.eval_shape(init, jax.random.key(0))
         self.runner = runner_shardings(abstract, self.mesh, markets,
-                                       {g: (s.num_agents, s.policies, s.num_sessions)
-                                        for g, s in specs.items()})
+                                       {g: (s.num_agents, s.policies) for g, s in specs.items()})
         self.replicated = NamedSharding(self.mesh, P())
         #: the runner as ShapeDtypeStructs carrying their shardings (an orbax restore target)
         self.abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype,
