@@ -131,7 +131,7 @@ def runner_shardings(runner: Any, mesh, num_markets: int, slots: dict[str, tuple
         return split(0 if ok else None, x.ndim)
 
     def learner(g):
-        count, policies = slots[g][:2]
+        count, policies = slots[g]
 
         def leaf(x):
             if count == policies or count % n:
