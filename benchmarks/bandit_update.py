@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         state, _ = jax.block_until_ready(update(state, step))
         compile_s = compile_s or time.perf_counter() - t0   # the first call: trace + compile
     last = transition(state, jax.random.fold_in(key, 1))
-    new, metrics = jax.block_until_ready(update(copy(state), last))
+    _, metrics = jax.block_until_ready(update(copy(state), last))
     assert int(metrics["num_updates"]) == 1
     wall, cpu = [], []
     for _ in range(args.repeats):

@@ -434,11 +434,12 @@ def _make(kind: str, fields: Mapping[str, Field], algo: str, rolling: bool):
             valid = (jnp.arange(length) < state.count).astype(jnp.float32)[:, None]  # [L, 1]
             # each sample's weight in its policy's loss: the mean over the policy's M
             # slots of the mean over the valid buffer rows
-            # (rows and markets merge into one sample axis for the products below; rows
-            # are the major part, so with --devices splitting the markets, GSPMD regathers)
             weight = (valid / (jnp.maximum(valid.sum(), 1.0) * M_)).reshape(1, -1, 1)  # [1,L,1]
             adv = standardised(state.buf_reward, valid.reshape(1, -1, 1), axis=1)  # [N, L, M]
             logp_old = state.buf_logp
+            # rows and markets merge into one sample axis for the products below (rows
+            # the major part: where --devices splits the buffer by markets rather than by
+            # policies, GSPMD regathers it here)
             K = M_ * length
             F = state.buf_sample.reshape((num_policies, K, 2 * num_products))     # [N, K, 2P]
             highest = jax.lax.Precision.HIGHEST
