@@ -24,6 +24,12 @@ Three findings, each printed with a yes/no ("bitwise equal?"):
    differently. Nothing in the sharding can prevent this; only a learner written with
    explicit per-shard reductions (``shard_map``) and per-shard random streams could.
 
+4. **Whole training runs** (``Trainer`` with ``devices=1`` and ``devices=8``, 12
+   iterations, checkpoints compared array by array, ``metrics.csv`` column by column):
+   the small scenario of ``tests/test_devices.py`` (32 markets, ``ppo_bandit`` + ``ucb1``)
+   and bench_b at 8 seeds x 64 markets. Which arrays and metric columns differ shows
+   where (1)-(3) reach the results.
+
 Discrete results (counters, arm pulls, a grid bandit's prices) stay identical; floats
 agree to about 1e-6 relative after a few iterations (tests/test_devices.py checks 1e-5).
 """
@@ -122,9 +128,52 @@ def bandit_update() -> bool:
     return bool(np.array_equal(*params))
 
 
+def training_runs() -> dict:
+    """Per scenario: how many runner arrays and metrics columns differ (bitwise) between
+    a 1-device and an 8-device run of 12 iterations, and the largest relative difference."""
+    import csv
+    import tempfile
+
+    import yaml
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_devices import CONFIG as SMALL
+
+    from jaxmarket.train.run import Trainer
+    from jaxmarket.train.tracking import Tracker
+    bench_b = yaml.safe_load((ROOT / "configs" / "bench_b.yaml").read_text())
+    bench_b["train"] = {"num_iterations": 12, "rollout_length": 2, "num_envs": 64,
+                        "num_seeds": 8, "chunk_size": 6}
+    bench_b["learners"]["sellers"].update(buffer_length=4, update_epochs=2)
+    out = {}
+    for name, config in (("small_32_markets", SMALL), ("bench_b_8x64_markets", bench_b)):
+        leaves, rows = {}, {}
+        with tempfile.TemporaryDirectory() as tmp:
+            for n in (1, 8):
+                d = Path(tmp) / f"d{n}"
+                t = Trainer(config, d, devices=n)
+                d.mkdir()
+                t.train(Tracker(), t.initial_runner(), 0)
+                runner, _ = t.restore()
+                leaves[n] = {jax.tree_util.keystr(p): np.asarray(x)
+                             for p, x in jax.tree_util.tree_leaves_with_path(runner)}
+                with open(d / "metrics.csv") as f:
+                    rows[n] = list(csv.DictReader(f))
+        arrays = [k for k in leaves[1] if not np.array_equal(leaves[1][k], leaves[8][k])]
+        columns = sorted({k for a, b in zip(rows[1], rows[8]) for k in a if a[k] != b[k]})
+        rel = max([float(np.max(np.abs(leaves[8][k] - leaves[1][k]))
+                         / max(float(np.max(np.abs(leaves[1][k]))), 1e-30)) for k in arrays]
+                  + [0.0])
+        out[name] = {"arrays": len(leaves[1]), "arrays_differing": arrays,
+                     "metric_columns": len(rows[1][0]), "columns_differing": columns,
+                     "max_relative_difference": rel}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="last line: JSON result")
+    ap.add_argument("--no-training", action="store_true",
+                    help="skip finding 4 (two short training runs per scenario, ~40 s)")
     args = ap.parse_args(argv)
     r = {"jax": jax.__version__, "devices": len(jax.devices()),
          "ynn_sum_equals_sequential": ynn_threshold(),
@@ -142,6 +191,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"2. sum of 4096 floats, 1 vs 8 devices bitwise: {r['sum_1_vs_8_devices_bitwise']}")
     print("3. ppo_bandit update, 1 vs 8 devices bitwise (no YNNPACK): "
           f"{r['ppo_bandit_update_1_vs_8_devices_bitwise']}")
+    if not args.no_training:
+        r["training_1_vs_8_devices"] = runs = training_runs()
+        for name, t in runs.items():
+            print(f"4. {name}: runner arrays differing {len(t['arrays_differing'])} of "
+                  f"{t['arrays']}, metrics columns differing {len(t['columns_differing'])} "
+                  f"of {t['metric_columns']} ({', '.join(t['columns_differing']) or '-'}); "
+                  f"largest relative difference {t['max_relative_difference']:.1e}")
     if args.json:
         print(json.dumps(r))
     return 0

@@ -44,7 +44,10 @@ import jaxmarket
 from jaxmarket.market.distributors import DISTRIBUTORS
 from jaxmarket.market.env import MarketEnv
 
-TARGET_ENV_STEPS_PER_S = 400_000
+#: issue 10's step-speed target: bench_b at 4,096 markets at least as fast as the
+#: hand-written minimal step timed in the same run (``--against-minimal``); absolute
+#: steps/s targets are retired (they depend on the machine and its load)
+TARGET_RATIO_VS_MINIMAL = 1.0
 TARGET_PEAK_RSS_MB = 2048
 
 # (consumers, sellers, products); the last one is the largest market the sweep covers
@@ -366,8 +369,10 @@ def main(argv: list[str] | None = None) -> int:
         r["ratio_vs_minimal"] = round(r["env_steps_per_s"] / r["minimal_env_steps_per_s"], 3)
     r["peak_rss_mb"] = round(peak_rss_mb(), 1)
     r["config"] = args.config
-    r["target_met"] = bool(r["env_steps_per_s"] >= TARGET_ENV_STEPS_PER_S and
-                           r["peak_rss_mb"] < TARGET_PEAK_RSS_MB)
+    # a ratio measured side by side (None without --against-minimal), and the memory cap
+    r["target_met"] = (bool(r["ratio_vs_minimal"] >= TARGET_RATIO_VS_MINIMAL and
+                            r["peak_rss_mb"] < TARGET_PEAK_RSS_MB)
+                       if args.against_minimal else None)
     r["machine"] = info
     s = env.spec
     log(f"{args.config}: {s.num_consumers} consumers, {s.num_sellers} sellers, "
@@ -383,12 +388,14 @@ def main(argv: list[str] | None = None) -> int:
     log(f"  agent steps/s {r['agent_steps_per_s']:>14,.0f}")
     log(f"  us / env step {r['us_per_env_step']:>14.3f}")
     log(f"  peak RSS      {r['peak_rss_mb']:>11,.0f} MB")
-    log(f"  target (set for bench_b at 4096 envs on 2 CPU cores) >= "
-        f"{TARGET_ENV_STEPS_PER_S:,} env steps/s and < {TARGET_PEAK_RSS_MB} MB: "
-        f"{'met' if r['target_met'] else 'NOT met'}")
     if args.against_minimal:
         log(f"  minimal step  {r['minimal_env_steps_per_s']:>14,.0f}  (runs before and after: "
-            f"{r['minimal_runs']}); ratio {r['ratio_vs_minimal']:.3f} (target >= 1.0)")
+            f"{r['minimal_runs']}); ratio {r['ratio_vs_minimal']:.3f}")
+        log(f"  target (bench_b at 4096 envs) >= {TARGET_RATIO_VS_MINIMAL} x the minimal step "
+            f"and < {TARGET_PEAK_RSS_MB} MB peak RSS: "
+            f"{'met' if r['target_met'] else 'NOT met'}")
+    else:
+        log("  target: a ratio to the minimal step, measured with --against-minimal")
     if args.breakdown:
         rows = breakdown(env, params, args.num_envs, args.steps, args.repeats)
         r["breakdown"] = rows

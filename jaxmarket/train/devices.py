@@ -11,15 +11,15 @@ single-device one, partitioned by XLA, so every learner and feature works unchan
 
 Equality across device counts (``docs/scaling.md``): from 4,096 input elements XLA:CPU
 hands a reduction to YNNPACK, which sums in another order than the loop XLA emits for a
-smaller one, so the *per-device shape* decided the last bits of every ``sum`` (a profit
-summed over 8 products differs between 64 and 8 markets per device). The training
-programs are compiled with :func:`compiler_options` (no YNNPACK fusions on CPU), which
-makes everything computed per market -- the market step, the learners' actions and
-buffers -- bitwise the same on any device count. What still differs is the learners'
-update and the means over seeds: GSPMD turns a reduction over the sharded axis into
-per-device partial sums and an all-reduce, and partitions the per-policy update into a
-different HLO graph (other fusions, so other rounding); ``benchmarks/device_equality.py``
-shows both.
+smaller one, so the *per-device shape* can decide the last bits of a ``sum`` (a profit
+summed over 8 products differs between 64 and 8 markets per device). With
+``JAXMARKET_NO_YNN=1`` the training programs compile with :func:`compiler_options` (no
+YNNPACK fusions on CPU; about 7x slower), which makes everything computed per market --
+the market step, the learners' actions and buffers -- bitwise the same on any device
+count. What still differs is the learners' update and the means over seeds: GSPMD turns
+a reduction over the sharded axis into per-device partial sums and an all-reduce, and
+partitions the per-policy update into a different HLO graph (other fusions, so other
+rounding); ``benchmarks/device_equality.py`` shows both.
 """
 
 from __future__ import annotations
