@@ -110,7 +110,7 @@ def runner_shardings(runner: Any, mesh, num_markets: int, slots: dict[str, tuple
     A learner state may name arrays stored per policy rather than per slot in a static
     ``market_axes`` attribute, ``((field, policy_axis, market_axis), ...)``: an axis of
     policies (grouped by seed) and an axis of a seed's markets (a Gaussian bandit's
-    feature buffer ``[policies, rows, markets, 2P]``). Such an array is split along its
+    feature buffer ``[policies, markets, rows, 2P]``). Such an array is split along its
     policies when they divide over the mesh: each device then updates its own policies
     from its own rows, and when the seeds divide too it holds whole seeds, as the
     markets' state does; otherwise each step's samples move to their policies' device
