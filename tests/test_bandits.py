@@ -190,7 +190,7 @@ def test_only_real_transitions_enter_the_buffer():
     first = make_batch({k: v[:3] for k, v in aux.items()}, r[:3, None])
     s3, m3 = learner.update(state, first)
     assert int(s3.count) == 3 and int(m3["num_updates"]) == 0
-    # one slot: the buffer rows are the same numbers in either layout ([L, A], [N, M, L])
+    # one slot: the buffer rows are the same numbers in either layout ([L, A], [N, L, M])
     np.testing.assert_allclose(np.asarray(s3.buf_reward).ravel()[:3], r[:3])
     np.testing.assert_allclose(np.asarray(s3.buf_logp).ravel()[:3], aux["log_prob"][:3, 0],
                                rtol=1e-6)
@@ -576,7 +576,7 @@ def test_policy_major_feature_buffer_updates_as_the_per_slot_buffer(kind, hyper,
     h = {"buffer_length": L, "learning_rate": 0.05, **hyper}
     fast, slow = make(kind, h, spec_f), make(kind, h, spec_g)
     sf, sg = fast.init(jax.random.PRNGKey(0), spec_f), slow.init(jax.random.PRNGKey(0), spec_g)
-    assert sf.buf_sample.shape == (S * n, M, L, 2 * P)      # the feature layout
+    assert sf.buf_sample.shape == (S * n, L, M, 2 * P)      # the feature layout
     assert sg.buf_sample.shape == (L, A, P)                  # the per-slot layout
     inv = np.argsort(perm)
 

@@ -32,7 +32,8 @@ CONFIG = {
         ],
         "distributor": {"kind": "logit", "temperature": 0.5, "outside_option": True},
     },
-    "learners": {"sellers": {"kind": "ppo_bandit", "buffer_length": 4, "update_epochs": 2},
+    # 8 buffer rows: the 12 policies do not divide over 8 devices, the rows do
+    "learners": {"sellers": {"kind": "ppo_bandit", "buffer_length": 8, "update_epochs": 2},
                  "grid": {"kind": "ucb1", "grid_size": 5}},
     # 32 markets: on 8 devices each seed's 8 markets span two devices
     "train": {"num_iterations": 12, "rollout_length": 2, "num_envs": 8, "num_seeds": 4,
@@ -62,12 +63,13 @@ for n in (1, 8):   # 2 devices: tests/test_distributed.py
     runner, _ = t.restore()
     prices = runner.env_state.prices["sellers"]
     mean = runner.learners["sellers"].params["mean"]
-    buf = runner.learners["sellers"].buf_sample   # the feature buffer [N, M, L, 2P]
+    buf = runner.learners["sellers"].buf_sample   # the feature buffer [N, L, M, 2P]
     facts[str(n)] = {"price_devices": len(prices.sharding.device_set),
                      "price_shard_rows": prices.addressable_shards[0].data.shape[0],
                      "mean_replicated": bool(mean.sharding.is_fully_replicated),
                      "mean_devices": len(mean.sharding.device_set),
                      "buffer_shape": list(buf.shape),
+                     "buffer_spec": [str(a) for a in buf.sharding.spec],
                      "buffer_shard_shape": list(buf.addressable_shards[0].data.shape),
                      "logp_buffer_size": int(runner.learners["sellers"].buf_logp.size)}
     # what the compiled chunk moves between devices: (op, elements) per collective
@@ -84,8 +86,20 @@ seeds = Trainer({**config, "train": {**config["train"], "num_seeds": 8, "num_env
                 out / "seeds8", devices=8)
 facts["seeds8_buffer_spec"] = [str(a) for a in
                                seeds.placement.runner.learners["sellers"].buf_sample.spec]
+# 4 buffer rows: neither the 12 policies nor the rows divide over 8 devices
+rows4 = Trainer({**config, "learners": {**config["learners"], "sellers": {
+    **config["learners"]["sellers"], "buffer_length": 4}}}, out / "rows4", devices=8)
+facts["rows4_buffer_spec"] = [str(a) for a in
+                              rows4.placement.runner.learners["sellers"].buf_sample.spec]
 print(json.dumps(facts))
 """
+
+
+def split_axis(spec):
+    """The one axis a PartitionSpec (as strings; trailing Nones dropped) splits."""
+    axes = [i for i, a in enumerate(spec) if a != "None"]
+    assert len(axes) == 1 and spec[axes[0]] == "markets", spec
+    return axes[0]
 
 
 def close(actual, desired, what):
@@ -123,26 +137,29 @@ def test_markets_are_split_over_the_devices_and_policies_replicated(runs):
         assert f["mean_replicated"] and f["mean_devices"] == n
 
 
-def test_feature_buffer_is_split_by_policy_or_by_market(runs):
-    """The ppo_bandit's buffer is stored per policy ([3 sellers x seeds, markets per seed,
-    rows, 2 P]): 4 seeds x 3 sellers = 12 policies do not divide over 8 devices, so its
-    markets axis is split (8 -> 1 per device); 8 seeds (24 policies) split its policy
-    axis, whole seeds per device."""
+def test_feature_buffer_is_split_by_policy_else_rows_else_markets(runs):
+    """The ppo_bandit's buffer is stored per policy ([3 sellers x seeds, rows, markets per
+    seed, 2 P]). 4 seeds x 3 sellers = 12 policies do not divide over 8 devices, its 8
+    rows do: each device holds one row of every policy and market. 8 seeds (24 policies)
+    split the policy axis, whole seeds per device. With 4 rows and 12 policies, the
+    markets axis is split."""
     _, facts = runs
-    assert facts["1"]["buffer_shape"] == [3 * 4, 8, 4, 2 * 2]
-    assert facts["1"]["buffer_shard_shape"] == [3 * 4, 8, 4, 2 * 2]
-    assert facts["8"]["buffer_shard_shape"] == [3 * 4, 1, 4, 2 * 2]
-    spec = facts["seeds8_buffer_spec"]      # PartitionSpec('markets'[, None ...])
-    assert spec[0] == "markets" and all(a == "None" for a in spec[1:]), spec
+    assert facts["1"]["buffer_shape"] == [3 * 4, 8, 8, 2 * 2]
+    assert facts["1"]["buffer_shard_shape"] == [3 * 4, 8, 8, 2 * 2]
+    assert split_axis(facts["8"]["buffer_spec"]) == 1                  # rows
+    assert facts["8"]["buffer_shard_shape"] == [3 * 4, 1, 8, 2 * 2]
+    assert split_axis(facts["seeds8_buffer_spec"]) == 0                # policies
+    assert split_axis(facts["rows4_buffer_spec"]) == 2                 # markets
 
 
-def test_a_buffer_split_by_markets_stays_on_its_devices(runs):
-    """With the feature buffer split along its markets, the update's sums over a policy's
-    samples are per-device partial sums and an all-reduce of the [policies, 2P]
-    gradient: no device gathers the buffer (when the buffer's rows were the major part of
-    the update's merged sample axis, GSPMD gathered all of it, and its rewards and
-    log-probabilities, on every update: 2 devices then trained at 0.56x one device). Only
-    small per-step arrays move; nothing as large as one of the [12, 8, 4] row buffers."""
+def test_a_buffer_split_by_rows_is_never_gathered(runs):
+    """Split along its rows, the buffer stays where it is: each step's samples move to
+    the device of their row, and the update's sums over rows and markets are per-device
+    partial sums and an all-reduce of the [policies, 2P] gradient. (Split along its
+    markets instead, the update's merge of rows and markets made GSPMD gather all of it,
+    and its rewards and log-probabilities, at every update: 31 sellers on 2 devices then
+    trained at 0.56x one device, docs/scaling.md.) Nothing as large as the [12, 8, 8]
+    row buffers moves between devices."""
     _, facts = runs
     assert facts["1"]["moved"] == []
     moved = facts["8"]["moved"]

@@ -133,9 +133,9 @@ class GaussianBanditState:
     opt_state: Any
     initial_mean: jax.Array  # [N, P] pull-back target and reset value
     buf_sample: jax.Array   # [L, A, P] pre-clip samples z; with one policy per seller
-                            # position (``features``): [N, M, L, 2P], (d, d**2), d = z - centre
-    buf_logp: jax.Array     # [L, A] behaviour log-probabilities from ``act`` ([N, M, L])
-    buf_reward: jax.Array   # [L, A] ([N, M, L])
+                            # position (``features``): [N, L, M, 2P], (d, d**2), d = z - centre
+    buf_logp: jax.Array     # [L, A] behaviour log-probabilities from ``act`` ([N, L, M])
+    buf_reward: jax.Array   # [L, A] ([N, L, M])
     count: jax.Array        # () int32: valid samples in the buffer (same for every slot)
     steps: jax.Array        # () int32: transitions received so far
     updates: jax.Array      # () int32: parameter updates performed so far
@@ -145,8 +145,8 @@ class GaussianBanditState:
     # [N, P]: the policies' means when the buffer's first sample was written (the centre
     # of the feature buffer); None for the other layouts
     centre: Any = None
-    # the feature buffer's (field, policy axis, market axis): how --devices splits arrays
-    # stored per policy (jaxmarket.train.devices.runner_shardings); static
+    # the feature buffer's (field, policy axis, market axis, row axis): how --devices
+    # splits arrays stored per policy (jaxmarket.train.devices.runner_shardings); static
     market_axes: Any = struct.field(pytree_node=False, default=None)
 
 
@@ -214,7 +214,7 @@ centred_log_prob.defvjp(_centred_fwd, _centred_bwd)
 
 def standardised(reward: jax.Array, mask: jax.Array, axis: int = 0) -> jax.Array:
     """``(r - mean) / (std + 1e-8)`` over the valid (``mask``) entries of ``axis``; zero
-    where invalid. ``reward``: ``[L, A]`` (``axis`` 0) or ``[N, M, L]`` (``axis`` 2);
+    where invalid. ``reward``: ``[L, A]`` (``axis`` 0) or ``[N, L, M]`` (``axis`` 1);
     ``mask`` has the whole ``axis`` and broadcasts against ``reward``."""
     n = jnp.maximum(mask.sum(axis, keepdims=True), 1.0)
     mean = (reward * mask).sum(axis, keepdims=True) / n
@@ -308,7 +308,7 @@ def _make(kind: str, fields: Mapping[str, Field], algo: str, rolling: bool):
         # parameters give the log-probabilities (``features_coef``).
         S_, M_, n_ = layout.shape
         features = not rolling and layout.one_policy_per_column
-        row_shape = (num_policies, M_, length) if features else (length, num_agents)
+        row_shape = (num_policies, length, M_) if features else (length, num_agents)
 
         def init(key, spec_=None):
             del key, spec_
@@ -319,7 +319,7 @@ def _make(kind: str, fields: Mapping[str, Field], algo: str, rolling: bool):
                 opt_state=opt.init(params),
                 initial_mean=jnp.asarray(init_mean),
                 buf_sample=jnp.zeros(
-                    (num_policies, M_, length, 2 * num_products) if features
+                    (num_policies, length, M_, 2 * num_products) if features
                     else (length, num_agents, num_products), jnp.float32),
                 buf_logp=jnp.zeros(row_shape, jnp.float32),
                 buf_reward=jnp.zeros(row_shape, jnp.float32),
@@ -329,8 +329,8 @@ def _make(kind: str, fields: Mapping[str, Field], algo: str, rolling: bool):
                 hyper={name: jnp.full((num_policies,), h[name], jnp.float32)
                        for name in hyper_names},
                 centre=jnp.array(init_mean) if features else None,
-                market_axes=(("buf_sample", 0, 1), ("buf_logp", 0, 1), ("buf_reward", 0, 1))
-                if features else None,
+                market_axes=(("buf_sample", 0, 2, 1), ("buf_logp", 0, 2, 1),
+                             ("buf_reward", 0, 2, 1)) if features else None,
             )
 
         def act(state, obs, key):
@@ -398,17 +398,17 @@ def _make(kind: str, fields: Mapping[str, Field], algo: str, rolling: bool):
                 lambda params: loss_fn(params, state, mask, d, d2)))
 
         def policy_rows(x):
-            """One step's per-slot ``[A]`` -> ``[N, M, 1]``: each policy's slots together
+            """One step's per-slot ``[A]`` -> ``[N, 1, M]``: each policy's slots together
             (policy ``s n + j`` drives the slots ``(s, m, j)`` of every market ``m``)."""
-            return jnp.swapaxes(layout.split(x), 1, 2).reshape((num_policies, M_, 1))
+            return jnp.swapaxes(layout.split(x), 1, 2).reshape((num_policies, 1, M_))
 
         def features_row(sample, centre):
-            """One step's samples ``[A, P]`` -> ``[N, M, 1, 2P]``: ``(d, d**2)`` with
+            """One step's samples ``[A, P]`` -> ``[N, 1, M, 2P]``: ``(d, d**2)`` with
             ``d = z - centre`` of each policy, policy-major (written into the buffer at
             every step, where the transpose is of one step's samples, in cache)."""
             d = layout.split(sample) - centre.reshape(S_, 1, n_, num_products)  # [S, M, n, P]
             f = jnp.concatenate([d, jnp.square(d)], axis=-1)                    # [S, M, n, 2P]
-            return jnp.swapaxes(f, 1, 2).reshape((num_policies, M_, 1, 2 * num_products))
+            return jnp.swapaxes(f, 1, 2).reshape((num_policies, 1, M_, 2 * num_products))
 
         def features_coef(params, centre):
             """The log-probability's coefficients: ``sum_p log N(z_p; mean_p,
@@ -430,18 +430,17 @@ def _make(kind: str, fields: Mapping[str, Field], algo: str, rolling: bool):
                 - 0.5 * _LOG_2PI * num_products                                   # [N]
             return coef, const
 
-        def do_update_features(state):   # the feature buffer [N, M, L, 2P]
+        def do_update_features(state):   # the feature buffer [N, L, M, 2P]
             valid = (jnp.arange(length) < state.count).astype(jnp.float32)[:, None]  # [L, 1]
             # each sample's weight in its policy's loss: the mean over the policy's M
             # slots of the mean over the valid buffer rows
-            weight = (valid / (jnp.maximum(valid.sum(), 1.0) * M_)).reshape(1, 1, -1)  # [1,1,L]
-            adv = standardised(state.buf_reward, valid.reshape(1, 1, -1), axis=2)  # [N, M, L]
+            weight = (valid / (jnp.maximum(valid.sum(), 1.0) * M_)).reshape(1, -1, 1)  # [1,L,1]
+            adv = standardised(state.buf_reward, valid.reshape(1, -1, 1), axis=1)  # [N, L, M]
             logp_old = state.buf_logp
-            # markets and rows merge into one sample axis for the products below, markets
-            # the major part: where --devices splits the buffer by markets rather than by
-            # policies, each device's block of the merged axis is its own markets, and the
-            # sums over it are per-device partial sums and an all-reduce of [N, 2P] (with
-            # rows major, GSPMD regathered the whole buffer here)
+            # rows and markets merge into one sample axis for the products below, rows
+            # the major part: split over devices by rows (when the policies do not divide),
+            # each device holds a block of it and the sums over it are partial sums and an
+            # all-reduce; split by markets (the minor part), GSPMD regathers it here
             K = M_ * length
             F = state.buf_sample.reshape((num_policies, K, 2 * num_products))     # [N, K, 2P]
             highest = jax.lax.Precision.HIGHEST
@@ -460,7 +459,7 @@ def _make(kind: str, fields: Mapping[str, Field], algo: str, rolling: bool):
                 (coef, const), coef_grad = jax.vjp(
                     lambda p: features_coef(p, state.centre), params)
                 logp = (jnp.einsum("nkf,nf->nk", F, coef, precision=highest)
-                        + const[:, None]).reshape(state.buf_logp.shape)          # [N, M, L]
+                        + const[:, None]).reshape(state.buf_logp.shape)          # [N, L, M]
                 if algo == "vpg":
                     surrogate, slope = adv * logp, adv
                 else:
@@ -512,9 +511,9 @@ def _make(kind: str, fields: Mapping[str, Field], algo: str, rolling: bool):
                 state = state.replace(
                     centre=centre,
                     buf_sample=put(state.buf_sample, features_row(sample, centre),
-                                   (0, 0, pos, 0)),
-                    buf_logp=put(state.buf_logp, policy_rows(logp), (0, 0, pos)),
-                    buf_reward=put(state.buf_reward, policy_rows(reward), (0, 0, pos)))
+                                   (0, pos, 0, 0)),
+                    buf_logp=put(state.buf_logp, policy_rows(logp), (0, pos, 0)),
+                    buf_reward=put(state.buf_reward, policy_rows(reward), (0, pos, 0)))
             else:
                 state = state.replace(buf_sample=write(state.buf_sample, sample, pos, 0),
                                       buf_logp=write(state.buf_logp, logp, pos, 0),

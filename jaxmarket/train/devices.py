@@ -108,13 +108,16 @@ def runner_shardings(runner: Any, mesh, num_markets: int, slots: dict[str, tuple
     policy count and divides over the mesh; everything else replicated.
 
     A learner state may name arrays stored per policy rather than per slot in a static
-    ``market_axes`` attribute, ``((field, policy_axis, market_axis), ...)``: an axis of
-    policies (grouped by seed) and an axis of a seed's markets (a Gaussian bandit's
-    feature buffer ``[policies, markets, rows, 2P]``). Such an array is split along its
-    policies when they divide over the mesh: each device then updates its own policies
-    from its own rows, and when the seeds divide too it holds whole seeds, as the
-    markets' state does; otherwise each step's samples move to their policies' device
-    (one step's worth). Else along its markets when they divide."""
+    ``market_axes`` attribute, ``((field, policy_axis, market_axis, row_axis), ...)``: an
+    axis of policies (grouped by seed), an axis of a seed's markets and an axis of buffer
+    rows (a Gaussian bandit's feature buffer ``[policies, rows, markets, 2P]``). Such an
+    array is split along its policies when they divide over the mesh: each device then
+    updates its own policies from its own rows, and when the seeds divide too it holds
+    whole seeds, as the markets' state does; otherwise each step's samples move to their
+    policies' device (one step's worth). Else along its rows when they divide (each
+    step's samples move to the device of their row; the update's sums over rows and
+    markets are per-device partial sums and an all-reduce), else along its markets (the
+    update merges rows and markets, rows major, so GSPMD gathers such a buffer whole)."""
     import jax
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
@@ -141,10 +144,11 @@ def runner_shardings(runner: Any, mesh, num_markets: int, slots: dict[str, tuple
 
     def learner_state(g, state):
         out = jax.tree.map(learner(g), state)
-        for field, policy_axis, market_axis in getattr(state, "market_axes", None) or ():
+        for field, policy_axis, market_axis, row_axis in getattr(state, "market_axes",
+                                                                  None) or ():
             x = getattr(state, field)
-            axis = (policy_axis if x.shape[policy_axis] % n == 0 else
-                    market_axis if x.shape[market_axis] % n == 0 else None)
+            axis = next((a for a in (policy_axis, row_axis, market_axis)
+                         if x.shape[a] % n == 0), None)
             out = out.replace(**{field: split(axis, x.ndim)})
         return out
 
