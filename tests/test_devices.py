@@ -91,6 +91,9 @@ rows4 = Trainer({**config, "learners": {**config["learners"], "sellers": {
     **config["learners"]["sellers"], "buffer_length": 4}}}, out / "rows4", devices=8)
 facts["rows4_buffer_spec"] = [str(a) for a in
                               rows4.placement.runner.learners["sellers"].buf_sample.spec]
+from jaxmarket.train.run import _placement_note
+facts["notes"] = {"rows4": _placement_note(rows4), "seeds8": _placement_note(seeds),
+                  "rows8": _placement_note(t)}
 print(json.dumps(facts))
 """
 
@@ -150,6 +153,19 @@ def test_feature_buffer_is_split_by_policy_else_rows_else_markets(runs):
     assert facts["8"]["buffer_shard_shape"] == [3 * 4, 1, 8, 2 * 2]
     assert split_axis(facts["seeds8_buffer_spec"]) == 0                # policies
     assert split_axis(facts["rows4_buffer_spec"]) == 2                 # markets
+
+
+def test_the_cli_names_a_buffer_it_must_gather_and_the_fix(runs):
+    """Only the 4-row buffer (neither its 12 policies nor its rows divide over 8 devices)
+    takes the slow split; the run's first line says which group and what avoids it."""
+    _, facts = runs
+    first, *notes = facts["notes"]["rows4"].split("\n")
+    assert first == " (markets sharded over 8 device(s))"
+    assert notes == ["note: learners.sellers: its 12 policies and 4 buffer rows do not "
+                     "divide over 8 devices, so its buffer is split by markets, which its "
+                     "update gathers whole every time (slower); a buffer_length divisible "
+                     "by 8 avoids it"]
+    assert facts["notes"]["rows8"] == facts["notes"]["seeds8"] == first
 
 
 def test_a_buffer_split_by_rows_is_never_gathered(runs):

@@ -101,7 +101,8 @@ def _market_axis(shape: tuple[int, ...], size: int) -> int | None:
     return None
 
 
-def runner_shardings(runner: Any, mesh, num_markets: int, slots: dict[str, tuple[int, int]]):
+def runner_shardings(runner: Any, mesh, num_markets: int, slots: dict[str, tuple[int, int]],
+                     notes: list[str] | None = None):
     """A ``NamedSharding`` per leaf of the (abstract) runner: the markets' state and
     observations split along axis 0; a learner leaf along its first axis of the group's
     slot count (``slots[g] = (slots, policies)``) when that count differs from the
@@ -117,7 +118,9 @@ def runner_shardings(runner: Any, mesh, num_markets: int, slots: dict[str, tuple
     policies' device (one step's worth). Else along its rows when they divide (each
     step's samples move to the device of their row; the update's sums over rows and
     markets are per-device partial sums and an all-reduce), else along its markets (the
-    update merges rows and markets, rows major, so GSPMD gathers such a buffer whole)."""
+    update merges rows and markets, rows major, so GSPMD gathers such a buffer whole).
+    ``notes`` (a list) receives a line per group whose buffer takes that slow split, or
+    none."""
     import jax
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
@@ -149,6 +152,14 @@ def runner_shardings(runner: Any, mesh, num_markets: int, slots: dict[str, tuple
             x = getattr(state, field)
             axis = next((a for a in (policy_axis, row_axis, market_axis)
                          if x.shape[a] % n == 0), None)
+            if notes is not None and axis not in (policy_axis, row_axis) and field == \
+                    state.market_axes[0][0]:
+                how = ("split by markets, which its update gathers whole every time"
+                       if axis is not None else "kept whole on every device")
+                notes.append(
+                    f"learners.{g}: its {x.shape[policy_axis]} policies and "
+                    f"{x.shape[row_axis]} buffer rows do not divide over {n} devices, so its "
+                    f"buffer is {how} (slower); a buffer_length divisible by {n} avoids it")
             out = out.replace(**{field: split(axis, x.ndim)})
         return out
 
@@ -176,8 +187,11 @@ class Placement:
         self.num_devices = resolve_devices(devices, markets, where)
         self.mesh = make_mesh(self.num_devices)
         abstract = jax.eval_shape(init, jax.random.key(0))
+        #: one line per learner group whose buffer takes a slow split (shown by the CLI)
+        self.notes: list[str] = []
         self.runner = runner_shardings(abstract, self.mesh, markets,
-                                       {g: (s.num_agents, s.policies) for g, s in specs.items()})
+                                       {g: (s.num_agents, s.policies) for g, s in specs.items()},
+                                       self.notes)
         self.replicated = NamedSharding(self.mesh, P())
         #: the runner as ShapeDtypeStructs carrying their shardings (an orbax restore target)
         self.abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype,

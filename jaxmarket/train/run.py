@@ -424,7 +424,8 @@ def _placement_note(trainer: Trainer) -> str:
     if n == 1 and procs == 1:
         return ""
     where = f"{n} device(s)" + (f" x {procs} processes" if procs > 1 else "")
-    return f" (markets sharded over {where})"
+    return f" (markets sharded over {where})" + "".join(
+        f"\nnote: {line}" for line in trainer.placement.notes)
 
 
 # what ``--resume DIR key=value`` may change: how long and when to stop, not what runs
