@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
-from typing import Any, Mapping, Sequence
 
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.loader import load_config
 from jaxmarket.learners.population import register_mapping
 from jaxmarket.market.env import MarketEnv
+from jaxmarket.market.scenario import make
 from jaxmarket.market.spec import MarketParams, MarketSpec, resolve_market, to_device
 from jaxmarket.market.state import MarketState
 
@@ -21,13 +20,3 @@ except PackageNotFoundError:              # a source tree that was never pip-ins
 __all__ = ["ConfigError", "MarketEnv", "MarketParams", "MarketSpec", "MarketState",
            "load_config", "make", "register_mapping", "resolve_market"]
 
-
-def make(source: str | Path | Mapping[str, Any],
-         overrides: Sequence[str] = ()) -> tuple[MarketEnv, MarketParams]:
-    """Build ``(env, params)`` from a scenario file (or mapping) and dotted overrides.
-
-    >>> env, params = make("configs/logit_duopoly.yaml", ["market.num_products=4"])
-    """
-    config = load_config(source, overrides)
-    spec, params = resolve_market(config["market"])
-    return MarketEnv(spec), to_device(params)

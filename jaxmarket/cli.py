@@ -8,17 +8,7 @@ import argparse
 import sys
 from typing import Callable
 
-from jaxmarket.config.errors import ConfigError
-
-
-class Interrupted(Exception):
-    """Training stopped by Ctrl-C (SIGINT); ``iteration`` is the last iteration whose
-    state is in a checkpoint, ``resume`` the command that continues the run."""
-
-    def __init__(self, iteration: int, run_dir: str):
-        self.iteration, self.run_dir = iteration, run_dir
-        super().__init__(f"interrupted at iteration {iteration}; resume with "
-                         f"python -m jaxmarket.train --resume {run_dir}")
+from jaxmarket.config.errors import ConfigError, Interrupted
 
 
 def plain(doc: str | None) -> str:

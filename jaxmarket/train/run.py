@@ -32,9 +32,8 @@ import orbax.checkpoint as ocp
 import yaml
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from jaxmarket import make
-from jaxmarket.cli import Interrupted
-from jaxmarket.config.errors import ConfigError
+from jaxmarket.market.scenario import make
+from jaxmarket.config.errors import ConfigError, Interrupted
 from jaxmarket.config.loader import load_config
 from jaxmarket.learners.controller import build_controller, group_learner_spec
 from jaxmarket.learners.population import (league_opponents, resolve_population,

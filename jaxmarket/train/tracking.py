@@ -10,8 +10,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from jaxmarket.cli import Interrupted
-from jaxmarket.config.errors import ConfigError
+from jaxmarket.config.errors import ConfigError, Interrupted
 
 
 class CsvMetrics:
