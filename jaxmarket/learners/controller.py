@@ -18,11 +18,7 @@ from jaxmarket.learners.base import LEARNERS, Learner, LearnerSpec
 from jaxmarket.learners.population import split_learner_config
 from jaxmarket.market.env import MarketEnv
 from jaxmarket.market.spec import MarketParams
-
-
-def _ensure_registered() -> None:
-    # importing the modules registers their kinds
-    import jaxmarket.learners.registry  # noqa: F401
+from jaxmarket.market.state import current_actions
 
 
 def group_learner_spec(env: MarketEnv, params: MarketParams, group: str,
@@ -46,7 +42,7 @@ def one_shot_payoff(env: MarketEnv, params: MarketParams, group: str):
 
     def payoff(actions: jax.Array) -> jax.Array:
         _, state = env.reset_env(jax.random.key(0), params)
-        acts = hold_actions(env, state)
+        acts = current_actions(env.spec, state)
         acts[group] = actions
         _, _, rewards, _, _ = env.step_env(jax.random.key(0), state, acts, params)
         return rewards[group]
@@ -54,20 +50,10 @@ def one_shot_payoff(env: MarketEnv, params: MarketParams, group: str):
     return payoff
 
 
-def hold_actions(env: MarketEnv, state) -> dict:
-    """Every agent group's current action (prices, multipliers or budgets)."""
-    out = {}
-    for g in env.spec.agent_groups:
-        src = {"price": state.prices, "multiplier": state.multipliers, "budget": state.budgets}
-        out[g.name] = src[g.action][g.name]
-    return out
-
-
 def resolve_learner(config: Any, where: str) -> tuple[str, dict]:
     """Validate one learner config; returns (kind, hyper with defaults). The population
     keys (``population``, ``mapping``) are the training loop's, not the learner's: see
     :mod:`jaxmarket.learners.population`."""
-    _ensure_registered()
     config, _ = split_learner_config(config)
     if isinstance(config, Mapping) and "external_model" in config:   # the training loop's
         config = {k: v for k, v in config.items() if k != "external_model"}   # (models/)
@@ -79,26 +65,10 @@ def resolve_learner(config: Any, where: str) -> tuple[str, dict]:
 
 def build_learner(config: Any, spec: LearnerSpec, where: str) -> Learner:
     kind, hyper = resolve_learner(config, where)
-    spec = poi_obs_spec(config, spec, where)
     try:
         return LEARNERS[kind].make(hyper, spec)
     except ConfigError as err:
         raise ConfigError(_in_group(err.field, kind, where), err.value, err.allowed) from None
-
-
-def poi_obs_spec(config: Any, spec: LearnerSpec, where: str) -> LearnerSpec:
-    """With ``external_model.poi_obs`` (:mod:`jaxmarket.models.config`) the learner sees
-    ``k`` more observation features, the POI values the training loop appends; with
-    ``emb_size > 0`` its policy embeds them (``spec.obs_embed = (k, emb_size)``)."""
-    from jaxmarket.models.config import poi_obs_block
-
-    block = poi_obs_block(config, where)
-    if block is None:
-        return spec
-    import dataclasses
-    k, size = block["k"], block["emb_size"]
-    return dataclasses.replace(spec, obs_dim=spec.obs_dim + k,
-                               obs_embed=(k, size) if size > 0 else None)
 
 
 def _in_group(field: str, kind: str, where: str) -> str:
@@ -117,7 +87,7 @@ def build_controller(env: MarketEnv, params: MarketParams, learners: Any,
                      specs: Mapping[str, LearnerSpec] | None = None) -> dict[str, Learner]:
     """One learner per agent group; every agent group needs one, unknown names fail.
     ``specs`` (default: each group's own spec) lets the training loop pass the specs
-    of its folded seeds and markets."""
+    of its folded seeds and markets (and of the observation features it appends)."""
     groups = env.agent_groups
     if not isinstance(learners, Mapping):
         raise ConfigError(where, learners, "a mapping from agent group name to learner config; "

@@ -3,6 +3,7 @@ compiling."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -13,7 +14,11 @@ import numpy as np
 
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.fields import Field, check_mapping, lookup_kind
+from jaxmarket.learners.base import Transition
+from jaxmarket.market.state import current_actions
+from jaxmarket.models import demand as _demand, rival as _rival  # noqa: F401  (register the shipped kinds)
 from jaxmarket.models.base import MODELS, ModelContext
+from jaxmarket.models.poi import POI_FIELDS
 
 KEY = "external_model"   # the key in learners.<group> (not a learner setting)
 
@@ -112,16 +117,10 @@ def model_context(env, params, group: str) -> ModelContext:
 
 def build_model(env, params, group: str, cfg: ModelConfig):
     """The group's :class:`~jaxmarket.models.base.ExternalModel`."""
-    import jaxmarket.models.demand  # noqa: F401  (registers the shipped kinds)
-    import jaxmarket.models.rival  # noqa: F401
     return MODELS[cfg.kind].make(cfg.model_settings, model_context(env, params, group))
 
 
 def resolve_model(env, params, group: str, raw: Any, populations: Any = None) -> ModelConfig:
-    import jaxmarket.models.demand  # noqa: F401
-    import jaxmarket.models.rival  # noqa: F401
-    from jaxmarket.models.poi import POI_FIELDS
-
     where = f"learners.{group}.{KEY}"
     kind, d = lookup_kind(raw, MODELS, where, "a mapping with a 'kind' key, e.g. {kind: demand}")
     fields = {**d.fields, **EVAL_FIELDS}
@@ -190,17 +189,25 @@ def poi_obs_block(learner_config: Any, where: str) -> dict | None:
     return vals
 
 
+def poi_obs_spec(learner_config: Any, spec: Any, where: str) -> Any:
+    """With ``external_model.poi_obs`` the learner sees ``k`` more observation features,
+    the POI values the training loop appends; with ``emb_size > 0`` its policy embeds
+    them (``spec.obs_embed = (k, emb_size)``)."""
+    block = poi_obs_block(learner_config, where)
+    if block is None:
+        return spec
+    k, size = block["k"], block["emb_size"]
+    return dataclasses.replace(spec, obs_dim=spec.obs_dim + k,
+                               obs_embed=(k, size) if size > 0 else None)
+
+
 def check_io(env, params, group: str, model, where: str) -> None:
     """``make_io`` on one traced market step must give ``[E, A, in_dim]`` inputs and
     ``[E, A, out_dim]`` targets (a custom model whose declared sizes do not match its
     ``make_io`` fails here, before compiling)."""
-    from jaxmarket.learners.base import Transition
-
     def one_step():
         obs, state = env.reset_env(jax.random.key(0), params)
-        acts = {g.name: getattr(state, {"price": "prices", "multiplier": "multipliers",
-                                        "budget": "budgets"}[g.action])[g.name]
-                for g in env.spec.agent_groups}
+        acts = current_actions(env.spec, state)
         obs2, _, rewards, _, info = env.step_env(jax.random.key(0), state, acts, params)
         tr = Transition(obs=obs[group], action=acts[group], reward=rewards[group],
                         next_obs=obs2[group], done=jnp.zeros(rewards[group].shape, bool),
@@ -222,25 +229,16 @@ def check_io(env, params, group: str, model, where: str) -> None:
                           "(the model's in_dim and out_dim)")
 
 
-def resolve_models(config: dict, tcfg) -> dict:
+def resolve_group_models(env, params, learners: Any, populations: Mapping) -> dict:
     """``{group: ModelConfig}`` for the groups whose learner config has an
-    ``external_model``."""
-    from jaxmarket import make
-    from jaxmarket.learners.population import resolve_population, split_learner_config
-
-    learners = config.get("learners")
+    ``external_model`` (``populations``: the plan's, to refuse league groups)."""
     if not isinstance(learners, Mapping):
         return {}
-    blocks = {g: split_model(raw)[1] for g, raw in learners.items()}
-    blocks = {g: b for g, b in blocks.items() if b is not None}
-    if not blocks:
-        return {}
-    env, params = make(config)
     out = {}
-    for g, raw in blocks.items():
-        _, keys = split_learner_config(learners[g])
-        pop = resolve_population(keys, f"learners.{g}", tcfg.num_envs, env.num_agents(g))
-        out[g] = resolve_model(env, params, g, raw, {g: pop})
+    for g, raw in learners.items():
+        block = split_model(raw)[1]
+        if block is not None:
+            out[g] = resolve_model(env, params, g, block, {g: populations.get(g)})
     return out
 
 

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.fields import Field, check_mapping
+from jaxmarket.config.loader import _split_path
+from jaxmarket.market.demand import DEMANDS
+from jaxmarket.market.distributors import DISTRIBUTORS
+from jaxmarket.market.spec import resolve_market
 
 TRAIN_FIELDS = {
     "num_iterations": Field("int", 1000, low=1, doc="learner updates per seed"),
@@ -34,15 +41,9 @@ class TrainConfig:
     checkpoint_every: int
     stop_on_nan: bool
     early_stop: Any
-    schedule: Any = None   # train.schedule as given (validated shape; see market_schedule)
-    # group -> Population (or None): filled from the learners: section by prepare()
-    populations: Any = None
-    # group -> jaxmarket.train.pbt.PbtConfig: filled from the pbt blocks by prepare()
-    pbt: Any = None
-    # train.schedule resolved against the market: a tuple of ScheduleEntry (empty: none)
-    market_schedule: tuple = ()
-    # group -> jaxmarket.models.ModelConfig (learners.<group>.external_model), or absent
-    models: Any = None
+    # train.schedule as given (its shape validated); resolved against the market by
+    # resolve_schedule into the plan's ScheduleEntry tuple (jaxmarket.train.plan)
+    schedule: Any = None
 
 
 def resolve_train(raw: Any, where: str = "train") -> TrainConfig:
@@ -121,10 +122,6 @@ def check_schedule(raw: Any, num_iterations: int, where: str) -> Any:
 def _schedule_path(config: dict, key: str, where: str) -> tuple:
     """A dotted market key -> the path of its leaf in ``MarketParams``, or a
     ConfigError naming it when it is not an array-valued market field."""
-    from jaxmarket.config.loader import _split_path
-    from jaxmarket.market.demand import DEMANDS
-    from jaxmarket.market.distributors import DISTRIBUTORS
-
     allowed = ("an array-valued market field: market.sellers[i].{" + ",".join(SCHEDULE_SELLER)
                + "}, market.consumers[i].{" + ",".join(SCHEDULE_CONSUMER)
                + "}, market.consumers[i].demand.<param>, market.distributor.<param> "
@@ -177,22 +174,16 @@ def with_schedule_leaf(params: Any, path: tuple, value: Any) -> Any:
     return params.replace(**{path[0]: {**side, path[1]: group}})
 
 
-def resolve_schedule(config: dict, tcfg: TrainConfig) -> tuple:
+def resolve_schedule(config: dict, tcfg: TrainConfig, base: tuple | None = None) -> tuple:
     """``train.schedule`` -> a tuple of :class:`ScheduleEntry`, every value resolved by
     the market's own resolver (``resolve_market`` on the config with the change applied),
     so a scalar, a per-product list or a ``[count, P]`` array is broadcast and checked as
-    it would be in ``market:``; a change that alters the market's structure is refused."""
-    import copy
-
-    import numpy as np
-
-    from jaxmarket.config.loader import _split_path
-    from jaxmarket.market.spec import resolve_market
-
+    it would be in ``market:``; a change that alters the market's structure is refused.
+    ``base``: the market's ``(spec, params)`` as resolved already."""
     raw = tcfg.schedule
     if not raw:
         return ()
-    base_spec, base_params = resolve_market(config.get("market"))
+    base_spec, base_params = base if base is not None else resolve_market(config.get("market"))
     entries = []
     for i, item in enumerate(raw):
         for key, value in item["set"].items():
@@ -220,32 +211,5 @@ def resolve_schedule(config: dict, tcfg: TrainConfig) -> tuple:
 
 
 def _to_tuple(x: Any) -> Any:
-    import numpy as np
     x = np.asarray(x)
     return float(x) if x.ndim == 0 else tuple(_to_tuple(v) for v in x)
-
-
-def resolve_training(config: dict) -> TrainConfig:
-    """Validate ``train:`` and ``learners:`` (group names against the market)."""
-    from jaxmarket import make
-    from jaxmarket.learners.controller import build_controller
-
-    tcfg = resolve_train(config.get("train"))
-    if "seed" in config:
-        if not isinstance(config["seed"], int) or isinstance(config["seed"], bool) or config["seed"] < 0:
-            raise ConfigError("seed", config["seed"], "an integer >= 0")
-    from jaxmarket.train.pbt import strip_pbt
-
-    config = strip_pbt(config)   # pbt blocks are validated by prepare(), not the learners
-    if "learners" in config:
-        from jaxmarket.learners.population import league_opponents
-        env, params = make(config)
-        config = league_opponents(env, params, config)   # groups that play snapshots
-        build_controller(env, params, config["learners"])
-    import dataclasses
-
-    tcfg = dataclasses.replace(tcfg, market_schedule=resolve_schedule(config, tcfg))
-    if "learners" in config:
-        from jaxmarket.models.config import resolve_models
-        tcfg = dataclasses.replace(tcfg, models=resolve_models(config, tcfg))
-    return tcfg

@@ -32,86 +32,18 @@ import orbax.checkpoint as ocp
 import yaml
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from jaxmarket.market.scenario import make
 from jaxmarket.config.errors import ConfigError, Interrupted
 from jaxmarket.config.loader import load_config
-from jaxmarket.learners.controller import build_controller, group_learner_spec
-from jaxmarket.learners.population import (league_opponents, resolve_population,
-                                           split_learner_config)
-from jaxmarket.train.config import TrainConfig, resolve_train, resolve_training
+from jaxmarket.train import distributed
+from jaxmarket.train.config import TrainConfig
 from jaxmarket.train.devices import Placement, to_host
-from jaxmarket.train.loop import PER_SEED, Runner, make_train, tile_spec
+from jaxmarket.train.loop import Runner, make_train
+from jaxmarket.train.metrics import flatten_metrics, seed_rows
 from jaxmarket.train.pbt import CSV_COLUMNS as PBT_COLUMNS, PREFIX as PBT_PREFIX
-from jaxmarket.train.pbt import event_rows, resolve_pbt, strip_pbt
+from jaxmarket.train.pbt import event_rows
+from jaxmarket.train.plan import RunPlan, resolve
 from jaxmarket.train.summary import write_summary
 from jaxmarket.train.tracking import CsvMetrics, Tracker, with_tracker
-
-
-def learners_template(env) -> str:
-    """A ready-to-paste ``learners:`` block for the scenario's agent groups."""
-    lines = ["learners:"]
-    for g in env.spec.agent_groups:
-        what = {"price": "prices", "multiplier": "price multipliers", "budget": "budgets"}[g.action]
-        kind = "ppo" if g.observation else "ppo_bandit"
-        lines.append(f"  {g.name}: {{kind: {kind}}}   # {g.side}s, {g.count} agent(s) "
-                     f"setting {what}")
-    return "\n".join(lines)
-
-
-def prepare(config: dict):
-    """Everything static: env, params, learners, specs, train config, all validated
-    (the early-stop metric name too) before anything compiles or touches the disk."""
-    raw, config = config, strip_pbt(config)   # the pbt blocks: resolve_pbt below
-    tcfg = resolve_training(config)
-    env, params = make(config)
-    if "learners" not in config:
-        if not env.agent_groups:
-            raise ConfigError("market", "<no agent groups>", "at least one agent group to train "
-                              "(a seller group, or a consumer group with agent: true)")
-        raise ConfigError("learners", "<missing>", "a learners: section mapping each agent group "
-                          "to a learner (docs/learners.md), e.g.\n" + learners_template(env))
-    config = league_opponents(env, params, config)
-    populations = resolve_populations(env, params, config, tcfg)
-    tcfg = dataclasses.replace(tcfg, populations=populations,
-                               pbt=resolve_pbt(raw, populations))
-    base_specs = {g: group_learner_spec(env, params, g) for g in env.agent_groups}
-    specs = {g: tile_spec(s, tcfg.num_envs, tcfg.num_seeds, tcfg.populations.get(g))
-             for g, s in base_specs.items()}
-    learners = build_controller(env, params, config["learners"], specs=specs)
-    if tcfg.early_stop is not None:
-        names = metric_columns(env, params, learners, specs, tcfg)
-        if tcfg.early_stop["metric"] not in names:
-            raise ConfigError("train.early_stop.metric", tcfg.early_stop["metric"],
-                              "one of the metrics: " + ", ".join(names))
-    return env, params, learners, specs, tcfg
-
-
-def resolve_populations(env, params, config: dict, tcfg: TrainConfig) -> dict:
-    """``learners.<group>.population`` / ``mapping`` of every group, validated."""
-    out = {}
-    learners = config["learners"] if isinstance(config["learners"], dict) else {}
-    for g in env.agent_groups:
-        _, keys = split_learner_config(learners.get(g))
-        pop = resolve_population(keys, f"learners.{g}", tcfg.num_envs, env.num_agents(g))
-        if pop is not None and pop.kind == "resample" and pop.mix_in_env:
-            space = env.action_space(g, params)
-            if not (np.all(space.low == space.low[:1]) and np.all(space.high == space.high[:1])):
-                raise ConfigError(f"learners.{g}.mapping.mix_in_env", True,
-                                  "false when the group's agents have different action bounds "
-                                  "(a member then moves between agent positions)")
-        out[g] = pop
-    return out
-
-
-def metric_columns(env, params, learners, specs, tcfg) -> list[str]:
-    """The ``metrics.csv`` column names of a scenario, from the traced (not compiled)
-    training program."""
-    init, run_chunk = make_train(env, params, learners, specs, tcfg)
-    runner = jax.eval_shape(init, jax.random.key(0))
-    _, metrics = jax.eval_shape(lambda r: run_chunk(r, 1), runner)
-    zeros = {k: np.zeros(v.shape, np.float32) for k, v in metrics.items()
-             if not k.startswith(PER_SEED) and not k.startswith(PBT_PREFIX)}
-    return [k for k in _flatten_metrics(zeros, 0)[0] if k != "iteration"]
 
 
 def _saveable(tree: Any) -> dict:
@@ -126,43 +58,8 @@ def _unsaveable(saved: dict, target: Any) -> Any:
     return jax.tree.unflatten(treedef, out)
 
 
-def _seed_rows(metrics: dict[str, np.ndarray], start: int) -> list[dict[str, float]]:
-    """The ``per_seed/`` metrics ``[chunk, S(, P)]`` -> one ``seeds.csv`` row per
-    iteration and seed (``iteration, seed, reward/<g>, price/<g>/p<j>, ...``)."""
-    per_seed = {k[len(PER_SEED):]: np.asarray(v) for k, v in metrics.items()
-                if k.startswith(PER_SEED)}
-    if not per_seed:
-        return []
-    num_seeds = next(iter(per_seed.values())).shape[1]
-    rows = []
-    for s in range(num_seeds):
-        seed_rows = _flatten_metrics({k: v[:, s] for k, v in per_seed.items()}, start)
-        rows.append([{"iteration": r["iteration"], "seed": s,
-                      **{k: v for k, v in r.items() if k != "iteration"}} for r in seed_rows])
-    return [row for it_rows in zip(*rows) for row in it_rows]   # iteration-major
-
-
-def _flatten_metrics(metrics: dict[str, np.ndarray], start: int) -> list[dict[str, float]]:
-    """[chunk, ...] arrays (already means over seeds, markets and agents) -> one row per
-    iteration; per-product vectors expand to name/p{j}, the POI observation's ``k``
-    values (``poi/<g>/obs``) to name/k{j}."""
-    columns: dict[str, np.ndarray] = {}
-    for name, value in metrics.items():
-        if name.startswith(PER_SEED):
-            continue
-        v = np.asarray(value, np.float64)
-        if v.ndim == 1:
-            columns[name] = v
-        else:
-            axis = "k" if name.startswith("poi/") and name.endswith("/obs") else "p"
-            for j in range(v.shape[1]):
-                columns[f"{name}/{axis}{j}"] = v[:, j]
-    n = next(iter(columns.values())).shape[0]
-    return [{"iteration": start + i + 1, **{k: float(c[i]) for k, c in columns.items()}}
-            for i in range(n)]
-
-
-def _assignment_members(runner: Runner, dynamic: dict, tcfg) -> dict[str, np.ndarray]:
+def _assignment_members(runner: Runner, dynamic: dict, tcfg: TrainConfig
+                        ) -> dict[str, np.ndarray]:
     """``{group: [S, E, A]}`` the member driving each market slot under the runner's
     current assignment (a resampled or custom mapping): ``layout[scatter[i] mod E A]``."""
     out = {}
@@ -183,13 +80,16 @@ def _mapping_rows(members: dict[str, np.ndarray], iteration: int) -> list[dict]:
 
 
 class Trainer:
-    """``devices``: local devices to shard the seeds x markets over (None: all that
-    divide them); checked with everything else before anything compiles."""
+    """Trains a :class:`~jaxmarket.train.plan.RunPlan` (or a config, resolved here) into
+    ``run_dir``. ``devices``: local devices to shard the seeds x markets over (None: all
+    that divide them); checked with everything else before anything compiles."""
 
-    def __init__(self, config: dict, run_dir: Path, devices: int | None = None):
-        self.config, self.run_dir = config, Path(run_dir)
-        self.env, self.params, self.learners, self.specs, self.tcfg = prepare(config)
-        init, run_chunk = make_train(self.env, self.params, self.learners, self.specs, self.tcfg)
+    def __init__(self, plan: RunPlan | dict, run_dir: Path, devices: int | None = None):
+        self.plan = plan if isinstance(plan, RunPlan) else resolve(plan)
+        self.config, self.run_dir = dict(self.plan.config), Path(run_dir)
+        self.env, self.params, self.tcfg = self.plan.env, self.plan.params, self.plan.train
+        self.learners, self.specs = self.plan.learners, self.plan.specs
+        init, run_chunk = make_train(self.plan)
         self.placement = Placement(init, self.specs, self.tcfg, devices)
         # in a distributed run only process 0 writes files (orbax: every process saves)
         self.primary = jax.process_index() == 0
@@ -226,7 +126,7 @@ class Trainer:
         return self._chunks[length]
 
     def initial_runner(self) -> Runner:
-        return self._init(jax.random.key(int(self.config.get("seed", 0))))
+        return self._init(jax.random.key(self.plan.seed))
 
     def restore(self) -> tuple[Runner, int]:
         step = self.ckpt.latest_step()
@@ -269,13 +169,13 @@ class Trainer:
         if writes:
             self.metrics.truncate_after(start)
             self.seed_metrics.truncate_after(start)
-        if tcfg.pbt and writes:
+        if self.plan.pbt and writes:
             self.pbt_events.truncate_after(start)
             if not self.pbt_events.path.exists():   # the header, even before any event
                 self.run_dir.mkdir(parents=True, exist_ok=True)
                 self.pbt_events.path.write_text(",".join(PBT_COLUMNS) + "\n")
         runner, done_iters = start_runner, start
-        dynamic = {g: p for g, p in (tcfg.populations or {}).items() if p is not None and p.dynamic}
+        dynamic = {g: p for g, p in self.plan.populations.items() if p is not None and p.dynamic}
         if dynamic:
             logged = _assignment_members(runner, dynamic, tcfg)
             if writes:
@@ -286,7 +186,6 @@ class Trainer:
         total = tcfg.num_iterations
         chunk_index = start // tcfg.chunk_size
         stopped = None
-        crash_after = int(os.environ.get("JAXMARKET_KILL_AFTER_CHUNK", "0"))  # crash tests
         with Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                       TextColumn("{task.completed}/{task.total} it"),
                       TextColumn("{task.fields[speed]}"), TextColumn("{task.fields[reward]}"),
@@ -308,10 +207,10 @@ class Trainer:
                     if writes:
                         self.mapping_log.append(_mapping_rows(changed, done_iters + length))
                     logged = now
-                rows = _flatten_metrics(metrics, done_iters)
+                rows = flatten_metrics(metrics, done_iters)
                 if writes:
                     self.metrics.append(rows)
-                    self.seed_metrics.append(_seed_rows(metrics, done_iters))
+                    self.seed_metrics.append(seed_rows(metrics, done_iters))
                     for row in rows[-1:]:
                         tracker.log(row["iteration"],
                                     {k: v for k, v in row.items() if k != "iteration"})
@@ -323,8 +222,6 @@ class Trainer:
                            reward=" ".join(f"{k[7:]}={v:.4g}" for k, v in rewards.items()))
                 if chunk_index % tcfg.checkpoint_every == 0 or done_iters >= total:
                     self._save(runner, done_iters)
-                if crash_after and chunk_index >= crash_after:
-                    os.kill(os.getpid(), signal.SIGKILL)
                 stopped = self._stop_reason(rows)
                 if stopped:
                     self._save(runner, done_iters)
@@ -333,15 +230,13 @@ class Trainer:
                     self._save(runner, done_iters)
                     raise Interrupted(done_iters, str(self.run_dir))
         if not writes:   # process 0 writes the summary; the others read it
-            from jaxmarket.train.distributed import wait_for_primary
-            wait_for_primary("summary")
+            distributed.wait_for_primary("summary")
             return json.loads((self.run_dir / "summary.json").read_text())
         summary = write_summary(self.run_dir, self.env, stopped=stopped, iterations=done_iters)
         tracker.artifact(self.run_dir / "summary.json")
         tracker.artifact(self.run_dir / "metrics.csv")
         if jax.process_count() > 1:
-            from jaxmarket.train.distributed import wait_for_primary
-            wait_for_primary("summary")
+            distributed.wait_for_primary("summary")
         return summary
 
     def _stop_reason(self, rows: list[dict[str, float]]) -> str | None:
@@ -357,7 +252,7 @@ class Trainer:
                     return f"non-finite metric {bad[0]} at iteration {int(row['iteration'])}"
         rule = self.tcfg.early_stop
         if rule:
-            name = rule["metric"]   # a known column: checked in prepare()
+            name = rule["metric"]   # a known column: checked by resolve()
             value = rows[-1][name]
             if ("above" in rule and value > rule["above"]) or ("below" in rule and value < rule["below"]):
                 return f"early stop: {name}={value:.6g} at iteration {int(rows[-1]['iteration'])}"
@@ -385,28 +280,26 @@ def _agree(config: dict, run_dir: str, **flags) -> str:
     resolved the same config and flags (one-line ConfigError otherwise)."""
     if jax.process_count() == 1:
         return run_dir
-    from jaxmarket.train.distributed import broadcast_text, check_same, config_hash
-    run_dir = broadcast_text(str(run_dir))
-    check_same(config_hash(config, run_dir=run_dir, **flags))
+    run_dir = distributed.broadcast_text(str(run_dir))
+    distributed.check_same(distributed.config_hash(config, run_dir=run_dir, **flags))
     return run_dir
 
 
 def _synchronised(name: str) -> None:
     if jax.process_count() > 1:
-        from jaxmarket.train.distributed import wait_for_primary
-        wait_for_primary(name)
+        distributed.wait_for_primary(name)
 
 
 def start_run(config_path: str | None, overrides: list[str], run_dir: str | None,
               tracker: str = "files", mongo_url: str | None = None,
               devices: int | None = None) -> dict:
     config = load_config(config_path, overrides)
-    _ = resolve_train(config.get("train"))
+    plan = resolve(config)   # validates everything before anything is written
     if run_dir is None:
         run_dir = f"runs/{Path(config_path).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = _agree(config, run_dir, devices=devices, resume=False)
     run_dir = require_new_dir(run_dir, "that run: python -m jaxmarket.train --resume")
-    trainer = Trainer(config, run_dir, devices)   # validates everything before writing
+    trainer = Trainer(plan, run_dir, devices)
     _synchronised("validated")   # every process checked the directory before it exists
     if trainer.primary:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -492,4 +385,4 @@ def finish_message(summary: dict) -> str:
 
 
 __all__ = ["start_run", "resume_run", "final_learner_state", "finish_message", "Trainer",
-           "TrainConfig", "prepare", "metric_columns"]
+           "TrainConfig", "RunPlan", "resolve"]

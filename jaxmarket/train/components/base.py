@@ -1,0 +1,95 @@
+"""The protocol of a loop component: one optional feature of the training iteration.
+
+A component is a frozen dataclass holding its static settings (resolved from the
+:class:`~jaxmarket.train.plan.RunPlan`) and owning one field of the
+:class:`~jaxmarket.train.loop.Runner` (its ``slot``). The loop skeleton
+(:func:`jaxmarket.train.loop.make_train`) calls every component's hooks, in the order
+of the plan's component chain, at named points of an iteration; each hook is a pure
+function that returns what it changes. The defaults do nothing, so a component defines
+only the hooks it needs::
+
+    init(key, runner) -> runner                  once, from the run's key (fold_in its own)
+    market_params(params, iteration) -> params   before the rollout
+    observe(runner, params, obs, env_state=, prices=) -> obs    before acting, and on the
+                                                 final observations (prices just quoted)
+    act(runner, actions, obs, keys) -> actions   after the learners acted (market order)
+    step_metrics(step) -> (metrics, outputs)     after each market step (Step below)
+    after_rollout(key, old, new, traj, metrics, outputs) -> (new, traj, metrics)
+    after_update(key, old, new, metrics) -> (new, metrics)   after the learners' updates
+
+``old`` is the runner at the start of the iteration, ``new`` the one being built;
+``metrics`` are the iteration's (means over its rollout), ``outputs[name]`` what this
+component's ``step_metrics`` returned at every step, stacked ``[T, ...]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+from flax import struct
+
+
+@struct.dataclass
+class Step:
+    """One market step of the rollout, as the step hooks see it.
+
+    ``obs``: the observations the learners acted on (components' features appended),
+    ``env_obs``: the market's own; ``actions``: every group's market actions ``[E, A, P]``;
+    ``batch``: every group's :class:`~jaxmarket.learners.base.Transition` in its learner's
+    slot order; ``before``: the market state the step started from; ``assignment``:
+    the population assignment in force."""
+
+    obs: Any
+    env_obs: Any
+    actions: Any
+    rewards: Any
+    info: Any
+    done: jax.Array
+    before: Any
+    batch: Any
+    assignment: Any
+    params: Any
+
+
+@dataclass(frozen=True)
+class Component:
+    """Base class: every hook is the identity. ``name`` keys the component's step
+    outputs."""
+
+    name = "component"
+
+    def init(self, key: jax.Array, runner: Any) -> Any:
+        return runner
+
+    def market_params(self, params: Any, iteration: jax.Array) -> Any:
+        return params
+
+    def observe(self, runner: Any, params: Any, obs: dict, env_state: Any = None,
+                prices: Any = None) -> dict:
+        return obs
+
+    def act(self, runner: Any, actions: dict, obs: dict, keys: dict) -> dict:
+        return actions
+
+    def step_metrics(self, step: Step) -> tuple[dict, Any]:
+        return {}, None
+
+    def after_rollout(self, key: jax.Array, old: Any, new: Any, traj: dict, metrics: dict,
+                      outputs: Any) -> tuple[Any, dict, dict]:
+        return new, traj, metrics
+
+    def after_update(self, key: jax.Array, old: Any, new: Any, metrics: dict
+                     ) -> tuple[Any, dict]:
+        return new, metrics
+
+
+def quoted(info: dict, g: str, sellers: frozenset) -> jax.Array:
+    """A group's actions in force after a step: sellers' prices, consumers' budgets."""
+    return info["prices"][g] if g in sellers else info["budgets"][g]
+
+
+def served(info: dict, g: str, sellers: frozenset) -> jax.Array:
+    """A group's traffic: queries a seller served, or a consumer group got served."""
+    return info["traffic"][g] if g in sellers else info["queries"][g] - info["unserved"][g]

@@ -1,0 +1,122 @@
+"""Populations: which member drives which market slot, redrawn as episodes end, and
+the per-member and cross-play metrics (``reward/<g>/m<k>``, ``price/<g>/m<k>``,
+``crossplay/<g>/m<i>/m<j>``, ``mapping/<g>/repaired``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxmarket.learners.population import (Population, assignment_from_members,
+                                           custom_members, draw_assignment,
+                                           episodes_trigger_draw)
+from jaxmarket.train.components.base import Component, Step, quoted
+from jaxmarket.train.slots import SlotView
+
+
+def member_weights(pop: Population, num_envs: int, num_agents: int) -> jax.Array:
+    """``[E * A, K]``: column ``k`` averages member ``k``'s slots of a seed."""
+    layout = pop.layout(num_envs, num_agents)
+    onehot = (layout[:, None] == np.arange(pop.size)[None]).astype(np.float32)
+    return jnp.asarray(onehot / np.maximum(onehot.sum(0, keepdims=True), 1))
+
+
+def member_rewards(step: Step, g: str, weights: jax.Array, num_seeds: int) -> jax.Array:
+    """``[S, K]``: each member's mean reward over its slots of each seed."""
+    return step.batch[g].reward.reshape(num_seeds, -1) @ weights
+
+
+@dataclass(frozen=True)
+class Populations(Component):
+    """The groups with a population (``learners.<g>.population`` / ``mapping``); the
+    dynamic ones (resampled, custom) own ``runner.assignment[g] = (gather, scatter)``."""
+
+    pops: Mapping[str, Population]
+    num_seeds: int
+    num_envs: int
+    sellers: frozenset
+    view: SlotView
+    name = "population"
+
+    @property
+    def dynamic(self) -> tuple[str, ...]:
+        return tuple(g for g, p in self.pops.items() if p.dynamic)
+
+    def draw(self, key: jax.Array, episode: jax.Array) -> tuple[dict, dict]:
+        """A fresh assignment of every dynamic group, and the slots a custom mapping's
+        draw had to repair (``mapping/<g>/repaired``)."""
+        out, repaired = {}, {}
+        S, E, sizes = self.num_seeds, self.num_envs, self.view.sizes
+        for i, g in enumerate(self.dynamic):
+            k = jax.random.fold_in(key, i)
+            if self.pops[g].custom:
+                members = custom_members(k, self.pops[g], episode, S, E, sizes[g])
+                *out[g], repaired[g] = assignment_from_members(members, self.pops[g].size)
+                out[g] = tuple(out[g])
+            else:
+                out[g] = draw_assignment(k, self.pops[g], S, E, sizes[g])
+        return out, repaired
+
+    def init(self, key, runner):
+        # the first assignment is drawn from a key of its own (fold_in): scenarios without
+        # a resampled population keep exactly the random streams they had
+        if not self.dynamic:
+            return runner
+        assignment = self.draw(jax.random.fold_in(key, 1), jnp.zeros((), jnp.int32))[0]
+        return runner.replace(assignment=assignment)
+
+    def step_metrics(self, step: Step):
+        metrics = {}
+        S = self.num_seeds
+        for g, pop in self.pops.items():
+            w = member_weights(pop, self.num_envs, self.view.sizes[g])
+            r = member_rewards(step, g, w, S)                                        # [S, K]
+            price = quoted(step.info, g, self.sellers)
+            pr = jnp.einsum("sjp,jk->kp", self.view.learner_view(price, g, step.assignment)
+                            .reshape((S, -1, price.shape[-1])), w) / S               # [K, P]
+            for k in range(w.shape[1]):   # static: one metric column per member
+                metrics[f"reward/{g}/m{k}"] = r[:, k].mean()
+                metrics[f"price/{g}/m{k}"] = pr[k]
+            if self.view.sizes[g] > 1 and not pop.league:
+                metrics.update(self.cross_play(g, step.rewards[g], step.assignment))
+        return metrics, None
+
+    def cross_play(self, g: str, reward: jax.Array, assignment: Mapping) -> dict:
+        """``crossplay/<g>/m<i>/m<j>``: the mean reward of member ``i``'s slots in the
+        markets where another agent of the group is member ``j`` (NaN where they never
+        met this step)::
+
+            C[i, j] = sum_{x, a} r[x, a] [m(x, a) = i] [j among the others of market x]
+                      / sum_{x, a} [m(x, a) = i] [j among the others of market x]
+        """
+        pop, A = self.pops[g], self.view.sizes[g]
+        K, E = pop.size, self.view.num_markets
+        slot_member = jnp.asarray(np.tile(pop.layout(self.num_envs, A), self.num_seeds))
+        member = self.view.to_market(slot_member, g, assignment).reshape(E, A)  # market order
+        onehot = jax.nn.one_hot(member, K, dtype=jnp.float32)                   # [E, A, K]
+        others = (onehot.sum(1, keepdims=True) - onehot) > 0                    # [E, A, K]
+        total = jnp.einsum("xa,xai,xaj->ij", reward, onehot, others)
+        count = jnp.einsum("xai,xaj->ij", onehot, others)
+        mean = jnp.where(count > 0, total / jnp.maximum(count, 1.0), jnp.nan)
+        return {f"crossplay/{g}/m{i}/m{j}": mean[i, j] for i in range(K) for j in range(K)}
+
+    def after_rollout(self, key, old, new, traj, metrics, outputs):
+        """A new draw for the groups whose mapping redraws after the episodes that just
+        ended; the assignment stays fixed within a rollout (a learner slot's trajectory
+        stays one market slot's)."""
+        if not self.dynamic:
+            return new, traj, metrics
+        redraw = {g: episodes_trigger_draw(self.pops[g], old.episodes, new.episodes)
+                  for g in self.dynamic}
+        # not a split: other streams unchanged
+        fresh, repaired = self.draw(jax.random.fold_in(key, 2), new.episodes)
+        assignment = {g: jax.tree.map(lambda a, b: jnp.where(redraw[g], a, b),
+                                      fresh[g], old.assignment[g]) for g in self.dynamic}
+        metrics = dict(metrics)
+        for g, count in repaired.items():
+            metrics[f"mapping/{g}/repaired"] = jnp.where(redraw[g], count, 0).astype(jnp.float32)
+        return new.replace(assignment=assignment), traj, metrics

@@ -1,0 +1,52 @@
+"""Metric names and the host side of metrics: chunk outputs -> ``metrics.csv`` and
+``seeds.csv`` rows.
+
+In the compiled chunk, ``metrics[name]`` is ``[length, ...]``: the market metrics
+``reward/<g>`` (``[]``), ``price/<g>`` and ``traffic/<g>`` (``[P]``) are means over the
+rollout, seeds, markets and agents, and ``per_seed/<name>`` holds the same per seed
+(``[S]``, ``[S, P]``); ``learner/<g>/<m>`` are the learners' own metrics, averaged over
+whatever axis they report; components add theirs (``reward/<g>/m<k>``, ``model/<g>/...``,
+``poi/<g>/...``, ``league/<g>/pool``, ``mapping/<g>/repaired``, ``crossplay/...``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+PER_SEED = "per_seed/"   # prefix of the per-seed copies of the market metrics
+
+
+def flatten_metrics(metrics: dict[str, np.ndarray], start: int) -> list[dict[str, float]]:
+    """[chunk, ...] arrays (already means over seeds, markets and agents) -> one row per
+    iteration; per-product vectors expand to name/p{j}, the POI observation's ``k``
+    values (``poi/<g>/obs``) to name/k{j}."""
+    columns: dict[str, np.ndarray] = {}
+    for name, value in metrics.items():
+        if name.startswith(PER_SEED):
+            continue
+        v = np.asarray(value, np.float64)
+        if v.ndim == 1:
+            columns[name] = v
+        else:
+            axis = "k" if name.startswith("poi/") and name.endswith("/obs") else "p"
+            for j in range(v.shape[1]):
+                columns[f"{name}/{axis}{j}"] = v[:, j]
+    n = next(iter(columns.values())).shape[0]
+    return [{"iteration": start + i + 1, **{k: float(c[i]) for k, c in columns.items()}}
+            for i in range(n)]
+
+
+def seed_rows(metrics: dict[str, np.ndarray], start: int) -> list[dict[str, float]]:
+    """The ``per_seed/`` metrics ``[chunk, S(, P)]`` -> one ``seeds.csv`` row per
+    iteration and seed (``iteration, seed, reward/<g>, price/<g>/p<j>, ...``)."""
+    per_seed = {k[len(PER_SEED):]: np.asarray(v) for k, v in metrics.items()
+                if k.startswith(PER_SEED)}
+    if not per_seed:
+        return []
+    num_seeds = next(iter(per_seed.values())).shape[1]
+    rows = []
+    for s in range(num_seeds):
+        rows_s = flatten_metrics({k: v[:, s] for k, v in per_seed.items()}, start)
+        rows.append([{"iteration": r["iteration"], "seed": s,
+                      **{k: v for k, v in r.items() if k != "iteration"}} for r in rows_s])
+    return [row for it_rows in zip(*rows) for row in it_rows]   # iteration-major
