@@ -100,11 +100,12 @@ def allreduce_sum() -> bool:
 def bandit_update() -> bool:
     from jaxmarket.config.loader import load_config
     from jaxmarket.learners.base import Transition
-    from jaxmarket.train.run import prepare
+    from jaxmarket.train.plan import resolve
     config = load_config(str(ROOT / "configs" / "bench_b.yaml"),
                          ["train.num_envs=8", "train.num_seeds=8",
                           "learners.sellers.buffer_length=4", "learners.sellers.update_epochs=1"])
-    _, _, learners, specs, _ = prepare(config)
+    plan = resolve(config)
+    learners, specs = plan.learners, plan.specs
     learner, spec = learners["sellers"], specs["sellers"]
     A, T = spec.num_agents, 4
     rng = np.random.default_rng(0)

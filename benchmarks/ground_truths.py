@@ -47,7 +47,7 @@ from throughput import machine
 
 from jaxmarket import economics
 from jaxmarket.config.loader import load_config
-from jaxmarket.train.loop import per_seed
+from jaxmarket.train.slots import per_seed
 from jaxmarket.train.run import final_learner_state, start_run
 
 CONFIGS = ROOT / "configs"

@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 from jaxmarket.config.loader import load_config
 from jaxmarket.models.metrics import asymptotic, auc, convergence, iqm, iqm_interval
 from jaxmarket.train.loop import make_train
-from jaxmarket.train.run import prepare
+from jaxmarket.train.plan import resolve
 
 CONFIG = ROOT / "configs" / "poi_demand.yaml"
 GROUP = "me"
@@ -55,7 +55,7 @@ VARIANTS = "zero,disagreement,gradient,error,poi_obs"
 POI_OBS_LEARNER = {"kind": "ppo", "hidden_sizes": [32, 32], "learning_rate": 0.003,
                    "gamma": 0.0, "gae_lambda": 0.0, "update_epochs": 4, "num_minibatches": 1,
                    "log_std_init": -0.69, "ent_coef": 0.0}
-POI_OBS = {"k": 8, "sampler": "grid", "emb_size": 4, "normalise": "running"}
+POI_OBS = {"k": 8, "sampler": "grid", "emb_size": 4, "normalize": "running"}
 
 
 def run_variant(config: dict, kind: str) -> dict:
@@ -68,8 +68,9 @@ def run_variant(config: dict, kind: str) -> dict:
     model["poi"] = {**model["poi"], "kind": kind}
     if kind == "zero":
         model["poi"]["beta"] = 0.0
-    env, params, learners, specs, tcfg = prepare(config)
-    init, run_chunk = make_train(env, params, learners, specs, tcfg)
+    plan = resolve(config)
+    env, params, tcfg = plan.env, plan.params, plan.train
+    init, run_chunk = make_train(plan)
     n, size = tcfg.num_iterations, tcfg.chunk_size
     t0 = time.perf_counter()
     runner = jax.jit(init)(jax.random.key(int(config.get("seed", 0))))
@@ -85,8 +86,8 @@ def run_variant(config: dict, kind: str) -> dict:
         done += length
     return {"error": np.concatenate(errors), "reward": np.concatenate(rewards),
             "seconds": time.perf_counter() - t0,
-            "at": tcfg.market_schedule[0].at if tcfg.market_schedule else n,
-            "every": tcfg.models[GROUP].eval_every}
+            "at": plan.schedule[0].at if plan.schedule else n,
+            "every": plan.models[GROUP].eval_every}
 
 
 def phase_stats(out: dict, threshold: float) -> dict:

@@ -61,7 +61,7 @@ from throughput import machine, peak_rss_mb
 from jaxmarket.config.loader import load_config
 from jaxmarket.train.devices import Placement
 from jaxmarket.train.loop import make_train
-from jaxmarket.train.run import prepare
+from jaxmarket.train.plan import resolve
 
 #: training throughput / env-only throughput, same markets, same process (issue 10)
 TARGET_RATIO = 0.6
@@ -95,8 +95,9 @@ def time_chunk(config: dict, num_envs: int, num_seeds: int, iterations: int, rol
     config = copy.deepcopy(config)
     config["train"] = {"num_iterations": iterations, "rollout_length": rollout,
                        "num_envs": num_envs, "num_seeds": num_seeds, "chunk_size": iterations}
-    env, params, learners, specs, tcfg = prepare(config)
-    init, run_chunk = make_train(env, params, learners, specs, tcfg)
+    plan = resolve(config)
+    env, params, tcfg = plan.env, plan.params, plan.train
+    init, run_chunk = make_train(plan)
     place = Placement(init, specs, tcfg, devices)   # as the Trainer
     chunk = place.jit_chunk(lambda r: run_chunk(r, iterations))
     runner = jax.block_until_ready(place.jit_init(init)(jax.random.key(seed)))

@@ -10,6 +10,7 @@ from conftest import CONFIGS, ROOT, duopoly_config
 
 import jaxmarket
 from jaxmarket import ConfigError, load_config
+from jaxmarket.train.plan import resolve
 
 
 def error_of(config=None, overrides=(), source=None) -> ConfigError:
@@ -145,3 +146,19 @@ def test_check_cli_error_is_one_line_exit_2_no_traceback():
     assert "Traceback" not in out.stderr
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
     assert lines == ["config error: market.sellers[0].count: got 0; allowed: an integer >= 1"]
+
+
+@pytest.mark.parametrize("key, right", [("normalise", "normalize"),
+                                        ("normalise_horizon", "normalize_horizon")])
+def test_the_british_spelling_of_a_public_key_names_the_right_key(key, right):
+    config = load_config(CONFIGS / "poi_demand.yaml",
+                         [f"learners.me.external_model.poi.{key}=none"])
+    with pytest.raises(ConfigError) as err:
+        resolve(config)
+    assert err.value.field == f"learners.me.external_model.poi.{key}"
+    assert f"the key {right} " in err.value.allowed
+    # and the right spelling is accepted with the same value space
+    value = "none" if right == "normalize" else 7
+    plan = resolve(load_config(CONFIGS / "poi_demand.yaml",
+                               [f"learners.me.external_model.poi.{right}={value}"]))
+    assert plan.models["me"].poi_settings[right] == value

@@ -26,7 +26,7 @@ from conftest import CONFIGS
 
 from jaxmarket import economics
 from jaxmarket.config.loader import load_config
-from jaxmarket.train.loop import per_seed
+from jaxmarket.train.slots import per_seed
 from jaxmarket.train.run import final_learner_state, start_run
 
 # Learner settings for the legacy default market that converge without overshooting the

@@ -22,7 +22,8 @@ from jaxmarket.learners.base import LearnerSpec, Transition
 from jaxmarket.learners.ppo import PPO
 from jaxmarket.learners.qlearning import HYPER_FIELDS as Q_FIELDS
 from jaxmarket.learners.qlearning import make as make_q
-from jaxmarket.train.run import Trainer, prepare
+from jaxmarket.train.plan import resolve
+from jaxmarket.train.run import Trainer
 from jaxmarket.train.tracking import Tracker
 
 
@@ -229,5 +230,5 @@ def test_pbt_hyperparameters_the_learner_does_not_keep_per_member_are_config_err
         config["learners"]["sellers"] = {"kind": "ppo", "population": 2}
     config["learners"]["sellers"]["pbt"] = {"hyperparams": {name: [0.5, 0.99]}}
     with pytest.raises(ConfigError) as err:
-        prepare(config)
+        resolve(config)
     assert err.value.field == f"learners.sellers.pbt.hyperparams.{name}"

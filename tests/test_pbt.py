@@ -15,7 +15,8 @@ from conftest import CONFIGS
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.loader import load_config
 from jaxmarket.train.pbt import PbtConfig, no_events, pbt_step
-from jaxmarket.train.run import Trainer, prepare
+from jaxmarket.train.plan import resolve
+from jaxmarket.train.run import Trainer
 from jaxmarket.train.tracking import CsvMetrics, Tracker, read_metrics
 
 S, K = 3, 6
@@ -238,7 +239,7 @@ def test_bad_pbt_config_names_the_field_before_compiling(edit, field):
     config = small()
     edit(config)
     with pytest.raises(ConfigError) as err:
-        prepare(config)
+        resolve(config)
     assert err.value.field == field, str(err.value)
     assert "\n" not in str(err.value)
 
@@ -258,13 +259,13 @@ def test_top_level_pbt_applies_to_groups_with_a_population_and_group_keys_overri
     """Catches the top-level block being ignored, or overriding the group's own keys."""
     config = small()
     config["pbt"] = {**config["learners"]["seller"].pop("pbt"), "period": 7, "start": 3}
-    tcfg = prepare(config)[-1]
-    assert (tcfg.pbt["seller"].period, tcfg.pbt["seller"].start) == (7, 3)
+    plan = resolve(config)
+    assert (plan.pbt["seller"].period, plan.pbt["seller"].start) == (7, 3)
     config["learners"]["seller"]["pbt"] = {"period": 9}
-    tcfg = prepare(config)[-1]
-    assert (tcfg.pbt["seller"].period, tcfg.pbt["seller"].start) == (9, 3)
+    plan = resolve(config)
+    assert (plan.pbt["seller"].period, plan.pbt["seller"].start) == (9, 3)
     config["learners"]["seller"].pop("pbt")
     config["learners"]["seller"].pop("population")
     with pytest.raises(ConfigError) as err:
-        prepare(config)
+        resolve(config)
     assert err.value.field == "pbt"

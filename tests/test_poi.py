@@ -12,9 +12,9 @@ import yaml
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.models.base import MODELS, ModelDef, make_mlp_model
 from jaxmarket.models.metrics import asymptotic, auc, convergence, iqm
-from jaxmarket.models.poi import POI_FIELDS, PoiDef, make_poi, register_poi
+from jaxmarket.models.poi import POI_FIELDS, PoiDef, make_poi
 from jaxmarket.train.loop import make_train
-from jaxmarket.train.run import prepare
+from jaxmarket.train.plan import resolve
 
 SETTINGS = {"hidden_sizes": (4,), "activation": "tanh", "ensemble": 3, "bootstrap": 1.0,
             "dropout": 0.0, "learning_rate": 0.01, "epochs": 1, "minibatch_size": 8}
@@ -135,14 +135,15 @@ def scenario(model=None, learner=None, queries=1.0):
 
 
 def run(config, iterations):
-    env, params, learners, specs, tcfg = prepare(config)
-    init, run_chunk = make_train(env, params, learners, specs, tcfg)
+    plan = resolve(config)
+    env, params, tcfg = plan.env, plan.params, plan.train
+    init, run_chunk = make_train(plan)
     runner = jax.jit(init)(jax.random.key(0))
     return jax.jit(lambda r: run_chunk(r, iterations))(runner)
 
 
-if "own_price" not in POI_FIELDS:   # a POI that grows with the agent's own price
-    register_poi(PoiDef("own_price", lambda model, state, x, y, s: x[:, 0]))
+# a POI that grows with the agent's own price
+POI_FIELDS.register(PoiDef("own_price", lambda model, state, x, y, s: x[:, 0]))
 
 
 def test_bonus_reaches_the_bandit_policy_gradient_and_a_model_alone_changes_nothing():
@@ -210,7 +211,7 @@ def wrong_io_model(settings, ctx):   # declares 3 inputs, make_io builds 2
     return make_mlp_model({**SETTINGS, **settings}, 3, 1, make_io)
 
 
-MODELS.setdefault("wrong_io", ModelDef("wrong_io", wrong_io_model, {}))
+MODELS.register(ModelDef("wrong_io", wrong_io_model, {}))
 
 
 @pytest.mark.parametrize("model, field, words", [
@@ -225,7 +226,7 @@ MODELS.setdefault("wrong_io", ModelDef("wrong_io", wrong_io_model, {}))
 ])
 def test_bad_model_config_is_one_config_error(model, field, words):
     with pytest.raises(ConfigError) as err:
-        prepare(scenario(model))
+        resolve(scenario(model))
     assert err.value.field == field
     assert words in str(err.value) and "\n" not in str(err.value)
 
@@ -235,7 +236,7 @@ def test_a_consumer_group_has_no_demand_model():
     config["market"]["consumers"][0].update(agent=True)
     config["learners"]["c"] = {"kind": "random", "external_model": MODEL}
     with pytest.raises(ConfigError) as err:
-        prepare(config)
+        resolve(config)
     assert err.value.field == "learners.c.external_model.kind" and "seller group" in str(err.value)
 
 
@@ -248,7 +249,7 @@ def test_nan_model_loss_stops_the_run(tmp_path):
             return info["prices"]["me"], info["traffic"]["me"] * jnp.nan
         return make_mlp_model({**SETTINGS, "hidden_sizes": (2,)}, 1, 1, make_io)
 
-    MODELS.setdefault("nan_targets", ModelDef("nan_targets", nan_model, {}))
+    MODELS.register(ModelDef("nan_targets", nan_model, {}))
     config = scenario({"kind": "nan_targets", "eval_random": 0, "eval_grid": 2})
     config["train"].update(num_iterations=4, chunk_size=2, num_envs=2)
     trainer = Trainer(config, tmp_path)
@@ -310,7 +311,7 @@ def test_make_io_scales_prices_and_targets():
     from jaxmarket.learners.base import Transition
     from jaxmarket.models.config import build_model
 
-    env, params, _, _, tcfg = prepare(scenario({**MODEL, "rivals": "all"}))
+    plan = resolve(scenario({**MODEL, "rivals": "all"}))
     info = {"prices": {"me": jnp.array([[[1.0]], [[2.5]]]),
                        "rivals": jnp.array([[[1.6], [2.2]], [[1.0], [1.75]]])},
             "traffic": {"me": jnp.array([[[0.5]], [[0.1]]])},
@@ -318,12 +319,12 @@ def test_make_io_scales_prices_and_targets():
     tr = Transition(obs=None, action=None, reward=jnp.array([[0.2], [0.3]]), next_obs=None,
                     done=None, aux={})
     # prices -> (p - 1.75) / 0.75 on the bounds [1, 2.5]; 1 query; fees / (1 * 2.5)
-    x, y = build_model(env, params, "me", tcfg.models["me"]).make_io(tr, info)
+    x, y = build_model(plan.env, plan.params, "me", plan.models["me"]).make_io(tr, info)
     np.testing.assert_allclose(x[:, 0], [[-1.0, -0.2, 0.6], [1.0, -1.0, 0.0]], atol=1e-6)
     np.testing.assert_allclose(y[:, 0], [[0.5, 0.2], [0.1, 0.1]], atol=1e-6)
     reward = {"kind": "reward", "rivals": "mean", "eval_random": 0}
-    env, params, _, _, tcfg = prepare(scenario(reward))
-    x, y = build_model(env, params, "me", tcfg.models["me"]).make_io(tr, info)
+    plan = resolve(scenario(reward))
+    x, y = build_model(plan.env, plan.params, "me", plan.models["me"]).make_io(tr, info)
     np.testing.assert_allclose(x[:, 0], [[-1.0, 0.2], [1.0, -0.5]], atol=1e-6)
     np.testing.assert_allclose(y[:, 0], [[0.2 / 2.5], [0.3 / 2.5]], atol=1e-6)  # / (Q max high)
 

@@ -13,7 +13,7 @@ import yaml
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.models.poi import POI_FIELDS, PoiDef, register_poi
 from jaxmarket.train.loop import make_train
-from jaxmarket.train.run import prepare
+from jaxmarket.train.plan import resolve
 
 # probes: POI "fields" that read one model input or target, so that the mean POI the
 # loop logs (poi/<g>/value) says what the model was given
@@ -36,7 +36,7 @@ def u(p):
 def rival_model(probe, target, beta=0.5):
     return {"kind": "rival", "ensemble": 1, "hidden_sizes": [2], "eval_every": 100,
             "eval_grid": 2, "eval_random": 0,
-            "poi": {"kind": probe, "beta": beta, "normalise": "none", "target": target}}
+            "poi": {"kind": probe, "beta": beta, "normalize": "none", "target": target}}
 
 
 # three sellers, no queries (every task reward is 0): a and b play uniformly random arms
@@ -63,8 +63,9 @@ BANDITS["learners"]["r"]["external_model"] = rival_model("first_target", "action
 
 @pytest.fixture(scope="module")
 def bandits():
-    env, params, learners, specs, tcfg = prepare(BANDITS)
-    init, run_chunk = make_train(env, params, learners, specs, tcfg)
+    plan = resolve(BANDITS)
+    env, params, tcfg = plan.env, plan.params, plan.train
+    init, run_chunk = make_train(plan)
     return jax.jit(lambda key: run_chunk(init(key), len(SCHEDULE)))(jax.random.key(0))
 
 
@@ -141,8 +142,9 @@ train: {{num_iterations: 80, num_envs: 4, num_seeds: 2, rollout_length: 1}}
 
 @pytest.fixture(scope="module")
 def ppo_obs():
-    env, params, learners, specs, tcfg = prepare(PPO_OBS)
-    init, run_chunk = make_train(env, params, learners, specs, tcfg)
+    plan = resolve(PPO_OBS)
+    env, params, tcfg = plan.env, plan.params, plan.train
+    init, run_chunk = make_train(plan)
     one = jax.jit(lambda r: run_chunk(r, 1))
     runner = jax.jit(init)(jax.random.key(0))
     states, metrics = [runner], []
@@ -151,7 +153,7 @@ def ppo_obs():
         states.append(runner)
         metrics.append(m)
     metrics = {k: np.concatenate([np.asarray(m[k]) for m in metrics]) for k in metrics[0]}
-    return env, params, tcfg, states, metrics
+    return env, params, plan, states, metrics
 
 
 def members_forward(params, x):
@@ -213,8 +215,8 @@ def test_sampler_points(ppo_obs):
 
     from jaxmarket.models.runtime import GroupModel
 
-    env, params, tcfg, states, _ = ppo_obs
-    cfg = tcfg.models["me"]
+    env, params, plan, states, _ = ppo_obs
+    cfg = plan.models["me"]
     prices = {"me": jnp.array([[[1.0]], [[2.5]]]), "c1": jnp.array([[[1.6]], [[2.2]]])}
     obs = jnp.zeros((2, 1, 0))
 
@@ -278,17 +280,15 @@ def with_model(config, group, **changes):
      "learners.a.external_model.poi_obs", "of kind ppo"),
 ])
 def test_bad_poi_config_is_one_config_error(config, field, words):
-    from jaxmarket.train.config import resolve_training  # what prepare() runs first
-
     with pytest.raises(ConfigError) as err:
-        resolve_training(config)
+        resolve(config)
     assert err.value.field == field
     assert words in str(err.value) and "\n" not in str(err.value)
 
 
 def test_metrics_csv_names_the_poi_observation_columns_by_sample_not_product():
-    from jaxmarket.train.run import _flatten_metrics
-    rows = _flatten_metrics({"poi/s/obs": np.array([[1.0, 2.0, 3.0]]),
+    from jaxmarket.train.metrics import flatten_metrics
+    rows = flatten_metrics({"poi/s/obs": np.array([[1.0, 2.0, 3.0]]),
                              "price/s": np.array([[4.0, 5.0]]), "loss": np.array([7.0])}, 10)
     assert rows == [{"iteration": 11, "poi/s/obs/k0": 1.0, "poi/s/obs/k1": 2.0,
                      "poi/s/obs/k2": 3.0, "price/s/p0": 4.0, "price/s/p1": 5.0, "loss": 7.0}]

@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from jaxmarket.config.errors import ConfigError
-from jaxmarket.train.run import Trainer, prepare
+from jaxmarket.train.plan import resolve
+from jaxmarket.train.run import Trainer
 
 MONOPOLY = yaml.safe_load("""
 market:
@@ -128,7 +129,7 @@ def with_schedule(schedule, **train):
 ])
 def test_bad_schedule_is_one_config_error_before_compiling(schedule, field, words):
     with pytest.raises(ConfigError) as err:
-        prepare(with_schedule(schedule))
+        resolve(with_schedule(schedule))
     assert err.value.field == field
     assert words in str(err.value) and "\n" not in str(err.value)
 
@@ -149,8 +150,8 @@ def test_at_may_be_a_share_of_the_iterations():
     config = with_schedule([{"at": "50%", "set": {"market.sellers[0].cost": 0.1}},
                             {"at": "100%", "set": {"market.sellers[0].cost": 0.2}}],
                            num_iterations=5)
-    tcfg = prepare(config)[-1]
-    assert [e.at for e in tcfg.market_schedule] == [2, 5]   # 2.5 rounded down; the end
+    plan = resolve(config)
+    assert [e.at for e in plan.schedule] == [2, 5]   # 2.5 rounded down; the end
     with pytest.raises(ConfigError) as err:
-        prepare(with_schedule([{"at": "150%", "set": {"market.sellers[0].cost": 0.1}}]))
+        resolve(with_schedule([{"at": "150%", "set": {"market.sellers[0].cost": 0.1}}]))
     assert err.value.field == "train.schedule[0].at"

@@ -3,9 +3,12 @@ config errors, trackers (real sacred and tensorboardX)."""
 
 import json
 import os
+import signal
 import struct as pystruct
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -34,16 +37,30 @@ def cli(*args, env=None, timeout=300):
                           env={**os.environ, **(env or {})})
 
 
+def kill_after_rows(proc: subprocess.Popen, metrics: Path, rows: int, timeout: float = 300):
+    """SIGKILL ``proc`` as soon as ``metrics`` holds ``rows`` data rows (polled every
+    20 ms; a chunk takes far longer, so the kill lands before the next one ends)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if metrics.is_file() and metrics.read_text().count("\n") - 1 >= rows:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.02)
+    proc.wait(timeout=60)
+
+
 def test_resume_after_kill_is_bit_identical(tmp_path):
     full, broken = tmp_path / "full", tmp_path / "broken"
     config = str(CONFIGS / "legacy_default.yaml")
     out = cli("--config", config, "--run-dir", str(full), *SMALL)
     assert out.returncode == 0, out.stderr
-    # killed with SIGKILL right after chunk 5 (iteration 250): the last checkpoint is at
-    # iteration 200 (every 2 chunks), so one chunk of work is lost and redone
-    out = cli("--config", config, "--run-dir", str(broken), *SMALL,
-              env={"JAXMARKET_KILL_AFTER_CHUNK": "5"})
-    assert out.returncode == -9
+    # killed from outside with SIGKILL once chunk 5 (iteration 250) is in metrics.csv: the
+    # last checkpoint is at iteration 200 (every 2 chunks), so one chunk of work is lost
+    proc = subprocess.Popen([sys.executable, "-m", "jaxmarket.train", "--config", config,
+                             "--run-dir", str(broken), *SMALL], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    kill_after_rows(proc, broken / "metrics.csv", 250)
+    assert proc.returncode == -9
     steps = sorted(int(p.name) for p in (broken / "checkpoints").iterdir() if p.name.isdigit())
     assert steps[-1] == 200
     out = cli("--resume", str(broken))

@@ -189,6 +189,14 @@ def _bounds_text(field: Field) -> str:
     return (", each " + " and ".join(parts)) if parts else ", each finite"
 
 
+def american(key: Any) -> Any:
+    """The public spelling of a key: ``normalise`` -> ``normalize`` (``-ise``/``-isation``
+    forms of the words the config uses)."""
+    if not isinstance(key, str):
+        return key
+    return key.replace("normalis", "normaliz")
+
+
 def check_mapping(spec: Mapping[str, Field], given: Mapping[str, Any] | None, where: str,
                   ignore: tuple[str, ...] = ("kind",)) -> dict[str, Any]:
     """Validate ``given`` against ``spec``: unknown keys, missing required keys and bad
@@ -199,6 +207,11 @@ def check_mapping(spec: Mapping[str, Field], given: Mapping[str, Any] | None, wh
         raise ConfigError(where, given, "a mapping of settings")
     unknown = [k for k in given if k not in spec and k not in ignore]
     if unknown:
+        spelled = american(unknown[0])
+        if spelled in spec:   # one spelling for public keys: normalize..., not normalise...
+            raise ConfigError(f"{where}.{unknown[0]}", given[unknown[0]],
+                              f"the key {spelled} (public keys use one spelling: "
+                              f"{where}.{spelled})")
         allowed = ", ".join(sorted(spec)) or "no settings"
         raise ConfigError(f"{where}.{unknown[0]}", given[unknown[0]], f"known keys are: {allowed}")
     out: dict[str, Any] = {}

@@ -41,7 +41,7 @@ POI_OBS_FIELDS = {
                          "uniform: own price uniform (redrawn every iteration)"),
     "emb_size": Field("int", 0, low=0, doc="0: the k raw values; N: through a learned "
                                            "Dense(N) + tanh inside the policy"),
-    "normalise": Field("choice", "none", choices=("none", "running"),
+    "normalize": Field("choice", "none", choices=("none", "running"),
                        doc="running: (poi - mu) / sigma with the bonus's running statistics"),
 }
 
@@ -49,15 +49,15 @@ POI_OBS_FIELDS = {
 POI_OBS_LEARNERS = ("ppo",)
 
 POI_COMMON = {
-    "beta": Field("float", 0.1, low=0.0, doc="bonus weight: r + beta * normalise(poi)"),
+    "beta": Field("float", 0.1, low=0.0, doc="bonus weight: r + beta * normalize(poi)"),
     "beta_schedule": Field("choice", "constant", choices=("constant", "linear", "exp")),
     "beta_final": Field("float", 0.0, low=0.0, doc="linear/exp: the value beta decays to"),
     "decay_iterations": Field("int", 1000, low=1,
                               doc="linear: iterations to reach beta_final; exp: time constant"),
     "warmup": Field("int", 0, low=0, doc="iterations without a bonus at the start"),
-    "normalise": Field("choice", "running", choices=("running", "none"),
+    "normalize": Field("choice", "running", choices=("running", "none"),
                        doc="(poi - running mean) / running std, per seed"),
-    "normalise_horizon": Field("int", 50, low=1,
+    "normalize_horizon": Field("int", 50, low=1,
                                doc="iterations the running statistics remember (at most)"),
     "restart_on_surprise": Field("float", None, optional=True, low=1.0, low_open=True,
                                  doc="restart the beta schedule when the batch error "

@@ -10,7 +10,7 @@ that seed's markets; its state is ``runner.models[group]``::
      "eval": {"heldout", "random"} [S]       the last ground-truth errors,
      "obs": {...}                            poi_obs only: the sampler's points}
 
-POI observations (``poi_obs: {k, sampler, emb_size, normalise}``). At every market step
+POI observations (``poi_obs: {k, sampler, emb_size, normalize}``). At every market step
 the POI field (the model as it was at the start of the iteration) is evaluated at ``k``
 model inputs per agent and the ``k`` values are appended to the group's observation
 (and, at the prices just quoted, to its next observation):
@@ -168,7 +168,7 @@ class GroupModel:
     # -- exploration bonus ---------------------------------------------------------------
     def bonus(self, mstate: dict, x: jax.Array, y: jax.Array, iteration: jax.Array,
               xs: jax.Array | None = None):
-        """``(beta * normalise(poi) [S, N], new poi statistics, metrics)`` with the
+        """``(beta * normalize(poi) [S, N], new poi statistics, metrics)`` with the
         model as it was before this iteration's fit: the POI at ``x`` (the inputs the
         actions produced) or, with ``poi target: state``, at ``xs`` (the inputs of the
         states reached).
@@ -182,8 +182,8 @@ class GroupModel:
         settings = self.poi_settings
         poi = jax.vmap(self.poi)(mstate["model"], x if xs is None else xs, y)  # [S, N]
         old = mstate["poi"]
-        stats = running_update(old, poi, settings["normalise_horizon"])
-        if settings["normalise"] == "running":
+        stats = running_update(old, poi, settings["normalize_horizon"])
+        if settings["normalize"] == "running":
             norm = (poi - stats["mean"][:, None]) / (jnp.sqrt(stats["var"])[:, None] + 1e-8)
         else:
             norm = poi
@@ -236,7 +236,7 @@ class GroupModel:
             x = self.obs_points(mstate, prices, obs)
             x = x.reshape((self.S, self.Es * A * K, x.shape[-1]))
             v = jax.vmap(self.poi)(mstate["model"], x).reshape(E, A, K)
-        if o["normalise"] == "running":
+        if o["normalize"] == "running":
             stats = mstate["poi"]
             mean = jnp.repeat(stats["mean"], self.Es)[:, None, None]
             std = jnp.repeat(jnp.sqrt(stats["var"]), self.Es)[:, None, None]

@@ -28,8 +28,7 @@ import numpy as np
 from flax import struct
 
 from jaxmarket.learners.base import Transition, materialize
-from jaxmarket.models.runtime import GroupModel
-from jaxmarket.train.components import League, Models, Pbt, Populations, Schedule, Step
+from jaxmarket.train.components import COMPONENTS, Step
 from jaxmarket.train.components.base import quoted, served
 from jaxmarket.train.metrics import PER_SEED, flatten_metrics
 from jaxmarket.train.pbt import PREFIX as PBT_PREFIX
@@ -62,34 +61,10 @@ class Runner:
     models: Any = struct.field(default_factory=dict)
 
 
-def view_of(plan) -> SlotView:
-    """The plan's :class:`~jaxmarket.train.slots.SlotView`."""
-    live = frozenset(g for g, p in plan.populations.items()
-                     if p is not None and p.league and p.live_seats_only)
-    return SlotView(plan.num_markets, {g: plan.env.num_agents(g) for g in plan.groups}, live)
-
-
 def chain(plan) -> tuple:
-    """The plan's components, in hook order (those the scenario does not use left out)."""
-    tcfg, env, view = plan.train, plan.env, view_of(plan)
-    sizes = view.sizes
-    pops = {g: p for g, p in plan.populations.items() if p is not None}
-    leagues = {g: p for g, p in pops.items() if p.league}
-    sellers = frozenset(g.name for g in env.spec.sellers)
-    out = []
-    if plan.schedule:
-        out.append(Schedule(tuple(plan.schedule)))
-    if pops:
-        out.append(Populations(pops, tcfg.num_seeds, tcfg.num_envs, sellers, view))
-    if plan.pbt:
-        out.append(Pbt(dict(plan.pbt), pops, tcfg.num_seeds, tcfg.num_envs, sizes))
-    if leagues:
-        out.append(League(leagues, dict(plan.learners), view))
-    if plan.models:
-        models = {g: GroupModel(env, plan.params, g, cfg, tcfg.num_seeds, tcfg.num_envs)
-                  for g, cfg in plan.models.items()}
-        out.append(Models(models, view, tcfg.rollout_length))
-    return tuple(out)
+    """The plan's components, in hook order: every registered component
+    (:data:`~jaxmarket.train.components.COMPONENTS`) the plan uses."""
+    return tuple(c for c in (make(plan) for make in COMPONENTS.values()) if c is not None)
 
 
 def make_train(plan, components: tuple | None = None):
@@ -97,7 +72,7 @@ def make_train(plan, components: tuple | None = None):
     ``components`` defaults to :func:`chain` of the plan."""
     env, params, learners = plan.env, plan.params, plan.learners
     groups, E, T = plan.groups, plan.num_markets, plan.train.rollout_length
-    S, view = plan.train.num_seeds, view_of(plan)
+    S, view = plan.train.num_seeds, SlotView.of(plan)
     comps = chain(plan) if components is None else tuple(components)
     sellers = frozenset(g.name for g in env.spec.sellers)
     episodic = int(params.episode_length) < 2**31 - 1

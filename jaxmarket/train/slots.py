@@ -71,6 +71,13 @@ class SlotView:
     sizes: Mapping[str, int]
     live_only: frozenset = frozenset()
 
+    @classmethod
+    def of(cls, plan) -> "SlotView":
+        """The view of a :class:`~jaxmarket.train.plan.RunPlan`."""
+        live = frozenset(g for g, p in plan.populations.items()
+                         if p is not None and p.league and p.live_seats_only)
+        return cls(plan.num_markets, {g: plan.env.num_agents(g) for g in plan.groups}, live)
+
     def flat(self, x: jax.Array, g: str) -> jax.Array:
         """``[E, A, ...] -> [E * A, ...]`` (a league's live seats: ``[E, ...]``)."""
         if g in self.live_only:

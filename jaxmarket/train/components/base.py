@@ -4,7 +4,7 @@ A component is a frozen dataclass holding its static settings (resolved from the
 :class:`~jaxmarket.train.plan.RunPlan`) and owning one field of the
 :class:`~jaxmarket.train.loop.Runner` (its ``slot``). The loop skeleton
 (:func:`jaxmarket.train.loop.make_train`) calls every component's hooks, in the order
-of the plan's component chain, at named points of an iteration; each hook is a pure
+of the chain (:data:`COMPONENTS`, registration order), at named points of an iteration; each hook is a pure
 function that returns what it changes. The defaults do nothing, so a component defines
 only the hooks it needs::
 
@@ -25,10 +25,17 @@ component's ``step_metrics`` returned at every step, stacked ``[T, ...]``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import jax
 from flax import struct
+
+from jaxmarket.config.registry import Registry
+
+
+#: ``name -> from_plan(plan) -> Component | None``: the loop's components, in hook order
+#: (registration order). ``from_plan`` returns None where the plan does not use it.
+COMPONENTS: Registry[Callable[[Any], "Component | None"]] = Registry("loop component")
 
 
 @struct.dataclass
@@ -56,7 +63,7 @@ class Step:
 @dataclass(frozen=True)
 class Component:
     """Base class: every hook is the identity. ``name`` keys the component's step
-    outputs."""
+    outputs (the name it is registered under in :data:`COMPONENTS`)."""
 
     name = "component"
 

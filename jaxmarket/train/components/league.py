@@ -18,7 +18,7 @@ import jax.numpy as jnp
 
 from jaxmarket.learners.base import Learner, materialize
 from jaxmarket.learners.population import Population
-from jaxmarket.train.components.base import Component
+from jaxmarket.train.components.base import COMPONENTS, Component
 from jaxmarket.train.slots import SlotView
 
 
@@ -112,3 +112,9 @@ class League(Component):
         latest = jax.random.uniform(k_latest, (E,)) < pop.latest_prob
         draw = jnp.where(latest, newest, jax.random.randint(k_any, (E,), 0, filled))
         return {"pool": pool, "count": count, "draw": draw.astype(jnp.int32)}
+
+
+@COMPONENTS.register("league")
+def from_plan(plan) -> League | None:
+    leagues = {g: p for g, p in plan.populations.items() if p is not None and p.league}
+    return League(leagues, dict(plan.learners), SlotView.of(plan)) if leagues else None

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 
 from jaxmarket.learners.base import Transition
 from jaxmarket.models.runtime import GroupModel
-from jaxmarket.train.components.base import Component, Step
+from jaxmarket.train.components.base import COMPONENTS, Component, Step
 from jaxmarket.train.metrics import PER_SEED
 from jaxmarket.train.slots import SlotView
 
@@ -91,3 +91,13 @@ class Models(Component):
                 metrics[f"model/{g}/{name}"] = v.mean()
                 metrics[f"{PER_SEED}model/{g}/{name}"] = v
         return new.replace(models=mstates), traj, metrics
+
+
+@COMPONENTS.register("models")
+def from_plan(plan) -> Models | None:
+    if not plan.models:
+        return None
+    tcfg = plan.train
+    models = {g: GroupModel(plan.env, plan.params, g, cfg, tcfg.num_seeds, tcfg.num_envs)
+              for g, cfg in plan.models.items()}
+    return Models(models, SlotView.of(plan), tcfg.rollout_length)

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 
 from jaxmarket.learners.population import Population
 from jaxmarket.train import pbt as pbt_mod
-from jaxmarket.train.components.base import Component, Step
+from jaxmarket.train.components.base import COMPONENTS, Component, Step
 from jaxmarket.train.components.population import member_rewards, member_weights
 
 
@@ -75,3 +75,12 @@ class Pbt(Component):
         tree, events = jax.lax.cond(act, step, skip, tree)
         total = jnp.where(boundary, jnp.zeros_like(total), total)
         return pbt_mod.with_members(state, tree), total, events
+
+
+@COMPONENTS.register("pbt")
+def from_plan(plan) -> Pbt | None:
+    if not plan.pbt:
+        return None
+    return Pbt(dict(plan.pbt), {g: p for g, p in plan.populations.items() if p is not None},
+               plan.train.num_seeds, plan.train.num_envs,
+               {g: plan.env.num_agents(g) for g in plan.groups})

@@ -14,7 +14,7 @@ import numpy as np
 from jaxmarket.learners.population import (Population, assignment_from_members,
                                            custom_members, draw_assignment,
                                            episodes_trigger_draw)
-from jaxmarket.train.components.base import Component, Step, quoted
+from jaxmarket.train.components.base import COMPONENTS, Component, Step, quoted
 from jaxmarket.train.slots import SlotView
 
 
@@ -120,3 +120,13 @@ class Populations(Component):
         for g, count in repaired.items():
             metrics[f"mapping/{g}/repaired"] = jnp.where(redraw[g], count, 0).astype(jnp.float32)
         return new.replace(assignment=assignment), traj, metrics
+
+
+@COMPONENTS.register("population")
+def from_plan(plan) -> Populations | None:
+    pops = {g: p for g, p in plan.populations.items() if p is not None}
+    if not pops:
+        return None
+    sellers = frozenset(g.name for g in plan.env.spec.sellers)
+    return Populations(pops, plan.train.num_seeds, plan.train.num_envs, sellers,
+                       SlotView.of(plan))

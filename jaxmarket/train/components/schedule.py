@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmarket.train.components.base import Component
+from jaxmarket.train.components.base import COMPONENTS, Component
 from jaxmarket.train.config import ScheduleEntry, schedule_leaf, with_schedule_leaf
 
 
@@ -30,3 +30,8 @@ class Schedule(Component):
             params = with_schedule_leaf(params, entry.path,
                                         jnp.where(iteration == entry.at, value, leaf))
         return params
+
+
+@COMPONENTS.register("schedule")
+def from_plan(plan) -> Schedule | None:
+    return Schedule(tuple(plan.schedule)) if plan.schedule else None
