@@ -1,5 +1,6 @@
 """The multi-agent environment: step semantics, batching, determinism, bounds,
-conservation, truncation/auto-reset and the single-agent gymnax view."""
+conservation, truncation/auto-reset, the actions in force (current_actions) and the
+single-agent gymnax view."""
 
 import jax
 import jax.numpy as jnp
@@ -8,7 +9,8 @@ import pytest
 from conftest import CONFIGS, duopoly_config
 
 import jaxmarket
-from jaxmarket.market.single_agent import SingleAgentEnv
+from jaxmarket.adapters.single_agent import SingleAgentEnv
+from jaxmarket.market.state import ACTION_FIELDS, current_actions
 
 
 def random_actions(env, params, key):
@@ -157,6 +159,32 @@ def test_observation_shapes_follow_config_order():
     assert obs["multiplied"].shape == (2, P + 2 * S * P)       # own price, 2-step history
     assert obs["buyers"].shape == (2, P + 2 * P)
     assert env.observation_space("posted", params).shape == (3, 9)
+
+
+def test_current_actions_are_each_groups_action_in_force_after_real_steps():
+    """Price, multiplier and budget groups in one market. Catches: a group's action read
+    from another kind's field, a group left out or out of order, the reset action
+    reported after a step, the unclipped action instead of the one in force."""
+    env, params = jaxmarket.make(CONFIGS / "multi_product.yaml")
+    assert sorted({g.action for g in env.spec.agent_groups}) == sorted(ACTION_FIELDS)
+    _, state = env.reset(jax.random.key(0), params)
+    held = current_actions(env.spec, state)
+    assert list(held) == list(env.agent_groups) == ["buyers", "posted", "multiplied"]
+    np.testing.assert_array_equal(held["posted"], params.sellers["posted"].initial)
+    np.testing.assert_array_equal(held["multiplied"], np.ones((2, 3), np.float32))
+    np.testing.assert_array_equal(held["buyers"], np.ones((2, 3), np.float32))
+    for t in range(3):
+        acts = random_actions(env, params, jax.random.key(20 + t))
+        acts = {g: 1.5 * a - 0.2 for g, a in acts.items()}   # some outside the bounds
+        _, state, _, _, _ = env.step_env(jax.random.key(t), state, acts, params)
+        held = current_actions(env.spec, state)
+        for g in env.agent_groups:
+            box = env.action_space(g, params)
+            np.testing.assert_array_equal(held[g], np.clip(acts[g], box.low, box.high))
+    # passed back to step, they hold every agent where it is
+    _, again, _, _, _ = env.step_env(jax.random.key(9), state, held, params)
+    for g, a in current_actions(env.spec, again).items():
+        np.testing.assert_array_equal(a, held[g])
 
 
 def test_single_agent_view_works_with_gymnax_log_wrapper():

@@ -19,7 +19,7 @@ from scipy.optimize import brentq
 
 import jaxmarket
 from jaxmarket.economics import logit_profits
-from jaxmarket.market.single_agent import SingleAgentEnv
+from jaxmarket.adapters.single_agent import SingleAgentEnv
 
 # Three products, a posted-price seller group and a budget-setting buyer group, with
 # distinct bounds per agent and product, so that a view reading the wrong agent's row or

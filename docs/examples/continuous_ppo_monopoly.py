@@ -38,7 +38,7 @@ from gymnax.wrappers.purerl import GymnaxWrapper, LogWrapper
 
 import jaxmarket
 from jaxmarket.economics import monopoly_price
-from jaxmarket.market.single_agent import SingleAgentEnv
+from jaxmarket.adapters.single_agent import SingleAgentEnv
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "logit_monopoly.yaml"
 QUICK = os.environ.get("JAXMARKET_QUICK") == "1"

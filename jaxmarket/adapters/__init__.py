@@ -4,11 +4,12 @@
 ``make_gymnasium_env(config, group, ...)``        Gymnasium ``Env``: one agent, others fixed
 ``make_vector_env(config, group, num_envs, ...)`` Gymnasium ``VectorEnv``: jitted, vmapped markets
 ``make_jaxmarl_env(config, overrides=())``        JaxMARL-style ``MultiAgentEnv`` (pure JAX)
+``SingleAgentEnv(env, group, ...)``               gymnax ``Environment``: one agent, others fixed
 
 ``config`` is a scenario YAML path or mapping, ``overrides`` dotted ``key=value``
 strings, as for :func:`jaxmarket.make`. The PettingZoo and Gymnasium adapters need the
-``adapters`` extra (``pip install 'jaxmarket[adapters]'``); the JaxMARL one needs nothing
-beyond jaxmarket.
+``adapters`` extra (``pip install 'jaxmarket[adapters]'``); the JaxMARL one and
+``SingleAgentEnv`` need nothing beyond jaxmarket.
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ from typing import Any, Mapping, Sequence
 
 from jaxmarket.adapters.common import build
 from jaxmarket.adapters.jaxmarl_env import MarketMultiAgentEnv
+from jaxmarket.adapters.single_agent import SingleAgentEnv
 
 __all__ = ["make_parallel_env", "make_gymnasium_env", "make_vector_env", "make_jaxmarl_env",
-           "MarketMultiAgentEnv"]
+           "MarketMultiAgentEnv", "SingleAgentEnv"]
 
 Config = str | Path | Mapping[str, Any]
 

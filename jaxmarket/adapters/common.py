@@ -8,18 +8,19 @@ from typing import Any, Mapping, Sequence
 import jax
 import numpy as np
 
-import jaxmarket
 from jaxmarket.market.env import MarketEnv
+from jaxmarket.market.scenario import make
 from jaxmarket.market.spec import MarketParams
 
 
 def build(config: str | Path | Mapping[str, Any],
           overrides: Sequence[str] = ()) -> tuple[MarketEnv, MarketParams]:
-    """``jaxmarket.make`` with the adapters' argument names (a YAML path or a mapping)."""
+    """:func:`jaxmarket.market.scenario.make` (``jaxmarket.make``) with the adapters' argument
+    names (a YAML path or a mapping)."""
     if isinstance(overrides, str):
         raise TypeError(f"overrides must be a list of 'key=value' strings, got the string "
                         f"{overrides!r}; wrap it in a list")
-    return jaxmarket.make(config, overrides)
+    return make(config, overrides)
 
 
 def agent_slots(env: MarketEnv) -> list[tuple[str, str, int]]:

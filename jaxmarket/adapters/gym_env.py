@@ -1,6 +1,6 @@
 """Gymnasium views of one agent of a market (``make_gymnasium_env``, ``make_vector_env``).
 
-Both wrap :class:`jaxmarket.market.single_agent.SingleAgentEnv` (the gymnax view): one
+Both wrap :class:`jaxmarket.adapters.single_agent.SingleAgentEnv` (the gymnax view): one
 agent of ``group`` acts, the other agent groups named in ``others`` follow fixed
 policies given as learner configs (``{"kind": "constant", "value": 1.5}``, ``undercut``,
 ``random`` ...) and every other agent holds its reset action. Observation, action
@@ -33,8 +33,8 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from jaxmarket.adapters.common import check_action, initial_key
+from jaxmarket.adapters.single_agent import SingleAgentEnv
 from jaxmarket.market.env import MarketEnv
-from jaxmarket.market.single_agent import SingleAgentEnv
 from jaxmarket.market.spec import MarketParams
 
 

@@ -22,6 +22,9 @@ with ``low``, ``high`` that agent's bounds from ``params`` (its row of
 ``env.action_space(group, params)``): -1 is ``low``, 0 the midpoint, +1 ``high``. The
 default (False) passes the action through in market units; the market clips it to its
 bounds.
+
+It sits in the adapters layer (above the learners): the other agents' fixed policies are
+learners built from their configs.
 """
 
 from __future__ import annotations
@@ -33,10 +36,10 @@ import jax.numpy as jnp
 from flax import struct
 from gymnax.environments import environment, spaces
 
-from jaxmarket.learners.controller import build_learner, group_learner_spec, hold_actions
+from jaxmarket.learners.controller import build_learner, group_learner_spec
 from jaxmarket.market.env import MarketEnv
 from jaxmarket.market.spec import MarketParams
-from jaxmarket.market.state import MarketState
+from jaxmarket.market.state import MarketState, current_actions
 
 
 @struct.dataclass
@@ -97,7 +100,7 @@ class SingleAgentEnv(environment.Environment):
         return low + (jnp.clip(a, -1.0, 1.0) + 1.0) / 2.0 * (high - low)
 
     def _joint_actions(self, state: SingleAgentState, action, key, params):
-        acts = hold_actions(self.env, state.market)
+        acts = current_actions(self.env.spec, state.market)
         keys = jax.random.split(key, max(len(self._policies), 1))
         for i, (name, pol) in enumerate(self._policies.items()):
             acts[name], _ = pol.act(state.others[name], state.obs[name], keys[i])

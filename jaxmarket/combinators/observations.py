@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from jaxmarket.combinators.view import GroupView
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.fields import Field, check_mapping, lookup_kind
+from jaxmarket.config.registry import Registry
 
 ObsFn = Callable[[GroupView], jax.Array]
 
@@ -32,11 +33,13 @@ class ObservationDef:
     doc: str = ""
 
 
-OBSERVATIONS: dict[str, ObservationDef] = {}
+OBSERVATIONS: Registry[ObservationDef] = Registry("observation component")
 
 
-def _reg(kind, build, fields=None):
-    OBSERVATIONS[kind] = ObservationDef(kind, build, fields or {}, build.__doc__ or "")
+def _component(kind: str, build: Callable[[Mapping[str, Any]], ObsFn],
+               fields: Mapping[str, Field] | None = None) -> ObservationDef:
+    """The definition of a component documented by its builder's docstring."""
+    return ObservationDef(kind, build, fields or {}, build.__doc__ or "")
 
 
 def _empty(s) -> ObsFn:
@@ -141,15 +144,18 @@ def _history(s) -> ObsFn:
     return obs
 
 
-_reg("empty", _empty)
-_reg("own_price", _own_price)
-_reg("own_traffic", _own_traffic)
-_reg("own_reward", _own_reward)
-_reg("competitor_prices", _competitor_prices,
-     {"summary": Field("any", "all", doc="'all' or a list from min, mean, max")})
-_reg("budgets", _budgets, {"summary": Field("choice", "mean", choices=("mean", "all"))})
-_reg("time", _time, {"period": Field("float", None, low=0.0, low_open=True, optional=True)})
-_reg("history", _history, {"k": Field("int", 1, low=1)})
+OBSERVATIONS.register(_component("empty", _empty))
+OBSERVATIONS.register(_component("own_price", _own_price))
+OBSERVATIONS.register(_component("own_traffic", _own_traffic))
+OBSERVATIONS.register(_component("own_reward", _own_reward))
+OBSERVATIONS.register(_component(
+    "competitor_prices", _competitor_prices,
+    {"summary": Field("any", "all", doc="'all' or a list from min, mean, max")}))
+OBSERVATIONS.register(_component(
+    "budgets", _budgets, {"summary": Field("choice", "mean", choices=("mean", "all"))}))
+OBSERVATIONS.register(_component(
+    "time", _time, {"period": Field("float", None, low=0.0, low_open=True, optional=True)}))
+OBSERVATIONS.register(_component("history", _history, {"k": Field("int", 1, low=1)}))
 
 
 def history_length(config: Sequence[Mapping[str, Any]]) -> int:

@@ -24,6 +24,7 @@ import numpy as np
 from jaxmarket.combinators.view import GroupView
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.fields import Field, check_mapping, lookup_kind
+from jaxmarket.config.registry import Registry
 
 RewardFn = Callable[[jax.Array, GroupView], jax.Array]
 
@@ -37,12 +38,13 @@ class RewardDef:
     doc: str = ""
 
 
-REWARDS: dict[str, RewardDef] = {}
+REWARDS: Registry[RewardDef] = Registry("reward component")
 
 
-def _term(kind: str, fn: Callable[[GroupView], jax.Array], sides=("seller", "consumer")):
-    REWARDS[kind] = RewardDef(kind, lambda s, n, w: (lambda r, v: r + fn(v)), {}, sides,
-                              fn.__doc__ or "")
+def _additive(kind: str, fn: Callable[[GroupView], jax.Array],
+              sides=("seller", "consumer")) -> RewardDef:
+    """The definition of a term ``r += fn(view)``, documented by ``fn``'s docstring."""
+    return RewardDef(kind, lambda s, n, w: (lambda r, v: r + fn(v)), {}, sides, fn.__doc__ or "")
 
 
 def revenue(v: GroupView) -> jax.Array:
@@ -72,11 +74,11 @@ def regret_ratio(v: GroupView) -> jax.Array:
     return jnp.where(denom > 0, jnp.sum(v.fees, axis=-1) / jnp.where(denom > 0, denom, 1.0), 0.0)
 
 
-_term("revenue", revenue, ("seller",))
-_term("profit", profit, ("seller",))
-_term("traffic", traffic)
-_term("surplus", surplus, ("seller",))
-_term("regret_ratio", regret_ratio, ("consumer",))
+REWARDS.register(_additive("revenue", revenue, ("seller",)))
+REWARDS.register(_additive("profit", profit, ("seller",)))
+REWARDS.register(_additive("traffic", traffic))
+REWARDS.register(_additive("surplus", surplus, ("seller",)))
+REWARDS.register(_additive("regret_ratio", regret_ratio, ("consumer",)))
 
 
 def _build_team(s: Mapping[str, Any], n: int, where: str) -> RewardFn:
@@ -125,12 +127,14 @@ def _build_sum(s, n, where) -> RewardFn:
     return total
 
 
-REWARDS["team"] = RewardDef("team", _build_team, {"teams": Field("ints", None, optional=True)},
-                            doc=_build_team.__doc__)
-REWARDS["scale"] = RewardDef("scale", _build_scale, {"factor": Field("float")},
-                             doc=_build_scale.__doc__)
-REWARDS["clip"] = RewardDef("clip", _build_clip, {"low": Field("float"), "high": Field("float")},
-                            doc=_build_clip.__doc__)
+REWARDS.register(RewardDef("team", _build_team, {"teams": Field("ints", None, optional=True)},
+                           doc=_build_team.__doc__))
+REWARDS.register(RewardDef("scale", _build_scale, {"factor": Field("float")},
+                           doc=_build_scale.__doc__))
+REWARDS.register(RewardDef("clip", _build_clip, {"low": Field("float"), "high": Field("float")},
+                           doc=_build_clip.__doc__))
+
+
 def _term(term: Any, n: int, where: str, side: str):
     """One ``sum`` term, built as a one-item reward list; its errors name
     ``...terms[i].<field>``, not the list's own ``...terms[i][0].<field>``."""
@@ -141,9 +145,9 @@ def _term(term: Any, n: int, where: str, side: str):
         raise ConfigError(field, err.value, err.allowed) from None
 
 
-REWARDS["sum"] = RewardDef("sum", _build_sum, {"terms": Field("any"),
-                                               "weights": Field("floats", None, optional=True)},
-                           doc=_build_sum.__doc__)
+REWARDS.register(RewardDef("sum", _build_sum, {"terms": Field("any"),
+                                              "weights": Field("floats", None, optional=True)},
+                           doc=_build_sum.__doc__))
 
 
 def build_reward(config: Sequence[Mapping[str, Any]], n_agents: int, where: str,

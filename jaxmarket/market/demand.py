@@ -5,7 +5,7 @@ A process is a pair of pure functions over a small state pytree:
     init(params, shape) -> state
     step(key, t, state, params, base) -> (queries, state)      base, queries: [n, P]
 
-``params`` are float32 arrays (vmappable). Registry keyed by ``kind``.
+``params`` are float32 arrays (vmappable). Registry :data:`DEMANDS`, keyed by ``kind``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.fields import Field
+from jaxmarket.config.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -30,12 +31,7 @@ class DemandDef:
     doc: str = ""
 
 
-DEMANDS: dict[str, DemandDef] = {}
-
-
-def _register(d: DemandDef) -> DemandDef:
-    DEMANDS[d.kind] = d
-    return d
+DEMANDS: Registry[DemandDef] = Registry("demand process")
 
 
 def _no_state(params, shape):
@@ -91,21 +87,23 @@ def _check_regime(values: Mapping[str, Any], where: str) -> None:
         raise ConfigError(f"{where}.steps", list(steps), "strictly increasing step numbers")
 
 
-_register(DemandDef("constant", _no_state, constant_step, {}, doc=constant_step.__doc__))
-_register(DemandDef("noisy", _no_state, noisy_step,
-                    {"sigma": Field("float", 0.1, low=0.0, doc="noise scale")},
-                    doc=noisy_step.__doc__))
-_register(DemandDef("cyclic", _no_state, cyclic_step,
-                    {"period": Field("int", 10, low=1, doc="steps per level"),
-                     "levels": Field("floats", (1.0,), low=0.0, doc="demand multipliers")},
-                    doc=cyclic_step.__doc__))
-_register(DemandDef("regime", _no_state, regime_step,
-                    {"steps": Field("ints", (), low=0, doc="switch steps"),
-                     "levels": Field("floats", (1.0,), low=0.0, doc="multiplier per regime")},
-                    check=_check_regime, doc=regime_step.__doc__))
-_register(DemandDef("shocks", shocks_init, shocks_step,
-                    {"rate": Field("float", 0.01, low=0.0, high=1.0, doc="shock probability"),
-                     "size": Field("float", 0.5, doc="jump of the demand level"),
-                     "persistence": Field("float", 0.9, low=0.0, high=1.0,
-                                          doc="decay of the level towards 1")},
-                    doc=shocks_step.__doc__))
+DEMANDS.register(DemandDef("constant", _no_state, constant_step, {}, doc=constant_step.__doc__))
+DEMANDS.register(DemandDef("noisy", _no_state, noisy_step,
+                           {"sigma": Field("float", 0.1, low=0.0, doc="noise scale")},
+                           doc=noisy_step.__doc__))
+DEMANDS.register(DemandDef("cyclic", _no_state, cyclic_step,
+                           {"period": Field("int", 10, low=1, doc="steps per level"),
+                            "levels": Field("floats", (1.0,), low=0.0, doc="demand multipliers")},
+                           doc=cyclic_step.__doc__))
+DEMANDS.register(DemandDef("regime", _no_state, regime_step,
+                           {"steps": Field("ints", (), low=0, doc="switch steps"),
+                            "levels": Field("floats", (1.0,), low=0.0,
+                                            doc="multiplier per regime")},
+                           check=_check_regime, doc=regime_step.__doc__))
+DEMANDS.register(DemandDef("shocks", shocks_init, shocks_step,
+                           {"rate": Field("float", 0.01, low=0.0, high=1.0,
+                                          doc="shock probability"),
+                            "size": Field("float", 0.5, doc="jump of the demand level"),
+                            "persistence": Field("float", 0.9, low=0.0, high=1.0,
+                                                 doc="decay of the level towards 1")},
+                           doc=shocks_step.__doc__))

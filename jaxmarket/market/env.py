@@ -27,7 +27,7 @@ from jaxmarket.combinators.view import GroupView
 from jaxmarket.market.demand import DEMANDS
 from jaxmarket.market.distributors import DISTRIBUTORS, Allocation, Quotes
 from jaxmarket.market.spec import GroupSpec, MarketParams, MarketSpec, thaw
-from jaxmarket.market.state import MarketState
+from jaxmarket.market.state import ACTION_FIELDS, MarketState
 
 
 class MarketEnv:
@@ -143,15 +143,15 @@ class MarketEnv:
 
     def apply_actions(self, state: MarketState, actions: dict, params: MarketParams) -> MarketState:
         """Actions -> prices / multipliers / budgets, clipped to the group's bounds."""
-        prices, mults, budgets = dict(state.prices), dict(state.multipliers), dict(state.budgets)
+        new = {f: dict(getattr(state, f)) for f in ACTION_FIELDS.values()}
         for g in self.spec.agent_groups:
             if g.name not in actions:
                 raise KeyError(f"actions has no entry for agent group {g.name!r}; "
                                f"expected keys {self.agent_groups}")
             low, high = self._bounds(g, params)
             a = jnp.clip(jnp.asarray(actions[g.name], jnp.float32), low, high)
-            {"price": prices, "multiplier": mults, "budget": budgets}[g.action][g.name] = a
-        return state.replace(prices=prices, multipliers=mults, budgets=budgets)
+            new[ACTION_FIELDS[g.action]][g.name] = a
+        return state.replace(**new)
 
     def step_env(self, key: jax.Array, state: MarketState, actions: dict, params: MarketParams):
         spec = self.spec

@@ -1,4 +1,5 @@
-"""The market state pytree (``flax.struct``): everything that changes step to step."""
+"""The market state pytree (``flax.struct``): everything that changes step to step, and
+:func:`current_actions`, every agent group's action in force."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from typing import Any
 
 import jax
 from flax import struct
+
+from jaxmarket.market.spec import MarketSpec
 
 
 @struct.dataclass
@@ -38,3 +41,14 @@ class MarketState:
     last_reward: Any
     price_history: jax.Array
     time: jax.Array
+
+
+# a group's action kind (``GroupSpec.action``) -> the MarketState field that holds it
+ACTION_FIELDS = {"price": "prices", "multiplier": "multipliers", "budget": "budgets"}
+
+
+def current_actions(spec: MarketSpec, state: MarketState) -> dict[str, jax.Array]:
+    """Every agent group's action in force, ``{group: [n, P]}`` in ``spec.agent_groups``
+    order: its prices, multipliers or budgets (:data:`ACTION_FIELDS`). Passed back to
+    ``env.step`` it holds every agent where it is (``spec``: ``env.spec``)."""
+    return {g.name: getattr(state, ACTION_FIELDS[g.action])[g.name] for g in spec.agent_groups}

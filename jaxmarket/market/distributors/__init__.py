@@ -1,4 +1,5 @@
-"""Query distributors (registry keyed by ``kind``); see ``base.py`` for the contract.
+"""Query distributors (the registry :data:`DISTRIBUTORS`, keyed by ``kind``); see ``base.py``
+for the contract.
 
 Importing this package registers every kind in :data:`DISTRIBUTORS`: ``logit``,
 ``proportional``, ``cheapest``, ``first_price``, ``second_price``, ``isa_2022``,
@@ -18,5 +19,4 @@ from jaxmarket.market.distributors.base import (  # noqa: F401
     Allocation,
     DistributorDef,
     Quotes,
-    register,
 )

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxmarket.config.fields import Field
-from jaxmarket.market.distributors.base import Allocation, DistributorDef, Quotes, register
+from jaxmarket.market.distributors.base import DISTRIBUTORS, Allocation, DistributorDef, Quotes
 from jaxmarket.market.distributors.prefix_softmax import (
     QUERY_MAX,
     clean_nonneg,
@@ -94,7 +94,9 @@ def allocate_second_price(key: jax.Array, quotes: Quotes, params: Mapping[str, j
     return _auction(quotes, with_defaults(PARAMS, params), second=True)
 
 
-FIRST_PRICE = register(DistributorDef(kind="first_price", allocate=allocate_first_price,
-                                      params=PARAMS, options=OPTIONS, dense=False))
-SECOND_PRICE = register(DistributorDef(kind="second_price", allocate=allocate_second_price,
-                                       params=PARAMS, options=OPTIONS, dense=False))
+FIRST_PRICE = DISTRIBUTORS.register(DistributorDef(
+    kind="first_price", allocate=allocate_first_price, params=PARAMS, options=OPTIONS,
+    dense=False))
+SECOND_PRICE = DISTRIBUTORS.register(DistributorDef(
+    kind="second_price", allocate=allocate_second_price, params=PARAMS, options=OPTIONS,
+    dense=False))

@@ -1,4 +1,4 @@
-"""The distributor contract: one signature, one registry keyed by ``kind``.
+"""The distributor contract: one signature, one registry (:data:`DISTRIBUTORS`) keyed by ``kind``.
 
 A distributor allocates the queries consumers send among sellers:
 
@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from jaxmarket.config.fields import Field
+from jaxmarket.config.registry import Registry
 
 
 @struct.dataclass
@@ -85,9 +86,5 @@ class DistributorDef:
     dense: bool = False
 
 
-DISTRIBUTORS: dict[str, DistributorDef] = {}
-
-
-def register(definition: DistributorDef) -> DistributorDef:
-    DISTRIBUTORS[definition.kind] = definition
-    return definition
+# every distributor module registers its kinds: DISTRIBUTORS.register(DistributorDef(...))
+DISTRIBUTORS: Registry[DistributorDef] = Registry("distributor")

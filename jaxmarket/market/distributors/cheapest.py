@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmarket.market.distributors.base import Allocation, DistributorDef, Quotes, register
+from jaxmarket.market.distributors.base import DISTRIBUTORS, Allocation, DistributorDef, Quotes
 from jaxmarket.market.distributors.prefix_softmax import (
     NO_ELIGIBLE,
     QUERY_MAX,
@@ -60,5 +60,5 @@ def _allocate(quotes: Quotes, withhold) -> Allocation:
     return Allocation(traffic=traffic, fees=fees, unserved=unserved, spend=spend, sent=sent)
 
 
-CHEAPEST = register(DistributorDef(kind="cheapest", allocate=allocate, params=PARAMS,
-                                   options=OPTIONS, dense=False))
+CHEAPEST = DISTRIBUTORS.register(DistributorDef(kind="cheapest", allocate=allocate,
+                                                params=PARAMS, options=OPTIONS, dense=False))

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxmarket.config.fields import Field
-from jaxmarket.market.distributors.base import Allocation, DistributorDef, Quotes, register
+from jaxmarket.market.distributors.base import DISTRIBUTORS, Allocation, DistributorDef, Quotes
 from jaxmarket.market.distributors.prefix_softmax import (
     PRICE_MAX,
     QUERY_MAX,
@@ -169,5 +169,5 @@ def _allocate(key, quotes: Quotes, prm: Mapping[str, jax.Array], mode: str) -> A
     return Allocation(traffic=traffic, fees=fees, unserved=unserved, spend=spend, sent=queries)
 
 
-ISA_2022 = register(DistributorDef(kind="isa_2022", allocate=allocate, params=PARAMS,
-                                   options=OPTIONS, dense=True))
+ISA_2022 = DISTRIBUTORS.register(DistributorDef(kind="isa_2022", allocate=allocate,
+                                                params=PARAMS, options=OPTIONS, dense=True))

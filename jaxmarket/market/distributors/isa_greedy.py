@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxmarket.config.fields import Field
-from jaxmarket.market.distributors.base import Allocation, DistributorDef, Quotes, register
+from jaxmarket.market.distributors.base import DISTRIBUTORS, Allocation, DistributorDef, Quotes
 from jaxmarket.market.distributors.isa import SCALE_PARAMS, clean_reliability, quality_factors
 from jaxmarket.market.distributors.prefix_softmax import (
     QUERY_MAX,
@@ -96,5 +96,5 @@ def _allocate(quotes: Quotes, prm: Mapping[str, jax.Array], max_sellers: int) ->
     return Allocation(traffic=traffic, fees=fees, unserved=unserved, spend=spend, sent=queries)
 
 
-ISA_GREEDY = register(DistributorDef(kind="isa_greedy", allocate=allocate, params=PARAMS,
-                                     options=OPTIONS, dense=True))
+ISA_GREEDY = DISTRIBUTORS.register(DistributorDef(kind="isa_greedy", allocate=allocate,
+                                                  params=PARAMS, options=OPTIONS, dense=True))

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 
 from jaxmarket.config.fields import Field
-from jaxmarket.market.distributors.base import Allocation, DistributorDef, Quotes, register
+from jaxmarket.market.distributors.base import DISTRIBUTORS, Allocation, DistributorDef, Quotes
 from jaxmarket.market.distributors.prefix_softmax import (
     NO_ELIGIBLE,
     _prefix_softmax,
@@ -81,5 +81,5 @@ def _allocate(quotes: Quotes, prm: Mapping[str, jax.Array], outside, withhold) -
                            withhold)
 
 
-LOGIT = register(DistributorDef(kind="logit", allocate=allocate, params=PARAMS, options=OPTIONS,
-                                dense=False))
+LOGIT = DISTRIBUTORS.register(DistributorDef(kind="logit", allocate=allocate, params=PARAMS,
+                                             options=OPTIONS, dense=False))

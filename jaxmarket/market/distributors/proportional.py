@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmarket.config.fields import Field
-from jaxmarket.market.distributors.base import Allocation, DistributorDef, Quotes, register
+from jaxmarket.market.distributors.base import DISTRIBUTORS, Allocation, DistributorDef, Quotes
 from jaxmarket.market.distributors.prefix_softmax import (
     NO_ELIGIBLE,
     _prefix_softmax,
@@ -57,5 +57,5 @@ def _allocate(quotes: Quotes, prm: Mapping[str, jax.Array], withhold) -> Allocat
                            withhold)
 
 
-PROPORTIONAL = register(DistributorDef(kind="proportional", allocate=allocate, params=PARAMS,
-                                       options=OPTIONS, dense=False))
+PROPORTIONAL = DISTRIBUTORS.register(DistributorDef(
+    kind="proportional", allocate=allocate, params=PARAMS, options=OPTIONS, dense=False))
