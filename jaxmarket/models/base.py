@@ -22,7 +22,9 @@ ensemble, ``lax.scan`` over epochs and minibatches).
 
 A model kind is a :class:`ModelDef` in :data:`MODELS`:
 ``make(settings, ctx: ModelContext) -> ExternalModel``, its settings declared as
-``Field`` s. :mod:`jaxmarket.models.demand` is the neighbouring file to read.
+``Field`` s, registered with ``MODELS.register(ModelDef(kind, make, fields))``.
+:mod:`jaxmarket.models.demand` is the neighbouring file to read; importing
+:mod:`jaxmarket.models` registers every shipped kind.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import optax
 from flax import struct
 
 from jaxmarket.config.fields import Field
+from jaxmarket.config.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -89,12 +92,12 @@ class ModelDef:
     doc: str = ""
 
 
-MODELS: dict[str, ModelDef] = {}
+MODELS: Registry[ModelDef] = Registry("external model")
 
 
 def register_model(definition: ModelDef) -> ModelDef:
-    MODELS[definition.kind] = definition
-    return definition
+    """``MODELS.register(definition)`` (the name docs/poi.md gives)."""
+    return MODELS.register(definition)
 
 
 # the settings every MLP model shares

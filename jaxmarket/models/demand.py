@@ -31,7 +31,7 @@ import numpy as np
 
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.fields import Field
-from jaxmarket.models.base import MLP_FIELDS, ModelContext, ModelDef, make_mlp_model, register_model
+from jaxmarket.models.base import MLP_FIELDS, MODELS, ModelContext, ModelDef, make_mlp_model
 
 INPUT_FIELDS = {
     "rivals": Field("choice", "all", choices=("all", "mean"),
@@ -112,7 +112,7 @@ def make_reward(settings: Mapping[str, Any], ctx: ModelContext):
     return make_mlp_model(settings, in_dim, 1, make_io, inputs, ctx.num_products)
 
 
-register_model(ModelDef("demand", make_demand, DEMAND_FIELDS,
-                        doc="own price, rivals' prices -> own traffic and fees"))
-register_model(ModelDef("reward", make_reward, REWARD_FIELDS,
-                        doc="own price, rivals' prices -> own reward"))
+MODELS.register(ModelDef("demand", make_demand, DEMAND_FIELDS,
+                         doc="own price, rivals' prices -> own traffic and fees"))
+MODELS.register(ModelDef("reward", make_reward, REWARD_FIELDS,
+                         doc="own price, rivals' prices -> own reward"))

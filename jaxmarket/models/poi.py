@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxmarket.config.fields import Field
+from jaxmarket.config.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -47,12 +48,12 @@ class PoiDef:
     doc: str = ""
 
 
-POI_FIELDS: dict[str, PoiDef] = {}
+POI_FIELDS: Registry[PoiDef] = Registry("POI field")
 
 
 def register_poi(definition: PoiDef) -> PoiDef:
-    POI_FIELDS[definition.kind] = definition
-    return definition
+    """``POI_FIELDS.register(definition)`` (the name docs/poi.md gives)."""
+    return POI_FIELDS.register(definition)
 
 
 def zero(model, state, x, y, settings):
@@ -89,16 +90,17 @@ def error(model, state, x, y, settings):
     return jnp.square(pred - y).mean(-1)
 
 
-register_poi(PoiDef("zero", zero, doc="no exploration signal (the baseline)"))
-register_poi(PoiDef("disagreement", disagreement, needs_spread=True,
-                    fields={"mc_passes": Field("int", 30, low=2,
-                                               doc="MC-dropout passes (one member)")},
-                    doc="ensemble std (or MC-dropout std), mean over outputs"))
-register_poi(PoiDef("gradient", gradient, needs_target=True,
-                    fields={"signed": Field("bool", False,
-                                            doc="EMMA's signed mean instead of the norm")},
-                    doc="per-example parameter-gradient norm of the loss"))
-register_poi(PoiDef("error", error, needs_target=True, doc="squared error of the ensemble mean"))
+POI_FIELDS.register(PoiDef("zero", zero, doc="no exploration signal (the baseline)"))
+POI_FIELDS.register(PoiDef("disagreement", disagreement, needs_spread=True,
+                           fields={"mc_passes": Field("int", 30, low=2,
+                                                      doc="MC-dropout passes (one member)")},
+                           doc="ensemble std (or MC-dropout std), mean over outputs"))
+POI_FIELDS.register(PoiDef("gradient", gradient, needs_target=True,
+                           fields={"signed": Field("bool", False,
+                                                   doc="EMMA's signed mean instead of the norm")},
+                           doc="per-example parameter-gradient norm of the loss"))
+POI_FIELDS.register(PoiDef("error", error, needs_target=True,
+                           doc="squared error of the ensemble mean"))
 
 
 def make_poi(kind: str, model, settings: Mapping[str, Any] | None = None) -> Callable:

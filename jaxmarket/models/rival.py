@@ -30,7 +30,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmarket.models.base import MLP_FIELDS, ModelContext, ModelDef, make_mlp_model, register_model
+from jaxmarket.models.base import MLP_FIELDS, MODELS, ModelContext, ModelDef, make_mlp_model
 from jaxmarket.models.demand import INPUT_FIELDS, price_inputs
 
 RIVAL_FIELDS = {**MLP_FIELDS, **INPUT_FIELDS}
@@ -58,5 +58,5 @@ def make_rival(settings: Mapping[str, Any], ctx: ModelContext):
     return make_mlp_model(settings, in_dim, out_dim, make_io, inputs, P)
 
 
-register_model(ModelDef("rival", make_rival, RIVAL_FIELDS,
-                        doc="prices in force (own, rivals') -> the rivals' next prices"))
+MODELS.register(ModelDef("rival", make_rival, RIVAL_FIELDS,
+                         doc="prices in force (own, rivals') -> the rivals' next prices"))
