@@ -30,6 +30,7 @@ import numpy as np
 from flax import struct
 
 from jaxmarket.config.fields import Field
+from jaxmarket.config.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -103,12 +104,53 @@ class LearnerDef:
     doc: str = ""
 
 
-LEARNERS: dict[str, LearnerDef] = {}
+# kind -> LearnerDef; each learner module registers its kinds, and the package's
+# __init__ imports every learner module (importing any jaxmarket.learners module fills it)
+LEARNERS: Registry[LearnerDef] = Registry("learner")
 
 
 def register(definition: LearnerDef) -> LearnerDef:
-    LEARNERS[definition.kind] = definition
-    return definition
+    """``LEARNERS.register(definition)`` (kept for code that registers its own kinds)."""
+    return LEARNERS.register(definition)
+
+
+class StaticArray:
+    """A read-only numpy array that is hashable and compares by value (dtype, shape,
+    bytes): the form array-valued constants take in a learner's static settings (a frozen
+    dataclass that may serve as a ``jax.jit`` static argument). ``np.asarray(x)`` and
+    ``x.array`` give the array."""
+
+    __slots__ = ("array", "_hash")
+
+    def __init__(self, value: Any, dtype: Any = None):
+        array = np.array(value, dtype=dtype)   # a copy of its own
+        array.flags.writeable = False
+        self.array = array
+        self._hash: int | None = None
+
+    def _key(self) -> tuple:
+        return self.array.dtype.str, self.array.shape, self.array.tobytes()
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, StaticArray) and (
+            self is other or self._key() == other._key())
+
+    def __hash__(self) -> int:
+        if self._hash is None:
+            self._hash = hash(self._key())
+        return self._hash
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        if copy:
+            return np.array(self.array, dtype=dtype)
+        return self.array if dtype is None else self.array.astype(dtype)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.array.shape
+
+    def __repr__(self) -> str:
+        return f"StaticArray({self.array.dtype}{list(self.array.shape)})"
 
 
 def gather_policies(params: Any, policy_index: jax.Array) -> Any:
@@ -159,6 +201,16 @@ class SlotLayout:
                     self._policies_per_session = K
                     self._base = None if np.array_equal(base, np.arange(ng)) else base
                     break
+
+    def _key(self) -> tuple:
+        base = None if self._base is None else tuple(int(i) for i in self._base)
+        return self.num_slots, self.shape, self.tiled, self._policies_per_session, base
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, SlotLayout) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
 
     @property
     def one_policy_per_column(self) -> bool:

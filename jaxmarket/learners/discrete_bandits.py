@@ -36,6 +36,8 @@ Ties in an ``argmax`` are broken uniformly at random (from ``act``'s key).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import jax
@@ -45,7 +47,14 @@ from flax import struct
 
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.fields import Field
-from jaxmarket.learners.base import Learner, LearnerDef, LearnerSpec, Transition, register
+from jaxmarket.learners.base import (
+    LEARNERS,
+    Learner,
+    LearnerDef,
+    LearnerSpec,
+    StaticArray,
+    Transition,
+)
 from jaxmarket.learners.fixed import bounds, resolve_hyper
 
 _GRID_FIELDS = {
@@ -79,6 +88,8 @@ EXP3_FIELDS = {
     "reward_low": Field(kind="float", default=0.0),
     "reward_high": Field(kind="float", default=1.0),
 }
+FIELDS = {"epsilon_greedy": EPSILON_GREEDY_FIELDS, "ucb1": UCB1_FIELDS,
+          "thompson": THOMPSON_FIELDS, "exp3": EXP3_FIELDS}
 
 
 @struct.dataclass
@@ -112,85 +123,137 @@ def make_grid(h: Mapping[str, Any], spec: LearnerSpec, kind: str) -> np.ndarray:
     return (low[..., None] + (high - low)[..., None] * frac).astype(np.float32)
 
 
-def _make(kind: str, fields: Mapping[str, Field]):
-    def make(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
-        h = resolve_hyper(fields, hyper, kind)
-        grid = jnp.asarray(make_grid(h, spec, kind))          # [A, P, G]
-        num_arms = grid.shape[-1]
-        num_policies, num_products = spec.policies, spec.num_products
-        index = spec.index()
-        if kind == "exp3" and not h["reward_high"] > h["reward_low"]:
-            raise ConfigError("learners.exp3.reward_high", h["reward_high"],
-                              f"a number > reward_low ({h['reward_low']:g})")
+@dataclass(frozen=True)
+class DiscreteBanditSettings:
+    """A discrete bandit's resolved settings (static)."""
 
-        def init(key, spec_=None):
-            del key, spec_
-            zeros = jnp.zeros((num_policies, num_products, num_arms), jnp.float32)
-            return DiscreteBanditState(counts=zeros, sums=zeros, log_weights=zeros)
+    kind: str                       # epsilon_greedy | ucb1 | thompson | exp3
+    grid: StaticArray               # [A, P, G] float32 arm prices
+    num_policies: int
+    num_products: int
+    policy_index: tuple[int, ...]   # [A] slot -> policy
+    hyper: tuple[tuple[str, Any], ...]   # the kind's resolved hyper-parameters
 
-        def choose(state, key):
-            n = state.counts[index]                            # [A, P, G]
-            s = state.sums[index]
-            pulls = n.sum(-1)                                  # [A, P]
-            k_tie, k_draw, k_explore = jax.random.split(key, 3)
-            aux = {}
-            if kind == "epsilon_greedy":
-                q = jnp.where(n > 0, s / jnp.maximum(n, 1.0), h["initial_value"])
-                greedy = argmax_random(q, k_tie)
-                eps = jnp.maximum(h["epsilon_min"], h["epsilon"] * h["epsilon_decay"] ** pulls)
-                explore = jax.random.randint(k_explore, pulls.shape, 0, num_arms, jnp.int32)
-                arm = jnp.where(jax.random.uniform(k_draw, pulls.shape) < eps, explore, greedy)
-            elif kind == "ucb1":
-                q = s / jnp.maximum(n, 1.0)
-                bonus = h["c"] * jnp.sqrt(2.0 * jnp.log(jnp.maximum(pulls, 1.0))[..., None]
-                                          / jnp.maximum(n, 1.0))
-                arm = argmax_random(jnp.where(n > 0, q + bonus, jnp.inf), k_tie)
-            elif kind == "thompson":
-                mean, var = thompson_posterior(n, s, h["prior_mean"], h["prior_var"],
-                                               h["noise_var"])
-                theta = mean + jax.random.normal(k_draw, mean.shape) * jnp.sqrt(var)
-                arm = argmax_random(theta, k_tie)
-            else:  # exp3
-                probs = exp3_probs(state.log_weights[index], h["gamma"])
-                arm = jax.random.categorical(k_draw, jnp.log(probs), axis=-1).astype(jnp.int32)
-                aux["prob"] = jnp.take_along_axis(probs, arm[..., None], -1)[..., 0]
-            aux["action_index"] = arm
-            return arm, aux
+    @property
+    def num_arms(self) -> int:
+        return self.grid.shape[-1]
 
-        def act(state, obs, key):
-            del obs
-            arm, aux = choose(state, key)
-            action = jnp.take_along_axis(grid, arm[..., None], -1)[..., 0]
-            return action, aux
+    def h(self, name: str) -> Any:
+        return dict(self.hyper)[name]
 
-        def update(state, batch: Transition):
-            arm = jnp.asarray(batch.aux["action_index"], jnp.int32)      # [T, A, P]
-            reward = jnp.broadcast_to(jnp.asarray(batch.reward, jnp.float32)[..., None],
-                                      arm.shape)
-            policy = jnp.broadcast_to(index[None, :, None], arm.shape)
-            product = jnp.broadcast_to(jnp.arange(num_products)[None, None, :], arm.shape)
-            segment = ((policy * num_products + product) * num_arms + arm).reshape(-1)
-            size = num_policies * num_products * num_arms
-            shape = (num_policies, num_products, num_arms)
 
-            def scatter(x):
-                return jax.ops.segment_sum(x.reshape(-1), segment, num_segments=size).reshape(shape)
+def _index(settings: DiscreteBanditSettings) -> jax.Array:
+    return jnp.asarray(settings.policy_index, dtype=jnp.int32)
 
-            counts = state.counts + scatter(jnp.ones_like(reward))
-            sums = state.sums + scatter(reward)
-            log_w = state.log_weights
-            if kind == "exp3":
-                x = jnp.clip((reward - h["reward_low"]) / (h["reward_high"] - h["reward_low"]),
-                             0.0, 1.0)
-                prob = jnp.asarray(batch.aux["prob"], jnp.float32)
-                log_w = log_w + scatter(h["gamma"] * x / (prob * num_arms))
-                log_w = log_w - log_w.max(-1, keepdims=True)
-            metrics = {"reward": jnp.mean(batch.reward)}
-            return DiscreteBanditState(counts=counts, sums=sums, log_weights=log_w), metrics
 
-        return Learner(init, act, update)
+def init(settings: DiscreteBanditSettings, key, spec=None) -> DiscreteBanditState:
+    del key, spec
+    zeros = jnp.zeros((settings.num_policies, settings.num_products, settings.num_arms),
+                      jnp.float32)
+    return DiscreteBanditState(counts=zeros, sums=zeros, log_weights=zeros)
 
-    return make
+
+def choose(settings: DiscreteBanditSettings, state: DiscreteBanditState, key):
+    """``(arm [A, P] int32, aux)`` for every slot and product."""
+    kind, h, num_arms = settings.kind, settings.h, settings.num_arms
+    index = _index(settings)
+    n = state.counts[index]                            # [A, P, G]
+    s = state.sums[index]
+    pulls = n.sum(-1)                                  # [A, P]
+    k_tie, k_draw, k_explore = jax.random.split(key, 3)
+    aux = {}
+    if kind == "epsilon_greedy":
+        q = jnp.where(n > 0, s / jnp.maximum(n, 1.0), h("initial_value"))
+        greedy = argmax_random(q, k_tie)
+        eps = jnp.maximum(h("epsilon_min"), h("epsilon") * h("epsilon_decay") ** pulls)
+        explore = jax.random.randint(k_explore, pulls.shape, 0, num_arms, jnp.int32)
+        arm = jnp.where(jax.random.uniform(k_draw, pulls.shape) < eps, explore, greedy)
+    elif kind == "ucb1":
+        q = s / jnp.maximum(n, 1.0)
+        bonus = h("c") * jnp.sqrt(2.0 * jnp.log(jnp.maximum(pulls, 1.0))[..., None]
+                                  / jnp.maximum(n, 1.0))
+        arm = argmax_random(jnp.where(n > 0, q + bonus, jnp.inf), k_tie)
+    elif kind == "thompson":
+        mean, var = thompson_posterior(n, s, h("prior_mean"), h("prior_var"), h("noise_var"))
+        theta = mean + jax.random.normal(k_draw, mean.shape) * jnp.sqrt(var)
+        arm = argmax_random(theta, k_tie)
+    else:  # exp3
+        probs = exp3_probs(state.log_weights[index], h("gamma"))
+        arm = jax.random.categorical(k_draw, jnp.log(probs), axis=-1).astype(jnp.int32)
+        aux["prob"] = jnp.take_along_axis(probs, arm[..., None], -1)[..., 0]
+    aux["action_index"] = arm
+    return arm, aux
+
+
+def act(settings: DiscreteBanditSettings, state: DiscreteBanditState, obs, key):
+    del obs
+    arm, aux = choose(settings, state, key)
+    grid = jnp.asarray(settings.grid.array)
+    action = jnp.take_along_axis(grid, arm[..., None], -1)[..., 0]
+    return action, aux
+
+
+def update(settings: DiscreteBanditSettings, state: DiscreteBanditState, batch: Transition):
+    num_policies, num_products, num_arms = (settings.num_policies, settings.num_products,
+                                            settings.num_arms)
+    arm = jnp.asarray(batch.aux["action_index"], jnp.int32)      # [T, A, P]
+    reward = jnp.broadcast_to(jnp.asarray(batch.reward, jnp.float32)[..., None], arm.shape)
+    policy = jnp.broadcast_to(_index(settings)[None, :, None], arm.shape)
+    product = jnp.broadcast_to(jnp.arange(num_products)[None, None, :], arm.shape)
+    segment = ((policy * num_products + product) * num_arms + arm).reshape(-1)
+    size = num_policies * num_products * num_arms
+    shape = (num_policies, num_products, num_arms)
+
+    def scatter(x):
+        return jax.ops.segment_sum(x.reshape(-1), segment, num_segments=size).reshape(shape)
+
+    counts = state.counts + scatter(jnp.ones_like(reward))
+    sums = state.sums + scatter(reward)
+    log_w = state.log_weights
+    if settings.kind == "exp3":
+        low, high, gamma = settings.h("reward_low"), settings.h("reward_high"), settings.h("gamma")
+        x = jnp.clip((reward - low) / (high - low), 0.0, 1.0)
+        prob = jnp.asarray(batch.aux["prob"], jnp.float32)
+        log_w = log_w + scatter(gamma * x / (prob * num_arms))
+        log_w = log_w - log_w.max(-1, keepdims=True)
+    metrics = {"reward": jnp.mean(batch.reward)}
+    return DiscreteBanditState(counts=counts, sums=sums, log_weights=log_w), metrics
+
+
+def discrete_bandit_settings(kind: str, hyper: Mapping[str, Any],
+                             spec: LearnerSpec) -> DiscreteBanditSettings:
+    """Validate ``hyper`` for ``kind`` against ``spec`` (numpy only, nothing traced)."""
+    h = resolve_hyper(FIELDS[kind], hyper, kind)
+    grid = make_grid(h, spec, kind)                    # [A, P, G]
+    if kind == "exp3" and not h["reward_high"] > h["reward_low"]:
+        raise ConfigError("learners.exp3.reward_high", h["reward_high"],
+                          f"a number > reward_low ({h['reward_low']:g})")
+    hyper_items = tuple((name, h[name]) for name in FIELDS[kind] if name not in _GRID_FIELDS)
+    return DiscreteBanditSettings(
+        kind=kind, grid=StaticArray(grid), num_policies=spec.policies,
+        num_products=spec.num_products,
+        policy_index=tuple(int(i) for i in np.asarray(spec.index())), hyper=hyper_items)
+
+
+def make_discrete_bandit(kind: str, hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
+    settings = discrete_bandit_settings(kind, hyper, spec)
+    return Learner(partial(init, settings), partial(act, settings), partial(update, settings))
+
+
+def make_epsilon_greedy(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
+    return make_discrete_bandit("epsilon_greedy", hyper, spec)
+
+
+def make_ucb1(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
+    return make_discrete_bandit("ucb1", hyper, spec)
+
+
+def make_thompson(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
+    return make_discrete_bandit("thompson", hyper, spec)
+
+
+def make_exp3(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
+    return make_discrete_bandit("exp3", hyper, spec)
 
 
 def thompson_posterior(counts, sums, prior_mean, prior_var, noise_var):
@@ -206,10 +269,11 @@ def exp3_probs(log_weights: jax.Array, gamma: float) -> jax.Array:
     return (1.0 - gamma) * jax.nn.softmax(log_weights, axis=-1) + gamma / log_weights.shape[-1]
 
 
-for _kind, _fields, _doc in (
-    ("epsilon_greedy", EPSILON_GREEDY_FIELDS, "epsilon-greedy over a price grid per product"),
-    ("ucb1", UCB1_FIELDS, "UCB1 over a price grid per product"),
-    ("thompson", THOMPSON_FIELDS, "Gaussian Thompson sampling over a price grid per product"),
-    ("exp3", EXP3_FIELDS, "EXP3 over a price grid per product"),
-):
-    register(LearnerDef(_kind, _make(_kind, _fields), _fields, doc=_doc))
+LEARNERS.register(LearnerDef("epsilon_greedy", make_epsilon_greedy, EPSILON_GREEDY_FIELDS,
+                             doc="epsilon-greedy over a price grid per product"))
+LEARNERS.register(LearnerDef("ucb1", make_ucb1, UCB1_FIELDS,
+                             doc="UCB1 over a price grid per product"))
+LEARNERS.register(LearnerDef("thompson", make_thompson, THOMPSON_FIELDS,
+                             doc="Gaussian Thompson sampling over a price grid per product"))
+LEARNERS.register(LearnerDef("exp3", make_exp3, EXP3_FIELDS,
+                             doc="EXP3 over a price grid per product"))

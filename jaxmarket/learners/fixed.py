@@ -25,6 +25,8 @@ transitions ``T`` of each batch) for ``schedule``.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import jax
@@ -33,7 +35,14 @@ import numpy as np
 
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.fields import Field, check_mapping, resolve_entity_array
-from jaxmarket.learners.base import Learner, LearnerDef, LearnerSpec, Transition, register
+from jaxmarket.learners.base import (
+    LEARNERS,
+    Learner,
+    LearnerDef,
+    LearnerSpec,
+    StaticArray,
+    Transition,
+)
 
 # ----------------------------------------------------------------------------- helpers
 # (shared with the bandit modules)
@@ -94,18 +103,23 @@ CONSTANT_FIELDS = {
 }
 
 
+@dataclass(frozen=True)
+class ConstantSettings:
+    action: StaticArray            # [A, P] float32
+
+
+def constant_act(settings: ConstantSettings, state, obs, key):
+    del state, obs, key
+    return jnp.asarray(settings.action.array), {}
+
+
 def make_constant(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
     h = resolve_hyper(CONSTANT_FIELDS, hyper, "constant")
     where = "learners.constant.value"
     value = entity_per_slot(CONSTANT_FIELDS["value"], h["value"], where, spec)
     _check_within(where, h["value"], value, spec)
-    action = jnp.asarray(value)
-
-    def act(state, obs, key):
-        del state, obs, key
-        return action, {}
-
-    return Learner(_init_counter, act, _count_steps)
+    settings = ConstantSettings(action=StaticArray(value))
+    return Learner(_init_counter, partial(constant_act, settings), _count_steps)
 
 
 # ----------------------------------------------------------------------------- schedule
@@ -117,7 +131,20 @@ SCHEDULE_FIELDS = {
 }
 
 
-def make_schedule(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
+@dataclass(frozen=True)
+class ScheduleSettings:
+    timestamps: tuple[int, ...]    # strictly increasing
+    table: StaticArray             # [K, A, P] float32: the action from timestamps[k] on
+
+
+def schedule_act(settings: ScheduleSettings, state, obs, key):
+    del obs, key
+    stamps = jnp.asarray(np.asarray(settings.timestamps, dtype=np.int64), dtype=jnp.int32)
+    k = jnp.searchsorted(stamps, state["t"], side="right") - 1
+    return jnp.asarray(settings.table.array)[jnp.maximum(k, 0)], {}
+
+
+def schedule_settings(hyper: Mapping[str, Any], spec: LearnerSpec) -> ScheduleSettings:
     h = resolve_hyper(SCHEDULE_FIELDS, hyper, "schedule")
     stamps = np.asarray(h["timestamps"], dtype=np.int64)
     values = h["values"]
@@ -136,15 +163,13 @@ def make_schedule(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
         arr = entity_per_slot(entity, v, where, spec)
         _check_within(where, v, arr, spec)
         table.append(arr)
-    table = jnp.asarray(np.stack(table))            # [K, A, P]
-    stamps_j = jnp.asarray(stamps, dtype=jnp.int32)
+    return ScheduleSettings(timestamps=tuple(int(t) for t in stamps),
+                            table=StaticArray(np.stack(table)))
 
-    def act(state, obs, key):
-        del obs, key
-        k = jnp.searchsorted(stamps_j, state["t"], side="right") - 1
-        return table[jnp.maximum(k, 0)], {}
 
-    return Learner(_init_counter, act, _count_steps)
+def make_schedule(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
+    settings = schedule_settings(hyper, spec)
+    return Learner(_init_counter, partial(schedule_act, settings), _count_steps)
 
 
 # ----------------------------------------------------------------------------- undercut
@@ -155,6 +180,22 @@ UNDERCUT_FIELDS = {
 }
 
 
+@dataclass(frozen=True)
+class UndercutSettings:
+    num_products: int
+    amount: StaticArray            # [A, P] float32
+    low: StaticArray               # [A, P] float32 action bounds
+    high: StaticArray
+
+
+def undercut_act(settings: UndercutSettings, state, obs, key):
+    del state, key
+    competitor_min = obs[:, :settings.num_products]
+    amount = jnp.asarray(settings.amount.array)
+    low, high = jnp.asarray(settings.low.array), jnp.asarray(settings.high.array)
+    return jnp.clip(competitor_min - amount, low, high), {}
+
+
 def make_undercut(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
     h = resolve_hyper(UNDERCUT_FIELDS, hyper, "undercut")
     num_products = spec.num_products
@@ -162,16 +203,12 @@ def make_undercut(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
         raise ConfigError("learners.undercut", f"obs_dim={spec.obs_dim}",
                           f"an observation whose first {num_products} features are the "
                           "competitor_prices summary 'min' (obs_dim >= num_products)")
-    amount = jnp.asarray(entity_per_slot(UNDERCUT_FIELDS["amount"], h["amount"],
-                                         "learners.undercut.amount", spec))
-    low, high = (jnp.asarray(b) for b in bounds(spec))
-
-    def act(state, obs, key):
-        del state, key
-        competitor_min = obs[:, :num_products]
-        return jnp.clip(competitor_min - amount, low, high), {}
-
-    return Learner(_init_counter, act, _count_steps)
+    amount = entity_per_slot(UNDERCUT_FIELDS["amount"], h["amount"],
+                             "learners.undercut.amount", spec)
+    low, high = bounds(spec)
+    settings = UndercutSettings(num_products=num_products, amount=StaticArray(amount),
+                                low=StaticArray(low), high=StaticArray(high))
+    return Learner(_init_counter, partial(undercut_act, settings), _count_steps)
 
 
 # ----------------------------------------------------------------------------- random
@@ -179,38 +216,53 @@ def make_undercut(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
 RANDOM_FIELDS: dict[str, Field] = {}
 
 
+@dataclass(frozen=True)
+class RandomSettings:
+    low: StaticArray               # [A, P] float32 finite action bounds
+    high: StaticArray
+
+
+def random_act(settings: RandomSettings, state, obs, key):
+    del state, obs
+    low, high = jnp.asarray(settings.low.array), jnp.asarray(settings.high.array)
+    return jax.random.uniform(key, low.shape, minval=low, maxval=high), {}
+
+
 def make_random(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
     resolve_hyper(RANDOM_FIELDS, hyper, "random")
-    low_np, high_np = bounds(spec)
-    if not (np.all(np.isfinite(low_np)) and np.all(np.isfinite(high_np))):
+    low, high = bounds(spec)
+    if not (np.all(np.isfinite(low)) and np.all(np.isfinite(high))):
         raise ConfigError("learners.random", "infinite action bounds",
                           "finite action_low and action_high for every slot and product")
-    low, high = jnp.asarray(low_np), jnp.asarray(high_np)
-
-    def act(state, obs, key):
-        del state, obs
-        return jax.random.uniform(key, low.shape, minval=low, maxval=high), {}
-
-    return Learner(_init_counter, act, _count_steps)
+    settings = RandomSettings(low=StaticArray(low), high=StaticArray(high))
+    return Learner(_init_counter, partial(random_act, settings), _count_steps)
 
 
-register(LearnerDef("constant", make_constant, CONSTANT_FIELDS,
-                    doc="a constant action per slot and product"))
-register(LearnerDef("schedule", make_schedule, SCHEDULE_FIELDS,
-                    doc="piecewise-constant actions switched at given steps"))
-register(LearnerDef("undercut", make_undercut, UNDERCUT_FIELDS,
-                    doc="quote the competitors' minimum price minus an amount "
-                        "(observation must start with competitor_prices min)"))
-register(LearnerDef("random", make_random, RANDOM_FIELDS,
-                    doc="uniform random actions within the action bounds"))
+LEARNERS.register(LearnerDef("constant", make_constant, CONSTANT_FIELDS,
+                             doc="a constant action per slot and product"))
+LEARNERS.register(LearnerDef("schedule", make_schedule, SCHEDULE_FIELDS,
+                             doc="piecewise-constant actions switched at given steps"))
+LEARNERS.register(LearnerDef("undercut", make_undercut, UNDERCUT_FIELDS,
+                             doc="quote the competitors' minimum price minus an amount "
+                                 "(observation must start with competitor_prices min)"))
+LEARNERS.register(LearnerDef("random", make_random, RANDOM_FIELDS,
+                             doc="uniform random actions within the action bounds"))
 
 __all__ = [
     "bounds",
+    "constant_act",
+    "ConstantSettings",
     "entity_per_policy",
     "entity_per_slot",
     "make_constant",
     "make_random",
     "make_schedule",
     "make_undercut",
+    "random_act",
+    "RandomSettings",
     "resolve_hyper",
+    "schedule_act",
+    "ScheduleSettings",
+    "undercut_act",
+    "UndercutSettings",
 ]

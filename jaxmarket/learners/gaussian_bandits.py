@@ -65,6 +65,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import jax
@@ -76,13 +78,14 @@ from flax import struct
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.fields import Field
 from jaxmarket.learners.base import (
+    LEARNERS,
     Learner,
     LearnerDef,
     LearnerSpec,
     SlotLayout,
+    StaticArray,
     Transition,
     materialize,
-    register,
 )
 from jaxmarket.learners.fixed import bounds, entity_per_policy, resolve_hyper
 
@@ -222,351 +225,475 @@ def standardised(reward: jax.Array, mask: jax.Array, axis: int = 0) -> jax.Array
     return mask * (reward - mean) / (jnp.sqrt(var) + _ADV_EPS)
 
 
-def _make(kind: str, fields: Mapping[str, Field], algo: str, rolling: bool):
-    def make(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
-        h = resolve_hyper(fields, hyper, kind)
-        where = f"learners.{kind}"
-        num_agents, num_products, num_policies = spec.num_agents, spec.num_products, spec.policies
-        low_np, high_np = bounds(spec)
-        scaled = h["scaled"]
-        length = h["buffer_length"]
-        index_np = np.asarray(spec.index())
-        first_slot = np.zeros(num_policies, dtype=np.int64)
-        for slot in range(num_agents - 1, -1, -1):
-            first_slot[index_np[slot]] = slot
-        pol_low, pol_high = low_np[first_slot], high_np[first_slot]   # [N, P]
-        finite = bool(np.all(np.isfinite(pol_low)) and np.all(np.isfinite(pol_high)))
+@dataclass(frozen=True)
+class GaussianBanditSettings:
+    """A Gaussian bandit's resolved settings (static): what ``init``, ``act`` and
+    ``update`` read, validated by :func:`gaussian_bandit_settings`."""
 
-        def entity(name):
-            return entity_per_policy(fields[name], h[name], f"{where}.{name}", spec)
+    kind: str
+    algo: str                       # "vpg" | "ppo"
+    rolling: bool                   # a FIFO window updated after every step
+    num_agents: int                 # A
+    num_products: int               # P
+    num_policies: int               # N
+    length: int                     # buffer_length L
+    scaled: bool                    # log-space Gaussian: action = exp(z)
+    optimizer: str                  # "adam" | "sgd"
+    epochs: int                     # optimiser steps per update
+    hyper: tuple[tuple[str, float], ...]   # initial per-policy hyper-parameters
+    init_mean: StaticArray          # [N, P] float32
+    init_log_std: StaticArray       # [N, P] float32
+    mean_low: StaticArray           # [N, P] bounds of the mean
+    mean_high: StaticArray
+    std_low: float
+    std_high: float                 # inf: no upper bound
+    fallback: float | None          # stddev_fallback
+    low: StaticArray                # [A, P] float32 action bounds
+    high: StaticArray
+    slot_weight: StaticArray        # [A] float32: 1 / (slots of the slot's policy)
+    layout: SlotLayout              # slots [A] as [S, M, n]; parameters broadcast over M
+    # one policy per (session, agent position), the layout of independent sellers (and
+    # not a rolling window, whose policy moves between its samples): the buffer holds
+    # each policy's samples together, as features whose products with the parameters
+    # give the log-probabilities (``features_coef``)
+    features: bool
 
-        if scaled:
-            floor = 1e-6 * np.maximum(pol_high, 1.0)
-            with np.errstate(divide="ignore"):
-                default_mlo = np.log(np.maximum(pol_low, floor))
-                default_mhi = np.log(pol_high)
-        else:
-            default_mlo, default_mhi = pol_low, pol_high
-        mean_low = default_mlo if h["mean_low"] is None else entity("mean_low")
-        mean_high = default_mhi if h["mean_high"] is None else entity("mean_high")
-        if np.any(mean_low > mean_high):
-            bad = np.argwhere(mean_low > mean_high)[0]
-            raise ConfigError(f"{where}.mean_low", h["mean_low"],
-                              f"values <= mean_high ({float(mean_high[tuple(bad)]):g} for "
-                              f"policy {bad[0]}, product {bad[1]})")
-
-        if h["initial_mean"] is None:
-            if not finite:
-                raise ConfigError(f"{where}.initial_mean", None,
-                                  "a value (the action bounds are infinite, so no default)")
-            mid = 0.5 * (pol_low + pol_high)
-            init_mean = np.log(np.maximum(mid, 1e-6 * np.maximum(pol_high, 1.0))) if scaled \
-                else mid
-        else:
-            init_mean = entity("initial_mean")
-        init_mean = np.clip(init_mean, mean_low, mean_high).astype(np.float32)
-
-        if h["initial_stddev"] is None:
-            if scaled:
-                init_std = np.full((num_policies, num_products), 0.5, np.float32)
-            else:
-                if not finite:
-                    raise ConfigError(f"{where}.initial_stddev", None,
-                                      "a value (the action bounds are infinite, so no default)")
-                init_std = 0.25 * (pol_high - pol_low)
-        else:
-            init_std = entity("initial_stddev")
-        std_low = h["stddev_low"]
-        std_high = np.inf if h["stddev_high"] is None else h["stddev_high"]
-        if std_high < std_low:
-            raise ConfigError(f"{where}.stddev_high", h["stddev_high"],
-                              f">= stddev_low ({std_low:g})")
-        fallback = h["stddev_fallback"]
-        if fallback is not None and not std_low <= fallback <= std_high:
-            raise ConfigError(f"{where}.stddev_fallback", fallback,
-                              "a value within [stddev_low, stddev_high] = "
-                              f"[{std_low:g}, {std_high:g}]")
-        init_std = np.clip(init_std, std_low, std_high).astype(np.float32)
-
-        mean_low_j = jnp.asarray(mean_low, jnp.float32)
-        mean_high_j = jnp.asarray(mean_high, jnp.float32)
-        init_log_std_j = jnp.asarray(np.log(init_std), jnp.float32)
-        low_j, high_j = jnp.asarray(low_np), jnp.asarray(high_np)
-        index = spec.index()
-        layout = SlotLayout(spec)  # slots [A] as [S, M, n]; parameters broadcast over M
-        slot_weight = 1.0 / jnp.asarray(np.bincount(index_np, minlength=num_policies),
-                                        jnp.float32)[index]          # [A]
-        # unit step size: the per-policy learning rate (state.hyper) scales the update,
-        # ``lr * (-u)``, bit for bit what ``optax.adam(lr)`` computes as ``u * -lr``
-        opt = (optax.adam if h["optimizer"] == "adam" else optax.sgd)(1.0)
-        hyper_names = ("learning_rate", "entropy_coef", "pullback_coef") + (
-            ("clip_eps",) if algo == "ppo" else ())
-        epochs = h.get("update_epochs", 1) if algo == "ppo" else 1
-        # One policy per (session, agent position), the layout of independent sellers
-        # (and not a rolling window, whose policy moves between its samples): the buffer
-        # holds each policy's samples together, as features whose products with the
-        # parameters give the log-probabilities (``features_coef``).
-        S_, M_, n_ = layout.shape
-        features = not rolling and layout.one_policy_per_column
-        row_shape = (num_policies, length, M_) if features else (length, num_agents)
-
-        def init(key, spec_=None):
-            del key, spec_
-            # fresh arrays (jnp.array copies): a donated state must not delete constants
-            params = {"mean": jnp.array(init_mean), "log_std": jnp.array(init_log_std_j)}
-            return GaussianBanditState(
-                params=params,
-                opt_state=opt.init(params),
-                initial_mean=jnp.asarray(init_mean),
-                buf_sample=jnp.zeros(
-                    (num_policies, length, M_, 2 * num_products) if features
-                    else (length, num_agents, num_products), jnp.float32),
-                buf_logp=jnp.zeros(row_shape, jnp.float32),
-                buf_reward=jnp.zeros(row_shape, jnp.float32),
-                count=jnp.zeros((), jnp.int32),
-                steps=jnp.zeros((), jnp.int32),
-                updates=jnp.zeros((), jnp.int32),
-                hyper={name: jnp.full((num_policies,), h[name], jnp.float32)
-                       for name in hyper_names},
-                centre=jnp.array(init_mean) if features else None,
-                market_axes=(("buf_sample", 0, 2, 1), ("buf_logp", 0, 2, 1),
-                             ("buf_reward", 0, 2, 1)) if features else None,
-            )
-
-        def act(state, obs, key):
-            del obs
-            mean = layout.params(state.params["mean"])               # [S, 1, n, P]
-            log_std = layout.params(state.params["log_std"])
-            noise = jax.random.normal(key, layout.shape + (num_products,), mean.dtype)
-            # computed once: it feeds the log-prob, the action and the buffer write
-            z = materialize(mean + jnp.exp(log_std) * noise)        # [S, M, n, P]
-            log_prob = layout.merge(normal_log_prob(z, mean, log_std).sum(-1))   # [A]
-            z = layout.merge(z)                                      # [A, P]
-            value = jnp.exp(z) if scaled else z
-            action = jnp.clip(value, low_j, high_j)
-            return action, {"sample": z, "log_prob": log_prob}
-
-        def slot_hyper(state, name):   # per-policy [N] -> per-slot [A]
-            return layout.view(state.hyper[name][:, None])[:, 0]
-
-        def centred(state):
-            """The buffer's samples about the update's starting mean: ``d``, ``d**2``
-            (``[L, S, M, n, P]``, computed once per update, read by every epoch)."""
-            d = layout.split(state.buf_sample, axis=1) - layout.params(state.params["mean"])
-            return d, jnp.square(d)
-
-        def loss_fn(params, state, mask, d, d2):
-            delta = layout.params(params["mean"] - jax.lax.stop_gradient(state.params["mean"]))
-            log_std = layout.params(params["log_std"])                # [S, 1, n, P]
-            logp = layout.merge(centred_log_prob(d, d2, delta, log_std), axis=1)   # [L, A]
-            mean, log_std = layout.view(params["mean"]), layout.view(params["log_std"])
-            adv = standardised(state.buf_reward, mask)
-            n = jnp.maximum(mask.sum(0), 1.0)
-            if algo == "vpg":
-                surrogate = adv * logp
-            else:
-                ratio = jnp.exp(logp - state.buf_logp)
-                clip_eps = slot_hyper(state, "clip_eps")
-                surrogate = jnp.minimum(ratio * adv,
-                                        jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv)
-            pg = -(surrogate * mask).sum(0) / n                       # [A]
-            entropy = (log_std + 0.5 * (_LOG_2PI + 1.0)).sum(-1)      # [A]
-            pull = jnp.square(mean - layout.view(state.initial_mean)).sum(-1)   # [A]
-            per_slot = (pg - slot_hyper(state, "entropy_coef") * entropy
-                        + slot_hyper(state, "pullback_coef") * pull)
-            return (slot_weight * per_slot).sum()
-
-        def project(params, initial_mean):
-            mean = params["mean"]
-            mean = jnp.where(jnp.isfinite(mean), jnp.clip(mean, mean_low_j, mean_high_j),
-                             initial_mean)
-            std = jnp.exp(params["log_std"])
-            bad = ~jnp.isfinite(std) | (std < std_low)
-            if fallback is not None:
-                std = jnp.where(bad, jnp.float32(fallback), std)
-            else:
-                std = jnp.where(jnp.isfinite(std), jnp.maximum(std, std_low),
-                                jnp.exp(init_log_std_j))
-            std = jnp.minimum(std, std_high)
-            return {"mean": mean, "log_std": jnp.log(std)}
-
-        def do_update_slots(state):   # the per-slot buffer [L, A, P]
-            mask = (jnp.arange(length) < state.count).astype(jnp.float32)[:, None]
-            mask = jnp.broadcast_to(mask, (length, num_agents))
-            d, d2 = centred(state)
-            return optimise(state, jax.value_and_grad(
-                lambda params: loss_fn(params, state, mask, d, d2)))
-
-        def policy_rows(x):
-            """One step's per-slot ``[A]`` -> ``[N, 1, M]``: each policy's slots together
-            (policy ``s n + j`` drives the slots ``(s, m, j)`` of every market ``m``)."""
-            return jnp.swapaxes(layout.split(x), 1, 2).reshape((num_policies, 1, M_))
-
-        def features_row(sample, centre):
-            """One step's samples ``[A, P]`` -> ``[N, 1, M, 2P]``: ``(d, d**2)`` with
-            ``d = z - centre`` of each policy, policy-major (written into the buffer at
-            every step, where the transpose is of one step's samples, in cache)."""
-            d = layout.split(sample) - centre.reshape(S_, 1, n_, num_products)  # [S, M, n, P]
-            f = jnp.concatenate([d, jnp.square(d)], axis=-1)                    # [S, M, n, 2P]
-            return jnp.swapaxes(f, 1, 2).reshape((num_policies, 1, M_, 2 * num_products))
-
-        def features_coef(params, centre):
-            """The log-probability's coefficients: ``sum_p log N(z_p; mean_p,
-            exp(log_std_p)) = F . coef + const`` for ``F = (d, d**2)``, ``d = z - centre``.
-            With ``delta = mean - centre`` and ``w = exp(-2 log_std)``,
-
-                coef = [w delta, -w/2]                                   [N, 2P]
-                const = -sum_p (w delta**2 / 2 + log_std) - P/2 log(2 pi)   [N]
-
-            so the log-probabilities of a policy's samples are one matrix-vector product,
-            and the gradient's sums over them another (``F^T g``). (The same sums written
-            elementwise took XLA:CPU ~4x as long.) The centre keeps the expansion exact to
-            float rounding: ``d`` is a deviation from the mean, not a difference of two
-            large numbers."""
-            delta = params["mean"] - centre                                       # [N, P]
-            w = jnp.exp(-2.0 * params["log_std"])
-            coef = jnp.concatenate([w * delta, -0.5 * w], axis=1)                 # [N, 2P]
-            const = -(0.5 * w * jnp.square(delta) + params["log_std"]).sum(1) \
-                - 0.5 * _LOG_2PI * num_products                                   # [N]
-            return coef, const
-
-        def do_update_features(state):   # the feature buffer [N, L, M, 2P]
-            valid = (jnp.arange(length) < state.count).astype(jnp.float32)[:, None]  # [L, 1]
-            # each sample's weight in its policy's loss: the mean over the policy's M
-            # slots of the mean over the valid buffer rows
-            weight = (valid / (jnp.maximum(valid.sum(), 1.0) * M_)).reshape(1, -1, 1)  # [1,L,1]
-            adv = standardised(state.buf_reward, valid.reshape(1, -1, 1), axis=1)  # [N, L, M]
-            logp_old = state.buf_logp
-            # rows and markets merge into one sample axis for the products below, rows
-            # the major part: split over devices by rows (when the policies do not divide),
-            # each device holds a block of it and the sums over it are partial sums and an
-            # all-reduce; split by markets (the minor part), GSPMD regathers it here
-            K = M_ * length
-            F = state.buf_sample.reshape((num_policies, K, 2 * num_products))     # [N, K, 2P]
-            highest = jax.lax.Precision.HIGHEST
-
-            def regulariser(params):
-                entropy = (params["log_std"] + 0.5 * (_LOG_2PI + 1.0)).sum(1)
-                pull = jnp.square(params["mean"] - state.initial_mean).sum(1)
-                return (-state.hyper["entropy_coef"] * entropy
-                        + state.hyper["pullback_coef"] * pull).sum()
-
-            def value_and_grad(params):
-                """The loss of ``do_update_slots`` and its gradient, the sum over samples
-                written as ``F^T g`` with ``g`` = d loss / d log-probability:
-                ``-weight adv`` (VPG) and ``-weight adv ratio`` where the clipped
-                objective follows the ratio, else 0 (PPO)."""
-                (coef, const), coef_grad = jax.vjp(
-                    lambda p: features_coef(p, state.centre), params)
-                logp = (jnp.einsum("nkf,nf->nk", F, coef, precision=highest)
-                        + const[:, None]).reshape(state.buf_logp.shape)          # [N, L, M]
-                if algo == "vpg":
-                    surrogate, slope = adv * logp, adv
-                else:
-                    ratio = jnp.exp(logp - logp_old)
-                    eps = state.hyper["clip_eps"][:, None, None]
-                    clipped = jnp.clip(ratio, 1.0 - eps, 1.0 + eps) * adv
-                    follows = (ratio * adv <= clipped) | ((ratio > 1.0 - eps)
-                                                          & (ratio < 1.0 + eps))
-                    surrogate = jnp.minimum(ratio * adv, clipped)
-                    slope = jnp.where(follows, adv * ratio, 0.0)
-                g = (-weight * slope).reshape((num_policies, K))                     # [N, K]
-                grads, = coef_grad((jnp.einsum("nkf,nk->nf", F, g, precision=highest),
-                                    g.sum(1)))
-                reg, reg_grads = jax.value_and_grad(regulariser)(params)
-                loss = -(weight * surrogate).sum() + reg
-                return loss, jax.tree.map(jnp.add, grads, reg_grads)
-
-            return optimise(state, value_and_grad)
-
-        def optimise(state, value_and_grad):
-            def epoch(carry, _):
-                params, opt_state = carry
-                loss, grads = value_and_grad(params)
-                updates, opt_state = opt.update(grads, opt_state, params)
-                lr = state.hyper["learning_rate"]
-                updates = jax.tree.map(lambda u: lr.reshape((-1,) + (1,) * (u.ndim - 1)) * u,
-                                       updates)
-                params = project(optax.apply_updates(params, updates), state.initial_mean)
-                return (params, opt_state), loss
-
-            (params, opt_state), losses = jax.lax.scan(
-                epoch, (state.params, state.opt_state), None, length=epochs, unroll=True)
-            return params, opt_state, losses[-1]
-
-        do_update = do_update_features if features else do_update_slots
-
-        def step(carry, x):
-            state, loss, n_updates = carry
-            sample, logp, reward = x
-            pos = state.steps % length if rolling else state.count
-            # ``pos`` is always in bounds: a plain dynamic_update_slice, without the
-            # out-of-bounds handling of ``.at[pos].set``. (The rows are written in place
-            # when the caller donates the state, as the Trainer does; without donation
-            # XLA copied the whole buffer on every step.)
-            write = jax.lax.dynamic_update_index_in_dim
-            if features:   # a fresh buffer is centred on the policies' current means
-                centre = jnp.where(state.count == 0, state.params["mean"], state.centre)
-                put = jax.lax.dynamic_update_slice
-                state = state.replace(
-                    centre=centre,
-                    buf_sample=put(state.buf_sample, features_row(sample, centre),
-                                   (0, pos, 0, 0)),
-                    buf_logp=put(state.buf_logp, policy_rows(logp), (0, pos, 0)),
-                    buf_reward=put(state.buf_reward, policy_rows(reward), (0, pos, 0)))
-            else:
-                state = state.replace(buf_sample=write(state.buf_sample, sample, pos, 0),
-                                      buf_logp=write(state.buf_logp, logp, pos, 0),
-                                      buf_reward=write(state.buf_reward, reward, pos, 0))
-            state = state.replace(
-                count=jnp.minimum(state.count + 1, length),
-                steps=state.steps + 1,
-            )
-            if rolling:
-                params, opt_state, loss = do_update(state)
-                state = state.replace(params=params, opt_state=opt_state,
-                                      updates=state.updates + 1)
-                return (state, loss, n_updates + 1), None
-            full = state.count >= length
-            # only the parameters go through the branch; the buffers are read-only in it
-            params, opt_state, loss = jax.lax.cond(
-                full, do_update, lambda s: (s.params, s.opt_state, loss), state)
-            full_i = full.astype(jnp.int32)
-            state = state.replace(params=params, opt_state=opt_state,
-                                  updates=state.updates + full_i,
-                                  count=jnp.where(full, 0, state.count))
-            return (state, loss, n_updates + full_i), None
-
-        def update(state, batch: Transition):
-            aux = batch.aux
-            if "sample" not in aux or "log_prob" not in aux:
-                raise KeyError(f"{kind}.update needs batch.aux['sample'] and "
-                               "batch.aux['log_prob'] as returned by act")
-            xs = (jnp.asarray(aux["sample"], jnp.float32),
-                  jnp.asarray(aux["log_prob"], jnp.float32),
-                  jnp.asarray(batch.reward, jnp.float32))
-            # loss NaN until an update runs: "no update in this batch", not a loss of 0
-            carry = (state, jnp.full((), jnp.nan, jnp.float32), jnp.zeros((), jnp.int32))
-            if xs[2].shape[0] == 1:  # one step: no loop around the buffers
-                (state, loss, n_updates), _ = step(carry, jax.tree.map(lambda v: v[0], xs))
-            else:
-                (state, loss, n_updates), _ = jax.lax.scan(step, carry, xs)
-            std = jnp.exp(state.params["log_std"])
-            # loss: of the last update in this batch (NaN when the batch triggered none)
-            metrics = {"loss": loss, "num_updates": n_updates,
-                       "mean": state.params["mean"].mean(), "stddev": std.mean()}
-            return state, metrics
-
-        return Learner(init, act, update)
-
-    return make
+    @property
+    def row_shape(self) -> tuple[int, ...]:
+        """Shape of ``buf_logp`` and ``buf_reward``."""
+        _, M, _ = self.layout.shape
+        return (self.num_policies, self.length, M) if self.features \
+            else (self.length, self.num_agents)
 
 
-register(LearnerDef("vpg_bandit", _make("vpg_bandit", VPG_FIELDS, "vpg", rolling=False),
-                    VPG_FIELDS, doc="Gaussian-policy bandit, vanilla policy gradient"))
-register(LearnerDef("ppo_bandit", _make("ppo_bandit", PPO_FIELDS, "ppo", rolling=False),
-                    PPO_FIELDS, doc="Gaussian-policy bandit, PPO clipped surrogate"))
-register(LearnerDef("rolling_ppo_bandit",
-                    _make("rolling_ppo_bandit", ROLLING_PPO_FIELDS, "ppo", rolling=True),
-                    ROLLING_PPO_FIELDS,
-                    doc="Gaussian-policy bandit, PPO on a rolling window updated every step"))
+def _opt(settings: GaussianBanditSettings) -> optax.GradientTransformation:
+    # unit step size: the per-policy learning rate (state.hyper) scales the update,
+    # ``lr * (-u)``, bit for bit what ``optax.adam(lr)`` computes as ``u * -lr``
+    return (optax.adam if settings.optimizer == "adam" else optax.sgd)(1.0)
+
+
+def init(settings: GaussianBanditSettings, key, spec=None) -> GaussianBanditState:
+    del key, spec
+    init_mean = settings.init_mean.array
+    P, features = settings.num_products, settings.features
+    _, M, _ = settings.layout.shape
+    # fresh arrays (jnp.array copies): a donated state must not delete constants
+    params = {"mean": jnp.array(init_mean), "log_std": jnp.array(settings.init_log_std.array)}
+    return GaussianBanditState(
+        params=params,
+        opt_state=_opt(settings).init(params),
+        initial_mean=jnp.asarray(init_mean),
+        buf_sample=jnp.zeros(
+            (settings.num_policies, settings.length, M, 2 * P) if features
+            else (settings.length, settings.num_agents, P), jnp.float32),
+        buf_logp=jnp.zeros(settings.row_shape, jnp.float32),
+        buf_reward=jnp.zeros(settings.row_shape, jnp.float32),
+        count=jnp.zeros((), jnp.int32),
+        steps=jnp.zeros((), jnp.int32),
+        updates=jnp.zeros((), jnp.int32),
+        hyper={name: jnp.full((settings.num_policies,), value, jnp.float32)
+               for name, value in settings.hyper},
+        centre=jnp.array(init_mean) if features else None,
+        market_axes=(("buf_sample", 0, 2, 1), ("buf_logp", 0, 2, 1),
+                     ("buf_reward", 0, 2, 1)) if features else None,
+    )
+
+
+def act(settings: GaussianBanditSettings, state: GaussianBanditState, obs, key):
+    del obs
+    layout = settings.layout
+    mean = layout.params(state.params["mean"])               # [S, 1, n, P]
+    log_std = layout.params(state.params["log_std"])
+    noise = jax.random.normal(key, layout.shape + (settings.num_products,), mean.dtype)
+    # computed once: it feeds the log-prob, the action and the buffer write
+    z = materialize(mean + jnp.exp(log_std) * noise)        # [S, M, n, P]
+    log_prob = layout.merge(normal_log_prob(z, mean, log_std).sum(-1))   # [A]
+    z = layout.merge(z)                                      # [A, P]
+    value = jnp.exp(z) if settings.scaled else z
+    action = jnp.clip(value, jnp.asarray(settings.low.array), jnp.asarray(settings.high.array))
+    return action, {"sample": z, "log_prob": log_prob}
+
+
+def slot_hyper(settings: GaussianBanditSettings, state: GaussianBanditState, name: str):
+    """A per-policy hyper-parameter ``[N]`` -> per slot ``[A]``."""
+    return settings.layout.view(state.hyper[name][:, None])[:, 0]
+
+
+def centred(settings: GaussianBanditSettings, state: GaussianBanditState):
+    """The buffer's samples about the update's starting mean: ``d``, ``d**2``
+    (``[L, S, M, n, P]``, computed once per update, read by every epoch)."""
+    layout = settings.layout
+    d = layout.split(state.buf_sample, axis=1) - layout.params(state.params["mean"])
+    return d, jnp.square(d)
+
+
+def slots_loss(settings: GaussianBanditSettings, params, state: GaussianBanditState,
+               mask, d, d2):
+    """The loss of the per-slot buffer ``[L, A, P]`` (module docstring)."""
+    layout = settings.layout
+    delta = layout.params(params["mean"] - jax.lax.stop_gradient(state.params["mean"]))
+    log_std = layout.params(params["log_std"])                # [S, 1, n, P]
+    logp = layout.merge(centred_log_prob(d, d2, delta, log_std), axis=1)   # [L, A]
+    mean, log_std = layout.view(params["mean"]), layout.view(params["log_std"])
+    adv = standardised(state.buf_reward, mask)
+    n = jnp.maximum(mask.sum(0), 1.0)
+    if settings.algo == "vpg":
+        surrogate = adv * logp
+    else:
+        ratio = jnp.exp(logp - state.buf_logp)
+        clip_eps = slot_hyper(settings, state, "clip_eps")
+        surrogate = jnp.minimum(ratio * adv,
+                                jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv)
+    pg = -(surrogate * mask).sum(0) / n                       # [A]
+    entropy = (log_std + 0.5 * (_LOG_2PI + 1.0)).sum(-1)      # [A]
+    pull = jnp.square(mean - layout.view(state.initial_mean)).sum(-1)   # [A]
+    per_slot = (pg - slot_hyper(settings, state, "entropy_coef") * entropy
+                + slot_hyper(settings, state, "pullback_coef") * pull)
+    return (jnp.asarray(settings.slot_weight.array) * per_slot).sum()
+
+
+def project(settings: GaussianBanditSettings, params, initial_mean):
+    """The parameters after a step, projected onto the allowed means and stddevs."""
+    mean = params["mean"]
+    mean_low = jnp.asarray(settings.mean_low.array, jnp.float32)
+    mean_high = jnp.asarray(settings.mean_high.array, jnp.float32)
+    mean = jnp.where(jnp.isfinite(mean), jnp.clip(mean, mean_low, mean_high), initial_mean)
+    std = jnp.exp(params["log_std"])
+    std_low, fallback = settings.std_low, settings.fallback
+    bad = ~jnp.isfinite(std) | (std < std_low)
+    if fallback is not None:
+        std = jnp.where(bad, jnp.float32(fallback), std)
+    else:
+        std = jnp.where(jnp.isfinite(std), jnp.maximum(std, std_low),
+                        jnp.exp(jnp.asarray(settings.init_log_std.array)))
+    std = jnp.minimum(std, settings.std_high)
+    return {"mean": mean, "log_std": jnp.log(std)}
+
+
+def update_slots(settings: GaussianBanditSettings, state: GaussianBanditState):
+    """One update on the per-slot buffer ``[L, A, P]``."""
+    length = settings.length
+    mask = (jnp.arange(length) < state.count).astype(jnp.float32)[:, None]
+    mask = jnp.broadcast_to(mask, (length, settings.num_agents))
+    d, d2 = centred(settings, state)
+    return optimise(settings, state, jax.value_and_grad(
+        lambda params: slots_loss(settings, params, state, mask, d, d2)))
+
+
+def policy_rows(settings: GaussianBanditSettings, x):
+    """One step's per-slot ``[A]`` -> ``[N, 1, M]``: each policy's slots together
+    (policy ``s n + j`` drives the slots ``(s, m, j)`` of every market ``m``)."""
+    _, M, _ = settings.layout.shape
+    return jnp.swapaxes(settings.layout.split(x), 1, 2).reshape((settings.num_policies, 1, M))
+
+
+def features_row(settings: GaussianBanditSettings, sample, centre):
+    """One step's samples ``[A, P]`` -> ``[N, 1, M, 2P]``: ``(d, d**2)`` with
+    ``d = z - centre`` of each policy, policy-major (written into the buffer at
+    every step, where the transpose is of one step's samples, in cache)."""
+    S, M, n = settings.layout.shape
+    P = settings.num_products
+    d = settings.layout.split(sample) - centre.reshape(S, 1, n, P)   # [S, M, n, P]
+    f = jnp.concatenate([d, jnp.square(d)], axis=-1)                # [S, M, n, 2P]
+    return jnp.swapaxes(f, 1, 2).reshape((settings.num_policies, 1, M, 2 * P))
+
+
+def features_coef(settings: GaussianBanditSettings, params, centre):
+    """The log-probability's coefficients: ``sum_p log N(z_p; mean_p,
+    exp(log_std_p)) = F . coef + const`` for ``F = (d, d**2)``, ``d = z - centre``.
+    With ``delta = mean - centre`` and ``w = exp(-2 log_std)``,
+
+        coef = [w delta, -w/2]                                   [N, 2P]
+        const = -sum_p (w delta**2 / 2 + log_std) - P/2 log(2 pi)   [N]
+
+    so the log-probabilities of a policy's samples are one matrix-vector product,
+    and the gradient's sums over them another (``F^T g``). (The same sums written
+    elementwise took XLA:CPU ~4x as long.) The centre keeps the expansion exact to
+    float rounding: ``d`` is a deviation from the mean, not a difference of two
+    large numbers."""
+    delta = params["mean"] - centre                                       # [N, P]
+    w = jnp.exp(-2.0 * params["log_std"])
+    coef = jnp.concatenate([w * delta, -0.5 * w], axis=1)                 # [N, 2P]
+    const = -(0.5 * w * jnp.square(delta) + params["log_std"]).sum(1) \
+        - 0.5 * _LOG_2PI * settings.num_products                          # [N]
+    return coef, const
+
+
+def _regulariser(state: GaussianBanditState, params):
+    entropy = (params["log_std"] + 0.5 * (_LOG_2PI + 1.0)).sum(1)
+    pull = jnp.square(params["mean"] - state.initial_mean).sum(1)
+    return (-state.hyper["entropy_coef"] * entropy
+            + state.hyper["pullback_coef"] * pull).sum()
+
+
+def features_value_and_grad(settings: GaussianBanditSettings, state: GaussianBanditState,
+                            F, adv, weight, params):
+    """The loss of :func:`update_slots` and its gradient on the feature buffer
+    (``F [N, K, 2P]``), the sum over samples written as ``F^T g`` with ``g`` = d loss /
+    d log-probability: ``-weight adv`` (VPG) and ``-weight adv ratio`` where the clipped
+    objective follows the ratio, else 0 (PPO)."""
+    highest = jax.lax.Precision.HIGHEST
+    N, K = settings.num_policies, F.shape[1]
+    (coef, const), coef_grad = jax.vjp(
+        lambda p: features_coef(settings, p, state.centre), params)
+    logp = (jnp.einsum("nkf,nf->nk", F, coef, precision=highest)
+            + const[:, None]).reshape(state.buf_logp.shape)          # [N, L, M]
+    if settings.algo == "vpg":
+        surrogate, slope = adv * logp, adv
+    else:
+        ratio = jnp.exp(logp - state.buf_logp)
+        eps = state.hyper["clip_eps"][:, None, None]
+        clipped = jnp.clip(ratio, 1.0 - eps, 1.0 + eps) * adv
+        follows = (ratio * adv <= clipped) | ((ratio > 1.0 - eps) & (ratio < 1.0 + eps))
+        surrogate = jnp.minimum(ratio * adv, clipped)
+        slope = jnp.where(follows, adv * ratio, 0.0)
+    g = (-weight * slope).reshape((N, K))                                # [N, K]
+    grads, = coef_grad((jnp.einsum("nkf,nk->nf", F, g, precision=highest), g.sum(1)))
+    reg, reg_grads = jax.value_and_grad(partial(_regulariser, state))(params)
+    loss = -(weight * surrogate).sum() + reg
+    return loss, jax.tree.map(jnp.add, grads, reg_grads)
+
+
+def update_features(settings: GaussianBanditSettings, state: GaussianBanditState):
+    """One update on the feature buffer ``[N, L, M, 2P]``."""
+    length = settings.length
+    _, M, _ = settings.layout.shape
+    valid = (jnp.arange(length) < state.count).astype(jnp.float32)[:, None]  # [L, 1]
+    # each sample's weight in its policy's loss: the mean over the policy's M
+    # slots of the mean over the valid buffer rows
+    weight = (valid / (jnp.maximum(valid.sum(), 1.0) * M)).reshape(1, -1, 1)  # [1,L,1]
+    adv = standardised(state.buf_reward, valid.reshape(1, -1, 1), axis=1)  # [N, L, M]
+    # rows and markets merge into one sample axis for the products below, rows
+    # the major part: split over devices by rows (when the policies do not divide),
+    # each device holds a block of it and the sums over it are partial sums and an
+    # all-reduce; split by markets (the minor part), GSPMD regathers it here
+    F = state.buf_sample.reshape((settings.num_policies, M * length,
+                                  2 * settings.num_products))            # [N, K, 2P]
+    return optimise(settings, state,
+                    partial(features_value_and_grad, settings, state, F, adv, weight))
+
+
+def optimise(settings: GaussianBanditSettings, state: GaussianBanditState, value_and_grad):
+    """``settings.epochs`` optimiser steps from ``state``'s parameters:
+    ``(params, opt_state, last loss)``."""
+    opt = _opt(settings)
+
+    def epoch(carry, _):
+        params, opt_state = carry
+        loss, grads = value_and_grad(params)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        lr = state.hyper["learning_rate"]
+        updates = jax.tree.map(lambda u: lr.reshape((-1,) + (1,) * (u.ndim - 1)) * u, updates)
+        params = project(settings, optax.apply_updates(params, updates), state.initial_mean)
+        return (params, opt_state), loss
+
+    (params, opt_state), losses = jax.lax.scan(
+        epoch, (state.params, state.opt_state), None, length=settings.epochs, unroll=True)
+    return params, opt_state, losses[-1]
+
+
+def _write(settings: GaussianBanditSettings, state: GaussianBanditState, sample, logp, reward):
+    """The step's samples written into the buffer (at its next row)."""
+    pos = state.steps % settings.length if settings.rolling else state.count
+    # ``pos`` is always in bounds: a plain dynamic_update_slice, without the
+    # out-of-bounds handling of ``.at[pos].set``. (The rows are written in place
+    # when the caller donates the state, as the Trainer does; without donation
+    # XLA copied the whole buffer on every step.)
+    if settings.features:   # a fresh buffer is centred on the policies' current means
+        centre = jnp.where(state.count == 0, state.params["mean"], state.centre)
+        put = jax.lax.dynamic_update_slice
+        return state.replace(
+            centre=centre,
+            buf_sample=put(state.buf_sample, features_row(settings, sample, centre),
+                           (0, pos, 0, 0)),
+            buf_logp=put(state.buf_logp, policy_rows(settings, logp), (0, pos, 0)),
+            buf_reward=put(state.buf_reward, policy_rows(settings, reward), (0, pos, 0)))
+    write = jax.lax.dynamic_update_index_in_dim
+    return state.replace(buf_sample=write(state.buf_sample, sample, pos, 0),
+                         buf_logp=write(state.buf_logp, logp, pos, 0),
+                         buf_reward=write(state.buf_reward, reward, pos, 0))
+
+
+def step(settings: GaussianBanditSettings, carry, x):
+    """One transition: append it to the buffer, then update when the kind says so."""
+    state, loss, n_updates = carry
+    length = settings.length
+    do_update = partial(update_features if settings.features else update_slots, settings)
+    state = _write(settings, state, *x)
+    state = state.replace(count=jnp.minimum(state.count + 1, length), steps=state.steps + 1)
+    if settings.rolling:
+        params, opt_state, loss = do_update(state)
+        state = state.replace(params=params, opt_state=opt_state, updates=state.updates + 1)
+        return (state, loss, n_updates + 1), None
+    full = state.count >= length
+    # only the parameters go through the branch; the buffers are read-only in it
+    params, opt_state, loss = jax.lax.cond(
+        full, do_update, lambda s: (s.params, s.opt_state, loss), state)
+    full_i = full.astype(jnp.int32)
+    state = state.replace(params=params, opt_state=opt_state,
+                          updates=state.updates + full_i,
+                          count=jnp.where(full, 0, state.count))
+    return (state, loss, n_updates + full_i), None
+
+
+def update(settings: GaussianBanditSettings, state: GaussianBanditState, batch: Transition):
+    aux = batch.aux
+    if "sample" not in aux or "log_prob" not in aux:
+        raise KeyError(f"{settings.kind}.update needs batch.aux['sample'] and "
+                       "batch.aux['log_prob'] as returned by act")
+    xs = (jnp.asarray(aux["sample"], jnp.float32),
+          jnp.asarray(aux["log_prob"], jnp.float32),
+          jnp.asarray(batch.reward, jnp.float32))
+    # loss NaN until an update runs: "no update in this batch", not a loss of 0
+    carry = (state, jnp.full((), jnp.nan, jnp.float32), jnp.zeros((), jnp.int32))
+    one_step = partial(step, settings)
+    if xs[2].shape[0] == 1:  # one step: no loop around the buffers
+        (state, loss, n_updates), _ = one_step(carry, jax.tree.map(lambda v: v[0], xs))
+    else:
+        (state, loss, n_updates), _ = jax.lax.scan(one_step, carry, xs)
+    std = jnp.exp(state.params["log_std"])
+    # loss: of the last update in this batch (NaN when the batch triggered none)
+    metrics = {"loss": loss, "num_updates": n_updates,
+               "mean": state.params["mean"].mean(), "stddev": std.mean()}
+    return state, metrics
+
+
+# ------------------------------------------------------------------ settings (numpy only)
+
+# kind -> (fields, algorithm, rolling window)
+KINDS = {
+    "vpg_bandit": (VPG_FIELDS, "vpg", False),
+    "ppo_bandit": (PPO_FIELDS, "ppo", False),
+    "rolling_ppo_bandit": (ROLLING_PPO_FIELDS, "ppo", True),
+}
+
+
+def _policy_bounds(spec: LearnerSpec) -> tuple[np.ndarray, np.ndarray]:
+    """The action bounds ``[N, P]`` of each policy's first slot."""
+    low_np, high_np = bounds(spec)
+    index_np = np.asarray(spec.index())
+    first_slot = np.zeros(spec.policies, dtype=np.int64)
+    for slot in range(spec.num_agents - 1, -1, -1):
+        first_slot[index_np[slot]] = slot
+    return low_np[first_slot], high_np[first_slot]
+
+
+def _mean_bounds(h, entity, where, pol_low, pol_high):
+    if h["scaled"]:
+        floor = 1e-6 * np.maximum(pol_high, 1.0)
+        with np.errstate(divide="ignore"):
+            default_mlo = np.log(np.maximum(pol_low, floor))
+            default_mhi = np.log(pol_high)
+    else:
+        default_mlo, default_mhi = pol_low, pol_high
+    mean_low = default_mlo if h["mean_low"] is None else entity("mean_low")
+    mean_high = default_mhi if h["mean_high"] is None else entity("mean_high")
+    if np.any(mean_low > mean_high):
+        bad = np.argwhere(mean_low > mean_high)[0]
+        raise ConfigError(f"{where}.mean_low", h["mean_low"],
+                          f"values <= mean_high ({float(mean_high[tuple(bad)]):g} for "
+                          f"policy {bad[0]}, product {bad[1]})")
+    return mean_low, mean_high
+
+
+def _initial_mean(h, entity, where, pol_low, pol_high, finite):
+    if h["initial_mean"] is not None:
+        return entity("initial_mean")
+    if not finite:
+        raise ConfigError(f"{where}.initial_mean", None,
+                          "a value (the action bounds are infinite, so no default)")
+    mid = 0.5 * (pol_low + pol_high)
+    return np.log(np.maximum(mid, 1e-6 * np.maximum(pol_high, 1.0))) if h["scaled"] else mid
+
+
+def _initial_stddev(h, entity, where, pol_low, pol_high, finite):
+    if h["initial_stddev"] is not None:
+        return entity("initial_stddev")
+    if h["scaled"]:
+        return np.full(pol_low.shape, 0.5, np.float32)
+    if not finite:
+        raise ConfigError(f"{where}.initial_stddev", None,
+                          "a value (the action bounds are infinite, so no default)")
+    return 0.25 * (pol_high - pol_low)
+
+
+def _stddev_bounds(h, where) -> tuple[float, float, float | None]:
+    std_low = h["stddev_low"]
+    std_high = np.inf if h["stddev_high"] is None else h["stddev_high"]
+    if std_high < std_low:
+        raise ConfigError(f"{where}.stddev_high", h["stddev_high"],
+                          f">= stddev_low ({std_low:g})")
+    fallback = h["stddev_fallback"]
+    if fallback is not None and not std_low <= fallback <= std_high:
+        raise ConfigError(f"{where}.stddev_fallback", fallback,
+                          "a value within [stddev_low, stddev_high] = "
+                          f"[{std_low:g}, {std_high:g}]")
+    return std_low, std_high, fallback
+
+
+def gaussian_bandit_settings(kind: str, hyper: Mapping[str, Any],
+                             spec: LearnerSpec) -> GaussianBanditSettings:
+    """Validate ``hyper`` for ``kind`` (one of :data:`KINDS`) against ``spec`` and
+    resolve the defaults of the module docstring (numpy only, nothing traced)."""
+    fields, algo, rolling = KINDS[kind]
+    h = resolve_hyper(fields, hyper, kind)
+    where = f"learners.{kind}"
+    pol_low, pol_high = _policy_bounds(spec)                         # [N, P]
+    finite = bool(np.all(np.isfinite(pol_low)) and np.all(np.isfinite(pol_high)))
+
+    def entity(name):
+        return entity_per_policy(fields[name], h[name], f"{where}.{name}", spec)
+
+    mean_low, mean_high = _mean_bounds(h, entity, where, pol_low, pol_high)
+    init_mean = _initial_mean(h, entity, where, pol_low, pol_high, finite)
+    init_mean = np.clip(init_mean, mean_low, mean_high).astype(np.float32)
+    init_std = _initial_stddev(h, entity, where, pol_low, pol_high, finite)
+    std_low, std_high, fallback = _stddev_bounds(h, where)
+    init_std = np.clip(init_std, std_low, std_high).astype(np.float32)
+
+    low_np, high_np = bounds(spec)
+    index_np = np.asarray(spec.index())
+    slot_weight = 1.0 / jnp.asarray(np.bincount(index_np, minlength=spec.policies),
+                                    jnp.float32)[spec.index()]          # [A]
+    layout = SlotLayout(spec)
+    names = ("learning_rate", "entropy_coef", "pullback_coef") + (
+        ("clip_eps",) if algo == "ppo" else ())
+    return GaussianBanditSettings(
+        kind=kind, algo=algo, rolling=rolling, num_agents=spec.num_agents,
+        num_products=spec.num_products, num_policies=spec.policies,
+        length=h["buffer_length"], scaled=h["scaled"], optimizer=h["optimizer"],
+        epochs=h.get("update_epochs", 1) if algo == "ppo" else 1,
+        hyper=tuple((name, h[name]) for name in names),
+        init_mean=StaticArray(init_mean),
+        init_log_std=StaticArray(np.asarray(jnp.asarray(np.log(init_std), jnp.float32))),
+        mean_low=StaticArray(mean_low), mean_high=StaticArray(mean_high),
+        std_low=std_low, std_high=std_high, fallback=fallback,
+        low=StaticArray(low_np), high=StaticArray(high_np),
+        slot_weight=StaticArray(np.asarray(slot_weight)), layout=layout,
+        features=not rolling and layout.one_policy_per_column)
+
+
+def make_gaussian_bandit(kind: str, hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
+    settings = gaussian_bandit_settings(kind, hyper, spec)
+    return Learner(partial(init, settings), partial(act, settings), partial(update, settings))
+
+
+def make_vpg_bandit(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
+    return make_gaussian_bandit("vpg_bandit", hyper, spec)
+
+
+def make_ppo_bandit(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
+    return make_gaussian_bandit("ppo_bandit", hyper, spec)
+
+
+def make_rolling_ppo_bandit(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
+    return make_gaussian_bandit("rolling_ppo_bandit", hyper, spec)
+
+
+LEARNERS.register(LearnerDef("vpg_bandit", make_vpg_bandit, VPG_FIELDS,
+                             doc="Gaussian-policy bandit, vanilla policy gradient"))
+LEARNERS.register(LearnerDef("ppo_bandit", make_ppo_bandit, PPO_FIELDS,
+                             doc="Gaussian-policy bandit, PPO clipped surrogate"))
+LEARNERS.register(LearnerDef("rolling_ppo_bandit", make_rolling_ppo_bandit, ROLLING_PPO_FIELDS,
+                             doc="Gaussian-policy bandit, PPO on a rolling window updated "
+                                 "every step"))

@@ -42,6 +42,8 @@ comes from ``aux`` (``raw_action`` or ``action_index``).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import distrax
@@ -55,7 +57,14 @@ from flax.linen.initializers import constant
 
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.fields import Field
-from jaxmarket.learners.base import Learner, LearnerDef, LearnerSpec, Transition, register
+from jaxmarket.learners.base import (
+    LEARNERS,
+    Learner,
+    LearnerDef,
+    LearnerSpec,
+    StaticArray,
+    Transition,
+)
 
 HYPER_FIELDS: dict[str, Field] = {
     "hidden_sizes": Field("ints", (64, 64), low=1, doc="widths of the actor and critic MLPs"),
@@ -248,192 +257,257 @@ def _resolve(hyper: Mapping[str, Any]) -> dict[str, Any]:
     return h
 
 
-def make_ppo(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
+@dataclass(frozen=True)
+class PPOSettings:
+    """PPO's resolved settings (static)."""
+
+    network: ActorCritic
+    policy_index: tuple[int, ...]   # [A] slot -> policy
+    num_policies: int
+    obs_dim: int
+    low: StaticArray                # [A, P] float32 action bounds
+    high: StaticArray
+    rescale_actions: bool
+    gamma: float
+    gae_lambda: float
+    update_epochs: int
+    num_minibatches: int
+    anneal_lr: bool
+    num_updates: int | None
+    max_grad_norm: float
+    adam_eps: float
+    clip_value_loss: bool
+    normalize_advantages: bool
+    hyper: tuple[tuple[str, float], ...]   # initial per-policy HYPERPARAMS
+
+    @property
+    def head(self) -> str:
+        return self.network.head
+
+    @property
+    def single(self) -> bool:
+        """Every slot uses policy 0: plain batched apply, no gather."""
+        return self.num_policies == 1
+
+
+def step_size(settings: PPOSettings, lr, count):
+    """The Adam step size of a policy with learning rate ``lr`` after ``count``
+    optimizer steps: ``lr``, or PureJaxRL's linear schedule
+    ``lr (1 - floor(count / (epochs * minibatches)) / num_updates)``."""
+    if settings.anneal_lr:
+        steps_per_update = settings.update_epochs * settings.num_minibatches
+        return lr * (1.0 - (count // steps_per_update) / settings.num_updates)
+    return lr
+
+
+def optimizer(settings: PPOSettings) -> optax.GradientTransformation:
+    """Gradient clipping and Adam's direction at unit step size: the policy's own
+    learning rate (state.hyper) scales it, ``u * -step_size``, as ``optax.adam(lr)``
+    computes it."""
+    return optax.chain(optax.clip_by_global_norm(settings.max_grad_norm),
+                       optax.scale_by_adam(eps=settings.adam_eps))
+
+
+def tx_update(settings: PPOSettings, grads, opt_state, params, lr):
+    """One policy's optimizer step (vmapped over policies)."""
+    count = opt_state[1].count            # Adam's step count before this step
+    direction, opt_state = optimizer(settings).update(grads, opt_state, params)
+    step = -step_size(settings, lr, count)
+    return jax.tree.map(lambda u: u * step.astype(u.dtype), direction), opt_state
+
+
+def apply(settings: PPOSettings, params, index, x):
+    """Network outputs for rows ``x[i]`` (any trailing batch dims) with the parameters
+    of policy ``index[i]``."""
+    if settings.single:
+        return settings.network.apply(jax.tree.map(lambda p: p[0], params), x)
+    rows = jax.tree.map(lambda p: p[index], params)
+    return jax.vmap(settings.network.apply)(rows, x)
+
+
+def per_policy_sum(settings: PPOSettings, x, pol):
+    if settings.single:
+        return jnp.sum(x, keepdims=True)
+    return jax.ops.segment_sum(x, pol, num_segments=settings.num_policies)
+
+
+@partial(jax.jit, static_argnums=0)  # one compiled call instead of many small eager ones
+def init_from_key(settings: PPOSettings, key: jax.Array) -> PPOState:
+    key, shuffle_key = jax.random.split(key)
+    dummy = jnp.zeros((max(settings.obs_dim, 0),), jnp.float32)
+    params = jax.vmap(lambda k: settings.network.init(k, dummy))(
+        jax.random.split(key, settings.num_policies))
+    hyper = {name: jnp.full((settings.num_policies,), value, jnp.float32)
+             for name, value in settings.hyper}
+    return PPOState(params=params, opt_state=jax.vmap(optimizer(settings).init)(params),
+                    policy_index=jnp.asarray(settings.policy_index, dtype=jnp.int32),
+                    key=shuffle_key, hyper=hyper)
+
+
+def init(settings: PPOSettings, key: jax.Array, spec: LearnerSpec | None = None) -> PPOState:
+    del spec  # the learner was built for its spec
+    return init_from_key(settings, key)
+
+
+def act(settings: PPOSettings, state: PPOState, obs: jax.Array, key: jax.Array):
+    head = settings.head
+    low, high = jnp.asarray(settings.low.array), jnp.asarray(settings.high.array)
+    policy_out, value = apply(settings, state.params, state.policy_index, obs)
+    sample, log_prob = make_distribution(head, policy_out).sample_and_log_prob(seed=key)
+    if head == "discrete":
+        index = sample.astype(jnp.int32)
+        K = settings.network.num_actions
+        action = low + (high - low) * (index.astype(jnp.float32) / (K - 1))
+        return action, {"log_prob": log_prob, "value": value, "action_index": index}
+    if settings.rescale_actions:
+        action = 0.5 * (low + high) + 0.5 * (high - low) * sample
+    else:
+        action = sample
+    action = jnp.clip(action, low, high)
+    return action, {"log_prob": log_prob, "value": value, "raw_action": sample}
+
+
+def minibatch_loss(settings: PPOSettings, params, hyper, mb):
+    policy_out, value = apply(settings, params, mb["policy"], mb["obs"])
+    dist = make_distribution(settings.head, policy_out)
+    log_prob = dist.log_prob(mb["sample"])
+    entropy = dist.entropy()
+
+    # weights: each policy's loss is the mean over its own samples in the minibatch
+    pol = mb["policy"]
+    counts = per_policy_sum(settings, jnp.ones_like(value), pol)
+    weight = 1.0 / jnp.maximum(counts, 1.0)[pol]
+    active = jnp.sum(counts > 0)
+
+    adv = mb["advantage"]
+    if settings.normalize_advantages:
+        mean = (per_policy_sum(settings, adv, pol) * (1.0 / jnp.maximum(counts, 1.0)))[pol]
+        var = (per_policy_sum(settings, jnp.square(adv - mean), pol)
+               * (1.0 / jnp.maximum(counts, 1.0)))[pol]
+        adv = (adv - mean) / (jnp.sqrt(var) + 1e-8)
+
+    eps = hyper["clip_eps"][pol]                    # each sample's policy's values
+    pg = clipped_surrogate(log_prob, mb["log_prob"], adv, eps)
+    vl = value_loss(value, mb["value"], mb["target"], eps, settings.clip_value_loss)
+    per_sample = pg + hyper["vf_coef"][pol] * vl - hyper["ent_coef"][pol] * entropy
+    total = jnp.sum(weight * per_sample)
+
+    log_ratio = log_prob - mb["log_prob"]
+    ratio = jnp.exp(log_ratio)
+
+    def avg(x):  # mean over policies of each policy's sample mean
+        return jnp.sum(weight * x) / jnp.maximum(active, 1)
+
+    metrics = {
+        "total_loss": avg(per_sample),
+        "policy_loss": avg(pg),
+        "value_loss": avg(vl),
+        "entropy": avg(entropy),
+        "approx_kl": avg((ratio - 1.0) - log_ratio),
+        "clip_frac": avg((jnp.abs(ratio - 1.0) > eps).astype(jnp.float32)),
+    }
+    return total, metrics
+
+
+def minibatch_step(settings: PPOSettings, hyper, carry, mb):
+    """One gradient step of every policy on one minibatch."""
+    params, opt_state = carry
+    grads, metrics = jax.grad(partial(minibatch_loss, settings), has_aux=True)(params, hyper, mb)
+    updates, new_opt_state = jax.vmap(partial(tx_update, settings))(
+        grads, opt_state, params, hyper["learning_rate"])
+    new_params = optax.apply_updates(params, updates)
+    if not settings.single:  # a policy without samples in this minibatch takes no step
+        present = jax.ops.segment_sum(jnp.ones_like(mb["policy"]), mb["policy"],
+                                      num_segments=settings.num_policies) > 0
+
+        def keep(new, old):
+            return jnp.where(present.reshape((-1,) + (1,) * (new.ndim - 1)), new, old)
+
+        new_params = jax.tree.map(keep, new_params, params)
+        new_opt_state = jax.tree.map(keep, new_opt_state, opt_state)
+    return (new_params, new_opt_state), metrics
+
+
+def samples(settings: PPOSettings, state: PPOState, batch: Transition) -> dict:
+    """Steps 1-3 of ``update``: the ``T x A`` samples, flattened, with their advantages,
+    value targets and policies."""
+    T, A_ = batch.reward.shape
+    reward = batch.reward.astype(jnp.float32)
+    value = batch.aux["value"]
+
+    # 1. bootstrap values V(next_obs), slot-major so each slot's T rows share params
+    _, next_value = apply(settings, state.params, state.policy_index,
+                          jnp.swapaxes(batch.next_obs, 0, 1))
+    next_value = jnp.swapaxes(next_value, 0, 1)  # [T, A]
+
+    # 2. GAE per agent slot over time
+    advantages, targets = gae_advantages(reward, value, next_value, batch.done,
+                                         settings.gamma, settings.gae_lambda)
+
+    # 3. flatten T x A samples; each remembers the policy of its slot
+    aux = batch.aux
+    sample = aux["action_index"] if settings.head == "discrete" else aux["raw_action"]
+    flat = {
+        "obs": batch.obs,
+        "sample": sample,
+        "log_prob": aux["log_prob"],
+        "value": value,
+        "advantage": advantages,
+        "target": targets,
+        "policy": jnp.broadcast_to(state.policy_index, (T, A_)),
+    }
+    return jax.tree.map(lambda x: x.reshape((T * A_,) + x.shape[2:]), flat)
+
+
+def update(settings: PPOSettings, state: PPOState, batch: Transition):
+    T, A_ = batch.reward.shape
+    N = T * A_
+    epochs, num_mb = settings.update_epochs, settings.num_minibatches
+    mb_size = N // num_mb
+    if mb_size == 0:
+        raise ValueError(f"PPO: {N} samples cannot fill {num_mb} minibatches")
+    flat = samples(settings, state, batch)
+
+    # 4. epochs x minibatches
+    def epoch(carry, key):
+        perm = jax.random.permutation(key, N)[: num_mb * mb_size]  # drops N % num_mb
+        mbs = jax.tree.map(lambda x: x[perm].reshape((num_mb, mb_size) + x.shape[1:]), flat)
+        return jax.lax.scan(partial(minibatch_step, settings, state.hyper), carry, mbs)
+
+    key, *epoch_keys = jax.random.split(state.key, epochs + 1)
+    (params, opt_state), metrics = jax.lax.scan(
+        epoch, (state.params, state.opt_state), jnp.stack(epoch_keys))
+    metrics = jax.tree.map(jnp.mean, metrics)
+    return state.replace(params=params, opt_state=opt_state, key=key), metrics
+
+
+def ppo_settings(hyper: Mapping[str, Any], spec: LearnerSpec) -> PPOSettings:
+    """Resolve ``hyper`` (validated against HYPER_FIELDS by the caller) for ``spec``."""
     h = _resolve(hyper)
-    head = h["action_head"]
     A, P = spec.num_agents, spec.num_products
-    num_policies = spec.policies
-    single = num_policies == 1  # every slot uses policy 0: plain batched apply, no gather
-    K = h["num_actions"]
-    low = jnp.asarray(np.broadcast_to(spec.action_low, (A, P)), jnp.float32)
-    high = jnp.asarray(np.broadcast_to(spec.action_high, (A, P)), jnp.float32)
-    gamma, lam = h["gamma"], h["gae_lambda"]
-    epochs, num_mb = h["update_epochs"], h["num_minibatches"]
-
-    network = ActorCritic(hidden_sizes=h["hidden_sizes"], activation=h["activation"], head=head,
-                          num_products=P, num_actions=K, log_std_init=h["log_std_init"],
-                          embed=spec.obs_embed)
-
-    steps_per_update, total = epochs * num_mb, h["num_updates"]
-
-    def step_size(lr, count):
-        """The Adam step size of a policy with learning rate ``lr`` after ``count``
-        optimizer steps: ``lr``, or PureJaxRL's linear schedule
-        ``lr (1 - floor(count / (epochs * minibatches)) / num_updates)``."""
-        if h["anneal_lr"]:
-            return lr * (1.0 - (count // steps_per_update) / total)
-        return lr
-
-    # unit step size: the policy's own learning rate (state.hyper) scales the Adam
-    # direction, ``u * -step_size``, as ``optax.adam(lr)`` computes it
-    tx = optax.chain(optax.clip_by_global_norm(h["max_grad_norm"]),
-                     optax.scale_by_adam(eps=h["adam_eps"]))
-
-    def tx_update(grads, opt_state, params, lr):
-        """One policy's optimizer step (vmapped over policies)."""
-        count = opt_state[1].count            # Adam's step count before this step
-        direction, opt_state = tx.update(grads, opt_state, params)
-        step = -step_size(lr, count)
-        return jax.tree.map(lambda u: u * step.astype(u.dtype), direction), opt_state
-
-    def apply(params, index, x):
-        """Network outputs for rows ``x[i]`` (any trailing batch dims) with the parameters
-        of policy ``index[i]``."""
-        if single:
-            return network.apply(jax.tree.map(lambda p: p[0], params), x)
-        rows = jax.tree.map(lambda p: p[index], params)
-        return jax.vmap(network.apply)(rows, x)
-
-    def per_policy_sum(x, pol):
-        if single:
-            return jnp.sum(x, keepdims=True)
-        return jax.ops.segment_sum(x, pol, num_segments=num_policies)
-
-    # -- init ---------------------------------------------------------------------------
-    @jax.jit  # one compiled call instead of many small eager ones when used outside jit
-    def init_from_key(key: jax.Array) -> PPOState:
-        key, shuffle_key = jax.random.split(key)
-        dummy = jnp.zeros((max(spec.obs_dim, 0),), jnp.float32)
-        params = jax.vmap(lambda k: network.init(k, dummy))(jax.random.split(key, num_policies))
-        hyper = {name: jnp.full((num_policies,), h[name], jnp.float32) for name in HYPERPARAMS}
-        return PPOState(params=params, opt_state=jax.vmap(tx.init)(params),
-                        policy_index=spec.index(), key=shuffle_key, hyper=hyper)
-
-    def init(key: jax.Array, spec_: LearnerSpec | None = None) -> PPOState:
-        del spec_  # the learner was built for its spec
-        return init_from_key(key)
-
-    # -- act ----------------------------------------------------------------------------
-    def act(state: PPOState, obs: jax.Array, key: jax.Array):
-        policy_out, value = apply(state.params, state.policy_index, obs)
-        sample, log_prob = make_distribution(head, policy_out).sample_and_log_prob(seed=key)
-        if head == "discrete":
-            index = sample.astype(jnp.int32)
-            action = low + (high - low) * (index.astype(jnp.float32) / (K - 1))
-            return action, {"log_prob": log_prob, "value": value, "action_index": index}
-        if h["rescale_actions"]:
-            action = 0.5 * (low + high) + 0.5 * (high - low) * sample
-        else:
-            action = sample
-        action = jnp.clip(action, low, high)
-        return action, {"log_prob": log_prob, "value": value, "raw_action": sample}
-
-    # -- update -------------------------------------------------------------------------
-    def minibatch_loss(params, hyper, mb):
-        policy_out, value = apply(params, mb["policy"], mb["obs"])
-        dist = make_distribution(head, policy_out)
-        log_prob = dist.log_prob(mb["sample"])
-        entropy = dist.entropy()
-
-        # weights: each policy's loss is the mean over its own samples in the minibatch
-        pol = mb["policy"]
-        counts = per_policy_sum(jnp.ones_like(value), pol)
-        weight = 1.0 / jnp.maximum(counts, 1.0)[pol]
-        active = jnp.sum(counts > 0)
-
-        adv = mb["advantage"]
-        if h["normalize_advantages"]:
-            mean = (per_policy_sum(adv, pol) * (1.0 / jnp.maximum(counts, 1.0)))[pol]
-            var = (per_policy_sum(jnp.square(adv - mean), pol)
-                   * (1.0 / jnp.maximum(counts, 1.0)))[pol]
-            adv = (adv - mean) / (jnp.sqrt(var) + 1e-8)
-
-        eps = hyper["clip_eps"][pol]                    # each sample's policy's values
-        pg = clipped_surrogate(log_prob, mb["log_prob"], adv, eps)
-        vl = value_loss(value, mb["value"], mb["target"], eps, h["clip_value_loss"])
-        per_sample = pg + hyper["vf_coef"][pol] * vl - hyper["ent_coef"][pol] * entropy
-        total = jnp.sum(weight * per_sample)
-
-        log_ratio = log_prob - mb["log_prob"]
-        ratio = jnp.exp(log_ratio)
-
-        def avg(x):  # mean over policies of each policy's sample mean
-            return jnp.sum(weight * x) / jnp.maximum(active, 1)
-
-        metrics = {
-            "total_loss": avg(per_sample),
-            "policy_loss": avg(pg),
-            "value_loss": avg(vl),
-            "entropy": avg(entropy),
-            "approx_kl": avg((ratio - 1.0) - log_ratio),
-            "clip_frac": avg((jnp.abs(ratio - 1.0) > eps).astype(jnp.float32)),
-        }
-        return total, metrics
-
-    def update(state: PPOState, batch: Transition):
-        T, A_ = batch.reward.shape
-        N = T * A_
-        mb_size = N // num_mb
-        if mb_size == 0:
-            raise ValueError(f"PPO: {N} samples cannot fill {num_mb} minibatches")
-        reward = batch.reward.astype(jnp.float32)
-        value = batch.aux["value"]
-
-        # 1. bootstrap values V(next_obs), slot-major so each slot's T rows share params
-        _, next_value = apply(state.params, state.policy_index,
-                              jnp.swapaxes(batch.next_obs, 0, 1))
-        next_value = jnp.swapaxes(next_value, 0, 1)  # [T, A]
-
-        # 2. GAE per agent slot over time
-        advantages, targets = gae_advantages(reward, value, next_value, batch.done, gamma, lam)
-
-        # 3. flatten T x A samples; each remembers the policy of its slot
-        sample = batch.aux["action_index"] if head == "discrete" else batch.aux["raw_action"]
-        flat = {
-            "obs": batch.obs,
-            "sample": sample,
-            "log_prob": batch.aux["log_prob"],
-            "value": value,
-            "advantage": advantages,
-            "target": targets,
-            "policy": jnp.broadcast_to(state.policy_index, (T, A_)),
-        }
-        flat = jax.tree.map(lambda x: x.reshape((N,) + x.shape[2:]), flat)
-
-        # 4. epochs x minibatches
-        def minibatch_step(carry, mb):
-            params, opt_state = carry
-            grads, metrics = jax.grad(minibatch_loss, has_aux=True)(params, state.hyper, mb)
-            updates, new_opt_state = jax.vmap(tx_update)(grads, opt_state, params,
-                                                         state.hyper["learning_rate"])
-            new_params = optax.apply_updates(params, updates)
-            if not single:  # a policy without samples in this minibatch takes no step
-                present = jax.ops.segment_sum(jnp.ones_like(mb["policy"]), mb["policy"],
-                                              num_segments=num_policies) > 0
-
-                def keep(new, old):
-                    return jnp.where(present.reshape((-1,) + (1,) * (new.ndim - 1)), new, old)
-
-                new_params = jax.tree.map(keep, new_params, params)
-                new_opt_state = jax.tree.map(keep, new_opt_state, opt_state)
-            return (new_params, new_opt_state), metrics
-
-        def epoch(carry, key):
-            perm = jax.random.permutation(key, N)[: num_mb * mb_size]  # drops N % num_mb
-            mbs = jax.tree.map(lambda x: x[perm].reshape((num_mb, mb_size) + x.shape[1:]),
-                               flat)
-            return jax.lax.scan(minibatch_step, carry, mbs)
-
-        key, *epoch_keys = jax.random.split(state.key, epochs + 1)
-        (params, opt_state), metrics = jax.lax.scan(
-            epoch, (state.params, state.opt_state), jnp.stack(epoch_keys))
-        metrics = jax.tree.map(jnp.mean, metrics)
-        return state.replace(params=params, opt_state=opt_state, key=key), metrics
-
-    return Learner(init=init, act=act, update=update)
+    network = ActorCritic(hidden_sizes=h["hidden_sizes"], activation=h["activation"],
+                          head=h["action_head"], num_products=P, num_actions=h["num_actions"],
+                          log_std_init=h["log_std_init"], embed=spec.obs_embed)
+    return PPOSettings(
+        network=network, policy_index=tuple(int(i) for i in np.asarray(spec.index())),
+        num_policies=spec.policies, obs_dim=spec.obs_dim,
+        low=StaticArray(np.broadcast_to(spec.action_low, (A, P)), np.float32),
+        high=StaticArray(np.broadcast_to(spec.action_high, (A, P)), np.float32),
+        rescale_actions=h["rescale_actions"], gamma=h["gamma"], gae_lambda=h["gae_lambda"],
+        update_epochs=h["update_epochs"], num_minibatches=h["num_minibatches"],
+        anneal_lr=h["anneal_lr"], num_updates=h["num_updates"],
+        max_grad_norm=h["max_grad_norm"], adam_eps=h["adam_eps"],
+        clip_value_loss=h["clip_value_loss"], normalize_advantages=h["normalize_advantages"],
+        hyper=tuple((name, h[name]) for name in HYPERPARAMS))
 
 
-PPO = register(LearnerDef(
+def make_ppo(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
+    settings = ppo_settings(hyper, spec)
+    return Learner(init=partial(init, settings), act=partial(act, settings),
+                   update=partial(update, settings))
+
+
+PPO = LEARNERS.register(LearnerDef(
     kind="ppo",
     make=make_ppo,
     hyper_fields=HYPER_FIELDS,

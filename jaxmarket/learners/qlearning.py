@@ -55,6 +55,8 @@ agent for ``s`` (and one for the bootstrap ``max_a' Q[s', a']``, which is next p
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import jax
@@ -64,11 +66,11 @@ from flax import struct
 
 from jaxmarket.config.fields import Field, check_mapping
 from jaxmarket.learners.base import (
+    LEARNERS,
     Learner,
     LearnerDef,
     LearnerSpec,
     Transition,
-    register,
     scatter_mean,
 )
 
@@ -178,6 +180,11 @@ def max_and_argmax(rows: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 def make_grid(hyper: Mapping[str, Any], spec: LearnerSpec) -> PriceGrid:
     """Validate the spec against Q-learning's assumptions and build the price grid."""
+    return price_grid(*grid_bounds(hyper, spec))
+
+
+def grid_bounds(hyper: Mapping[str, Any], spec: LearnerSpec) -> tuple[float, float, int, int]:
+    """``(grid_low, grid_high, grid_size, num_digits)`` of :func:`make_grid`, validated."""
     if spec.num_products != 1:
         raise ValueError(f"q_learning supports one product per seller; this group has "
                          f"num_products={spec.num_products}")
@@ -197,6 +204,12 @@ def make_grid(hyper: Mapping[str, Any], spec: LearnerSpec) -> PriceGrid:
     high = float(np.max(spec.action_high)) if high is None else float(high)
     if not high > low:
         raise ValueError(f"q_learning: grid_high ({high}) must exceed grid_low ({low})")
+    return low, high, m, num_digits
+
+
+def price_grid(low: float, high: float, m: int, num_digits: int) -> PriceGrid:
+    """The grid of ``m`` prices ``linspace(low, high, m)`` for states of ``num_digits``
+    observed prices."""
     radix = tuple(int(m) ** (num_digits - 1 - j) for j in range(num_digits))
     prices = jnp.asarray(np.linspace(low, high, m), dtype=jnp.float32)
     return PriceGrid(prices=prices, low=low, spacing=(high - low) / (m - 1), radix=radix)
@@ -245,150 +258,213 @@ def session_layout(spec: LearnerSpec) -> tuple[int, int]:
     return slots_per_session, policies_per_session
 
 
-def make(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
+@dataclass(frozen=True)
+class QLearningSettings:
+    """Q-learning's resolved settings (static)."""
+
+    grid_low: float             # the price grid: linspace(grid_low, grid_high, grid_size)
+    grid_high: float
+    grid_size: int              # m
+    num_digits: int             # D = obs_dim: observed prices per state
+    learning_rate: float        # alpha
+    discount: float             # delta
+    exploration_decay: float    # beta
+    convergence_window: int
+    q_init: str
+    num_sessions: int
+    num_slots: int
+    slots_per_session: int
+    exclusive_policies: bool    # no two agents share a Q table
+    # what ``init`` uses when it is given no spec: the make-time spec's
+    policy_index: tuple[int, ...]
+    num_policies: int
+    agents_per_market: int
+    payoff: Any = None
+
+    @property
+    def num_states(self) -> int:
+        return self.grid_size ** self.num_digits
+
+    @property
+    def session_shape(self) -> tuple[int, ...]:
+        """Per-session quantities: shape [S], or [] for one session (the benchmark's
+        vmapped path, which then runs exactly the single-session code)."""
+        return () if self.num_sessions == 1 else (self.num_sessions,)
+
+
+def grid_of(settings: QLearningSettings) -> PriceGrid:
+    return price_grid(settings.grid_low, settings.grid_high, settings.grid_size,
+                      settings.num_digits)
+
+
+def per_slot(settings: QLearningSettings, x: jax.Array) -> jax.Array:
+    """A per-session array ``[S]`` -> per slot ``[A]`` (slots are contiguous per session)."""
+    if settings.num_sessions == 1:
+        return x  # a scalar broadcasts
+    return jnp.repeat(x, settings.slots_per_session, total_repeat_length=settings.num_slots)
+
+
+def any_per_session(settings: QLearningSettings, x: jax.Array) -> jax.Array:
+    """``[A]`` bool -> ``[S]``: whether any slot of each session is set."""
+    if settings.num_sessions == 1:
+        return jnp.any(x)
+    return jnp.any(x.reshape(settings.num_sessions, settings.slots_per_session), axis=-1)
+
+
+def slot_epsilon(settings: QLearningSettings, state: QLearningState) -> jax.Array:
+    """``[A]`` exploration probability of each slot: ``exp(-beta_k t_s)`` with its
+    policy's ``beta_k`` and its session's ``t_s`` (0 once the session converged)."""
+    beta_slot = state.hyper["exploration_decay"][state.policy_index]
+    t = per_slot(settings, state.step.astype(jnp.float32))
+    return jnp.where(per_slot(settings, state.converged), 0.0, jnp.exp(-beta_slot * t))
+
+
+def epsilon(settings: QLearningSettings, state: QLearningState) -> jax.Array:
+    """``[S]`` mean exploration probability of each session's slots (0 once
+    converged; the session's ``exp(-beta t)`` when its policies share one beta)."""
+    eps = slot_epsilon(settings, state)
+    if settings.num_sessions == 1:
+        return jnp.mean(eps)
+    return jnp.mean(eps.reshape(settings.num_sessions, settings.slots_per_session), axis=-1)
+
+
+def init(settings: QLearningSettings, key: jax.Array,
+         spec: LearnerSpec | None = None) -> QLearningState:
+    del key  # the initial Q is deterministic
+    m, num_states = settings.grid_size, settings.num_states
+    if spec is None:
+        index = jnp.asarray(settings.policy_index, dtype=jnp.int32)
+        payoff, n, policies = settings.payoff, settings.agents_per_market, settings.num_policies
+        num_agents = settings.num_slots
+    else:
+        if (spec.num_sessions, spec.num_agents) != (settings.num_sessions, settings.num_slots):
+            raise ValueError(f"q_learning: init got a spec with {spec.num_agents} slots in "
+                             f"{spec.num_sessions} sessions; the learner was made for "
+                             f"{settings.num_slots} slots in {settings.num_sessions}")
+        index = spec.index()
+        payoff, n, policies = spec.payoff, spec.agents_per_market, spec.policies
+        num_agents = spec.num_agents
+    if settings.q_init == "random_rival":
+        per_market = random_rival_q(payoff, grid_of(settings).prices, n,
+                                    settings.discount)                     # [n, m]
+        per_slot_rows = jnp.tile(per_market, (num_agents // n, 1))         # slot i: i % n
+        per_policy = scatter_mean(per_slot_rows, index, policies)
+    else:
+        per_policy = jnp.zeros((policies, m), jnp.float32)
+    row = pack_rows(per_policy.astype(jnp.float32))                       # [K, m + 1]
+    rows = jnp.array(jnp.broadcast_to(row[:, None, :], (policies, num_states, m + 1)))
+    shape = settings.session_shape
+    return QLearningState(
+        rows=rows, policy_index=index, step=jnp.zeros(shape, jnp.int32),
+        stable_periods=jnp.zeros(shape, jnp.int32), converged=jnp.zeros(shape, bool),
+        hyper={"learning_rate": jnp.full((policies,), settings.learning_rate, jnp.float32),
+               "exploration_decay": jnp.full((policies,), settings.exploration_decay,
+                                             jnp.float32)})
+
+
+def act(settings: QLearningSettings, state: QLearningState, obs: jax.Array, key: jax.Array):
+    grid, m = grid_of(settings), settings.grid_size
+    num_agents = obs.shape[0]
+    s = grid.state_index(obs)                               # [A]
+    greedy = state.rows[state.policy_index, s, m].astype(jnp.int32)
+    eps = slot_epsilon(settings, state)                     # [A]
+    # One uniform per agent decides both whether to explore (u < eps) and, given that
+    # it does, which price: u / eps is then uniform on [0, 1).
+    u = jax.random.bits(key, (num_agents,), jnp.uint32).astype(jnp.float32) * 2.0**-32
+    explore = u < eps
+    random_action = jnp.minimum((u / jnp.maximum(eps, 1e-30) * m).astype(jnp.int32), m - 1)
+    action = jnp.where(explore, random_action, greedy)
+    return grid.prices[action][:, None], {"action_index": action}
+
+
+def learn_one_period(settings: QLearningSettings, state: QLearningState, period):
+    m = settings.grid_size
+    s, a, r, s_next, done = period                          # each [A]
+    policy = state.policy_index
+    learning_session = ~state.converged                     # [S]
+    learning = per_slot(settings, learning_session)         # [A]
+    row = state.rows[policy, s]                             # [A, m + 1]
+    old_greedy = row[:, m].astype(jnp.int32)
+    row = row[:, :m]
+    next_value = jnp.max(state.rows[policy, s_next, :m], axis=-1)
+    target = r + settings.discount * jnp.where(done, 0.0, next_value)
+    is_action = jnp.arange(m, dtype=jnp.int32) == a[:, None]  # [A, m]
+    q_sa = jnp.take_along_axis(row, a[:, None], axis=-1)[:, 0]
+    alpha_slot = state.hyper["learning_rate"][policy]
+    increment = jnp.where(learning, alpha_slot * (target - q_sa), 0.0)
+    if settings.exclusive_policies:
+        new_row = jnp.where(is_action, (q_sa + increment)[:, None], row)
+        _, new_greedy = max_and_argmax(new_row)
+        new_rows = jnp.concatenate([new_row, new_greedy.astype(jnp.float32)[:, None]], -1)
+        # a whole row per agent: its values and its greedy index
+        rows = state.rows.at[policy, s].set(new_rows, unique_indices=True)
+    else:  # agents sharing a policy may update the same entry: increments add up
+        rows = state.rows.at[policy, s, a].add(increment)
+        _, new_greedy = max_and_argmax(rows[policy, s, :m])
+        # agents on the same (policy, state) row write the same greedy index
+        rows = rows.at[policy, s, m].set(new_greedy.astype(jnp.float32))
+    changed = (new_greedy != old_greedy) & learning
+    stable = jnp.where(any_per_session(settings, changed), 0, state.stable_periods + 1)
+    stable = jnp.where(learning_session, stable, state.stable_periods)
+    step = jnp.where(learning_session & (state.step < _INT32_MAX), state.step + 1,
+                     state.step)
+    converged = state.converged | (stable >= settings.convergence_window)
+    new_state = state.replace(rows=rows, step=step,
+                              stable_periods=stable, converged=converged)
+    return new_state, jnp.sum(changed)
+
+
+def update(settings: QLearningSettings, state: QLearningState, batch: Transition):
+    grid = grid_of(settings)
+    s = grid.state_index(batch.obs)                         # [T, A]
+    s_next = grid.state_index(batch.next_obs)
+    aux = batch.aux if isinstance(batch.aux, Mapping) else {}
+    a = aux.get("action_index")
+    a = grid.nearest_index(batch.action[..., 0]) if a is None else a.astype(jnp.int32)
+    periods = (s, a, batch.reward.astype(jnp.float32), s_next, batch.done.astype(bool))
+    one_period = partial(learn_one_period, settings)
+    if batch.reward.shape[0] == 1:  # one period: no loop
+        state, changes = one_period(state, jax.tree.map(lambda x: x[0], periods))
+        changes = changes[None]
+    else:
+        state, changes = jax.lax.scan(one_period, state, periods)
+    metrics = {"greedy_changes": jnp.sum(changes), "stable_periods": state.stable_periods,
+               "converged": state.converged,
+               "epsilon": epsilon(settings, state)}
+    return state, metrics
+
+
+def qlearning_settings(hyper: Mapping[str, Any], spec: LearnerSpec) -> QLearningSettings:
+    """Validate ``hyper`` against ``spec`` (nothing traced) and resolve the settings."""
     hyper = check_mapping(HYPER_FIELDS, hyper, "learners.q_learning")
-    grid = make_grid(hyper, spec)
-    m = grid.size
-    num_states = m ** spec.obs_dim
-    alpha = hyper["learning_rate"]
-    delta = hyper["discount"]
-    beta = hyper["exploration_decay"]
-    window = hyper["convergence_window"]
+    low, high, m, num_digits = grid_bounds(hyper, spec)
     slots = spec.index().tolist()
-    exclusive_policies = len(set(slots)) == len(slots)  # no two agents share a Q table
-    num_sessions, num_slots = spec.num_sessions, spec.num_agents
     slots_per_session, _ = session_layout(spec)
-    # Per-session quantities: shape [S], or [] for one session (the benchmark's vmapped
-    # path, which then runs exactly the single-session code).
-    session_shape = () if num_sessions == 1 else (num_sessions,)
-
-    def per_slot(x: jax.Array) -> jax.Array:
-        """A per-session array ``[S]`` -> per slot ``[A]`` (slots are contiguous per session)."""
-        if num_sessions == 1:
-            return x  # a scalar broadcasts
-        return jnp.repeat(x, slots_per_session, total_repeat_length=num_slots)
-
-    def any_per_session(x: jax.Array) -> jax.Array:
-        """``[A]`` bool -> ``[S]``: whether any slot of each session is set."""
-        if num_sessions == 1:
-            return jnp.any(x)
-        return jnp.any(x.reshape(num_sessions, slots_per_session), axis=-1)
-
-    def slot_epsilon(state: QLearningState) -> jax.Array:
-        """``[A]`` exploration probability of each slot: ``exp(-beta_k t_s)`` with its
-        policy's ``beta_k`` and its session's ``t_s`` (0 once the session converged)."""
-        beta_slot = state.hyper["exploration_decay"][state.policy_index]
-        t = per_slot(state.step.astype(jnp.float32))
-        return jnp.where(per_slot(state.converged), 0.0, jnp.exp(-beta_slot * t))
-
-    def epsilon(state: QLearningState) -> jax.Array:
-        """``[S]`` mean exploration probability of each session's slots (0 once
-        converged; the session's ``exp(-beta t)`` when its policies share one beta)."""
-        eps = slot_epsilon(state)
-        if num_sessions == 1:
-            return jnp.mean(eps)
-        return jnp.mean(eps.reshape(num_sessions, slots_per_session), axis=-1)
-
     if hyper["q_init"] == "random_rival":
         if spec.payoff is None:
             raise ValueError("q_learning: q_init='random_rival' needs LearnerSpec.payoff; "
                              "use q_init='zero' or a market that provides it")
-        if delta >= 1.0:
+        if hyper["discount"] >= 1.0:
             raise ValueError("q_learning: q_init='random_rival' needs discount < 1")
         _check_joint_actions(m, spec.agents_per_market)
-
-    def init(key: jax.Array, spec: LearnerSpec = spec) -> QLearningState:
-        del key  # the initial Q is deterministic
-        if (spec.num_sessions, spec.num_agents) != (num_sessions, num_slots):
-            raise ValueError(f"q_learning: init got a spec with {spec.num_agents} slots in "
-                             f"{spec.num_sessions} sessions; the learner was made for "
-                             f"{num_slots} slots in {num_sessions}")
-        index = spec.index()
-        if hyper["q_init"] == "random_rival":
-            n = spec.agents_per_market
-            per_market = random_rival_q(spec.payoff, grid.prices, n, delta)   # [n, m]
-            per_slot_rows = jnp.tile(per_market, (spec.num_agents // n, 1))   # slot i: i % n
-            per_policy = scatter_mean(per_slot_rows, index, spec.policies)
-        else:
-            per_policy = jnp.zeros((spec.policies, m), jnp.float32)
-        row = pack_rows(per_policy.astype(jnp.float32))                   # [K, m + 1]
-        rows = jnp.array(jnp.broadcast_to(row[:, None, :], (spec.policies, num_states, m + 1)))
-        return QLearningState(rows=rows, policy_index=index,
-                              step=jnp.zeros(session_shape, jnp.int32),
-                              stable_periods=jnp.zeros(session_shape, jnp.int32),
-                              converged=jnp.zeros(session_shape, bool),
-                              hyper={"learning_rate": jnp.full((spec.policies,), alpha,
-                                                               jnp.float32),
-                                     "exploration_decay": jnp.full((spec.policies,), beta,
-                                                                   jnp.float32)})
-
-    def act(state: QLearningState, obs: jax.Array, key: jax.Array):
-        num_agents = obs.shape[0]
-        s = grid.state_index(obs)                               # [A]
-        greedy = state.rows[state.policy_index, s, m].astype(jnp.int32)
-        eps = slot_epsilon(state)                               # [A]
-        # One uniform per agent decides both whether to explore (u < eps) and, given that
-        # it does, which price: u / eps is then uniform on [0, 1).
-        u = jax.random.bits(key, (num_agents,), jnp.uint32).astype(jnp.float32) * 2.0**-32
-        explore = u < eps
-        random_action = jnp.minimum((u / jnp.maximum(eps, 1e-30) * m).astype(jnp.int32), m - 1)
-        action = jnp.where(explore, random_action, greedy)
-        return grid.prices[action][:, None], {"action_index": action}
-
-    def learn_one_period(state: QLearningState, period):
-        s, a, r, s_next, done = period                          # each [A]
-        policy = state.policy_index
-        learning_session = ~state.converged                     # [S]
-        learning = per_slot(learning_session)                   # [A]
-        row = state.rows[policy, s]                             # [A, m + 1]
-        old_greedy = row[:, m].astype(jnp.int32)
-        row = row[:, :m]
-        next_value = jnp.max(state.rows[policy, s_next, :m], axis=-1)
-        target = r + delta * jnp.where(done, 0.0, next_value)
-        is_action = jnp.arange(m, dtype=jnp.int32) == a[:, None]  # [A, m]
-        q_sa = jnp.take_along_axis(row, a[:, None], axis=-1)[:, 0]
-        alpha_slot = state.hyper["learning_rate"][policy]
-        increment = jnp.where(learning, alpha_slot * (target - q_sa), 0.0)
-        if exclusive_policies:
-            new_row = jnp.where(is_action, (q_sa + increment)[:, None], row)
-            _, new_greedy = max_and_argmax(new_row)
-            new_rows = jnp.concatenate([new_row, new_greedy.astype(jnp.float32)[:, None]], -1)
-            # a whole row per agent: its values and its greedy index
-            rows = state.rows.at[policy, s].set(new_rows, unique_indices=True)
-        else:  # agents sharing a policy may update the same entry: increments add up
-            rows = state.rows.at[policy, s, a].add(increment)
-            _, new_greedy = max_and_argmax(rows[policy, s, :m])
-            # agents on the same (policy, state) row write the same greedy index
-            rows = rows.at[policy, s, m].set(new_greedy.astype(jnp.float32))
-        changed = (new_greedy != old_greedy) & learning
-        stable = jnp.where(any_per_session(changed), 0, state.stable_periods + 1)
-        stable = jnp.where(learning_session, stable, state.stable_periods)
-        step = jnp.where(learning_session & (state.step < _INT32_MAX), state.step + 1,
-                         state.step)
-        converged = state.converged | (stable >= window)
-        new_state = state.replace(rows=rows, step=step,
-                                  stable_periods=stable, converged=converged)
-        return new_state, jnp.sum(changed)
-
-    def update(state: QLearningState, batch: Transition):
-        s = grid.state_index(batch.obs)                         # [T, A]
-        s_next = grid.state_index(batch.next_obs)
-        aux = batch.aux if isinstance(batch.aux, Mapping) else {}
-        a = aux.get("action_index")
-        a = grid.nearest_index(batch.action[..., 0]) if a is None else a.astype(jnp.int32)
-        periods = (s, a, batch.reward.astype(jnp.float32), s_next, batch.done.astype(bool))
-        if batch.reward.shape[0] == 1:  # one period: no loop
-            state, changes = learn_one_period(state, jax.tree.map(lambda x: x[0], periods))
-            changes = changes[None]
-        else:
-            state, changes = jax.lax.scan(learn_one_period, state, periods)
-        metrics = {"greedy_changes": jnp.sum(changes), "stable_periods": state.stable_periods,
-                   "converged": state.converged,
-                   "epsilon": epsilon(state)}
-        return state, metrics
-
-    return Learner(init=init, act=act, update=update)
+    return QLearningSettings(
+        grid_low=low, grid_high=high, grid_size=m, num_digits=num_digits,
+        learning_rate=hyper["learning_rate"], discount=hyper["discount"],
+        exploration_decay=hyper["exploration_decay"],
+        convergence_window=hyper["convergence_window"], q_init=hyper["q_init"],
+        num_sessions=spec.num_sessions, num_slots=spec.num_agents,
+        slots_per_session=slots_per_session,
+        exclusive_policies=len(set(slots)) == len(slots),
+        policy_index=tuple(int(i) for i in slots), num_policies=spec.policies,
+        agents_per_market=spec.agents_per_market, payoff=spec.payoff)
 
 
-Q_LEARNING = register(LearnerDef(kind="q_learning", make=make, hyper_fields=HYPER_FIELDS,
-                                 doc=__doc__.split("\n\n")[0]))
+def make(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
+    settings = qlearning_settings(hyper, spec)
+    return Learner(init=partial(init, settings), act=partial(act, settings),
+                   update=partial(update, settings))
+
+
+Q_LEARNING = LEARNERS.register(LearnerDef(kind="q_learning", make=make,
+                                          hyper_fields=HYPER_FIELDS,
+                                          doc=__doc__.split("\n\n")[0]))
