@@ -235,14 +235,14 @@ def validate(sweep: Sweep) -> list[Cell]:
     """Load and validate every cell's config as ``python -m jaxmarket.train`` would
     before compiling (train and learners sections, the market, the learner specs and the
     early-stop metric): a one-line ConfigError before anything runs or is written."""
-    from jaxmarket.train.run import prepare
+    from jaxmarket.train.plan import resolve
 
     cells = []
     for i, values in enumerate(sweep.cells()):
         overrides = sweep.cell_overrides(values)
         try:
             config = load_config(sweep.scenario, overrides)
-            env = prepare(config)[0]
+            env = resolve(config).env
         except ConfigError as err:
             raise _grid_error(err, sweep, i, values) from None
         cells.append(Cell(i, values, overrides, config, list(env.agent_groups),

@@ -52,7 +52,8 @@ def load_scenario(config: str | Path | dict | None = None, policy_dir: str | Pat
                   overrides: list[str] | tuple[str, ...] = (), seed: int | None = None) -> Scenario:
     """The scenario of ``config`` (a YAML path or mapping), or of the trained run
     ``policy_dir`` with its learners' last checkpointed states."""
-    from jaxmarket.train.run import Trainer, prepare
+    from jaxmarket.train.plan import resolve
+    from jaxmarket.train.run import Trainer
 
     if policy_dir is not None:
         run = Path(policy_dir)
@@ -69,14 +70,15 @@ def load_scenario(config: str | Path | dict | None = None, policy_dir: str | Pat
         config = load_config(config, list(overrides))
     if seed is not None:
         config = {**config, "seed": int(seed)}
-    env, params, learners, specs, tcfg = prepare(config)
-    if any(p is not None and p.dynamic for p in (tcfg.populations or {}).values()):
+    plan = resolve(config)
+    env, params, learners, specs, tcfg = plan.env, plan.params, plan.learners, plan.specs, plan.train
+    if any(p is not None and p.dynamic for p in plan.populations.values()):
         raise ConfigError("learners", "a resampled population",
                           "static populations only (collect does not redraw assignments)")
     if policy_dir is not None:
         if not (Path(policy_dir) / "checkpoints").is_dir():
             raise ConfigError("--policy", str(policy_dir), "a run with at least one checkpoint")
-        trainer = Trainer(config, Path(policy_dir))
+        trainer = Trainer(plan, Path(policy_dir))
         runner, step = trainer.restore()
         if step == 0:
             raise ConfigError("--policy", str(policy_dir), "a run with at least one checkpoint")

@@ -27,7 +27,7 @@ import numpy as np
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.loader import load_config
 from jaxmarket.learners.base import Learner, LearnerSpec
-from jaxmarket.learners.controller import build_controller, group_learner_spec
+from jaxmarket.learners.controller import build_controller, group_learner_spec, resolve_learner
 from jaxmarket.learners.population import (Population, league_opponents, resolve_population,
                                            split_learner_config)
 from jaxmarket.market.env import MarketEnv
@@ -58,6 +58,8 @@ class RunPlan:
     models: Mapping[str, ModelConfig]
     specs: Mapping[str, LearnerSpec]
     learners: Mapping[str, Learner]
+    # group -> (kind, settings with every default filled in), as the learner was built
+    learner_settings: Mapping[str, tuple[str, dict]] = dataclasses.field(default_factory=dict)
 
     @property
     def groups(self) -> tuple[str, ...]:
@@ -91,10 +93,7 @@ def resolve(config: Mapping[str, Any] | str, overrides: tuple[str, ...] | list[s
     overrides); every config error is raised here."""
     raw = load_config(config, overrides)
     config = strip_pbt(raw)   # the pbt blocks: resolve_pbt below
-    tcfg = resolve_train(config.get("train"))
-    seed = config.get("seed", 0)
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise ConfigError("seed", seed, "an integer >= 0")
+    tcfg, seed = resolve_train_section(config)
     spec, params = resolve_market(config["market"])
     env, params = MarketEnv(spec), to_device(params)
     if "learners" not in config:
@@ -114,12 +113,23 @@ def resolve(config: Mapping[str, Any] | str, overrides: tuple[str, ...] | list[s
     specs = {g: tile_spec(s, tcfg.num_envs, tcfg.num_seeds, populations.get(g))
              for g, s in base.items()}
     learners = build_controller(env, params, learner_config, specs=specs)
+    settings = {g: resolve_learner(learner_config[g], f"learners.{g}") for g in env.agent_groups}
     plan = RunPlan(raw, env, params, tcfg, seed, learner_config, schedule, populations,
-                   {g: c for g, c in pbt.items() if c is not None}, models, specs, learners)
+                   {g: c for g, c in pbt.items() if c is not None}, models, specs, learners,
+                   settings)
     if tcfg.early_stop is not None and tcfg.early_stop["metric"] not in plan.metric_columns:
         raise ConfigError("train.early_stop.metric", tcfg.early_stop["metric"],
                           "one of the metrics: " + ", ".join(plan.metric_columns))
     return plan
+
+
+def resolve_train_section(config: Mapping) -> tuple[TrainConfig, int]:
+    """``train:`` and ``seed`` (all a market-only file has besides its market)."""
+    tcfg = resolve_train(config.get("train"))
+    seed = config.get("seed", 0)
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ConfigError("seed", seed, "an integer >= 0")
+    return tcfg, seed
 
 
 def group_specs(env: MarketEnv, params: MarketParams, learner_config: Any
@@ -158,4 +168,5 @@ def with_train(plan: RunPlan, **changes: Any) -> RunPlan:
     return dataclasses.replace(plan, train=dataclasses.replace(plan.train, **changes))
 
 
-__all__ = ["RunPlan", "resolve", "resolve_populations", "learners_template", "with_train"]
+__all__ = ["RunPlan", "resolve", "resolve_populations", "resolve_train_section",
+           "learners_template", "with_train"]

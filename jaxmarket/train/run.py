@@ -290,13 +290,23 @@ def _synchronised(name: str) -> None:
         distributed.wait_for_primary(name)
 
 
-def start_run(config_path: str | None, overrides: list[str], run_dir: str | None,
-              tracker: str = "files", mongo_url: str | None = None,
+def start_run(config_path: str | Path | dict | RunPlan | None, overrides: list[str],
+              run_dir: str | None, tracker: str = "files", mongo_url: str | None = None,
               devices: int | None = None) -> dict:
-    config = load_config(config_path, overrides)
-    plan = resolve(config)   # validates everything before anything is written
+    """Train a new run: ``config_path`` is a scenario file, a loaded config or a
+    resolved :class:`~jaxmarket.train.plan.RunPlan` (then ``overrides`` must be empty:
+    the plan is what runs)."""
+    if isinstance(config_path, RunPlan):
+        if overrides:
+            raise ConfigError("overrides", list(overrides), "none with a resolved RunPlan")
+        plan = config_path
+    else:
+        plan = resolve(load_config(config_path, overrides))   # every check, nothing written
+    config = dict(plan.config)
     if run_dir is None:
-        run_dir = f"runs/{Path(config_path).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+        stem = Path(config_path).stem if isinstance(config_path, (str, Path)) else \
+            str(config.get("name", "run"))
+        run_dir = f"runs/{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = _agree(config, run_dir, devices=devices, resume=False)
     run_dir = require_new_dir(run_dir, "that run: python -m jaxmarket.train --resume")
     trainer = Trainer(plan, run_dir, devices)
