@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from jaxmarket.market.env import MarketEnv
+from jaxmarket.models.metrics import asymptotic, auc
 from jaxmarket.train.tracking import read_metrics
 
 
@@ -50,8 +51,6 @@ def _models(header: list[str], data: np.ndarray) -> dict:
     """External models (``model/<g>/<error>`` columns, means over seeds): per error its
     ``final`` value, ``auc`` (the mean over the run, jaxmarket.models.metrics.auc) and
     ``asymptotic`` (the mean over the last 20% of the iterations); docs/poi.md."""
-    from jaxmarket.models.metrics import asymptotic, auc
-
     out: dict = {}
     it = data[:, header.index("iteration")]
     for i, name in enumerate(header):
