@@ -70,10 +70,12 @@ import numpy as np
 
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.fields import Field, check_mapping
+from jaxmarket.config.registry import Registry
 
 KEYS = ("population", "mapping")
 MAPPINGS = ("sync", "resample", "table")   # and "league", and the registered ones
-CUSTOM_MAPPINGS: dict[str, Callable] = {}   # name -> fn(key, episode, market, agent, K)
+# the mappings registered from Python: name -> fn(key, episode, market, agent, K)
+CUSTOM_MAPPINGS: Registry[Callable] = Registry("population mapping")
 
 
 def register_mapping(name: str, fn: Callable) -> Callable:
@@ -82,14 +84,15 @@ def register_mapping(name: str, fn: Callable) -> Callable:
     must be jittable: a pure function of a key, the completed-episode count, the market
     index within the seed, the agent index within the group and the population size,
     returning an integer in ``[0, K)``. Returns ``fn`` (usable as a decorator factory's
-    result)."""
+    result). A thin call into :data:`CUSTOM_MAPPINGS` (``CUSTOM_MAPPINGS.register(name,
+    fn)``) that refuses the built-in names."""
     if not isinstance(name, str) or not name or name in MAPPINGS or name == "league":
         raise ValueError(f"register_mapping: name {name!r} must be a new, non-empty string "
                          f"(built-in mappings: {', '.join(MAPPINGS)}, league)")
     if not callable(fn):
         raise TypeError(f"register_mapping: fn for {name!r} must be callable")
-    CUSTOM_MAPPINGS[name] = fn
-    return fn
+    return CUSTOM_MAPPINGS.register(name, fn)
+
 
 LEAGUE_FIELDS = {
     "snapshot_every": Field("int", 10, low=1, doc="iterations between pool snapshots"),
