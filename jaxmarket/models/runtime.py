@@ -43,15 +43,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmarket.learners.base import Transition
-
-OBS_KEY = 20241   # folded into the iteration's key for the uniform / replay draws
+from jaxmarket.market.state import current_actions
 from jaxmarket.models.config import ModelConfig, build_model
 from jaxmarket.models.poi import make_poi
 
-
-def _held_actions(env, state) -> dict:
-    src = {"price": state.prices, "multiplier": state.multipliers, "budget": state.budgets}
-    return {g.name: src[g.action][g.name] for g in env.spec.agent_groups}
+OBS_KEY = 20241   # folded into the iteration's key for the uniform / replay draws
 
 
 def beta_at(settings: dict, iteration: jax.Array) -> jax.Array:
@@ -273,7 +269,7 @@ class GroupModel:
         env, g = self.env, self.group
 
         def one(k):
-            acts = actions_fn(k, _held_actions(env, state))
+            acts = actions_fn(k, current_actions(env.spec, state))
             obs, _, rewards, _, info = env.step_env(jax.random.key(0), state, acts, params)
             tr = Transition(obs=obs[g], action=acts[g], reward=rewards[g], next_obs=obs[g],
                             done=jnp.zeros(rewards[g].shape, bool), aux={})
