@@ -261,7 +261,7 @@ def test_every_learner_kind_trains_under_league_and_a_custom_mapping(tmp_path, m
             np.testing.assert_array_equal(cols[f"league/{g}/pool"], [1, 2, 2, 2])
             # the newest entry (ring position (3 - 1) mod 2 = 0) is the snapshot taken
             # after the last update: the learner's current parameters (or Q tables)
-            from jaxmarket.train.loop import snapshot_fields
+            from jaxmarket.train.components import snapshot_fields
             assert int(runner.league[g]["count"]) == 3
             for now, pooled in zip(jax.tree.leaves(snapshot_fields(runner.learners[g])),
                                    jax.tree.leaves(runner.league[g]["pool"])):
@@ -445,15 +445,15 @@ def test_assignment_from_members_is_a_permutation_that_keeps_balanced_draws_exac
 def test_custom_mapping_errors_before_compiling(tmp_path):
     import jaxmarket
     from jaxmarket.config.errors import ConfigError
-    from jaxmarket.train.run import prepare
+    from jaxmarket.train.plan import resolve
     jaxmarket.register_mapping("test_all_zero", lambda key, ep, m, a, K: m * 0)
     jaxmarket.register_mapping("test_float", lambda key, ep, m, a, K: 0.5 * m)
     for name, needle in (("test_all_zero", f"[{E * A}, 0]"), ("test_float", "float32")):
         with pytest.raises(ConfigError) as err:
-            prepare(market(name))
+            resolve(market(name))
         assert err.value.field == "learners.sellers.mapping" and needle in str(err.value)
     with pytest.raises(ConfigError) as err:
-        prepare(market({"kind": "test_all_zero", "mix_in_env": True}))
+        resolve(market({"kind": "test_all_zero", "mix_in_env": True}))
     assert err.value.field == "learners.sellers.mapping.mix_in_env"
     with pytest.raises(ValueError):
         jaxmarket.register_mapping("sync", _stripes)
@@ -551,18 +551,18 @@ def test_league_resumes_bit_identically(tmp_path):
 
 def test_league_errors_before_compiling():
     from jaxmarket.config.errors import ConfigError
-    from jaxmarket.train.run import prepare
+    from jaxmarket.train.plan import resolve
     for mapping, field in (({"kind": "league", "pool_size": 0}, "mapping.pool_size"),
                            ({"kind": "league", "latest_prob": 1.5}, "mapping.latest_prob"),
                            ({"kind": "league", "opponents": "buyers"}, "mapping.opponents"),
                            ({"kind": "league", "opponents": 3}, "mapping.opponents")):
         with pytest.raises(ConfigError) as err:
-            prepare(market(mapping))
+            resolve(market(mapping))
         assert err.value.field == f"learners.sellers.{field}"
     one = market("league")
     one["market"]["sellers"][0]["count"] = 1
     with pytest.raises(ConfigError) as err:
-        prepare(one)
+        resolve(one)
     assert err.value.field == "learners.sellers.mapping"
 
 
@@ -583,14 +583,14 @@ def test_league_snapshots_can_drive_another_group(tmp_path):
     np.testing.assert_allclose(np.asarray(batch.reward)[0], hand_revenue(allp[..., 0])[:, 0])
     # a learner for the rivals, or rivals with other bounds, are config errors
     from jaxmarket.config.errors import ConfigError
-    from jaxmarket.train.run import prepare
+    from jaxmarket.train.plan import resolve
     bad = copy.deepcopy(config)
     bad["learners"]["rivals"] = {"kind": "constant", "value": 1.0}
     with pytest.raises(ConfigError) as err:
-        prepare(bad)
+        resolve(bad)
     assert err.value.field == "learners.rivals"
     bad = copy.deepcopy(config)
     bad["market"]["sellers"][1]["high"] = 50.0
     with pytest.raises(ConfigError) as err:
-        prepare(bad)
+        resolve(bad)
     assert err.value.field == "learners.sellers.mapping.opponents"

@@ -22,7 +22,7 @@ from jaxmarket import economics
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.learners.base import LEARNERS, LearnerSpec, Transition
 from jaxmarket.learners.qlearning import make, make_grid
-from jaxmarket.train.loop import tile_spec
+from jaxmarket.train.slots import tile_spec
 
 M = 5                      # grid 0.0, 0.1, ..., 0.4
 GRID = np.linspace(0.0, 0.4, M)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from jaxmarket.learners.base import LearnerSpec, SlotLayout
-from jaxmarket.train.loop import tile_spec
+from jaxmarket.train.slots import tile_spec
 
 
 def base_spec(num_agents: int, policy_index=None, num_policies=None) -> LearnerSpec:
