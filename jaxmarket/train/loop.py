@@ -108,17 +108,9 @@ def make_train(plan, components: tuple | None = None):
             actions = c.act(runner, actions, obs, keys)
         return obs, actions, learner_actions, aux
 
-    def record(runner, params, step: Step) -> tuple[dict, dict]:
-        """The market metrics (means per seed and overall) and every component's."""
-        metrics = {"episodes": step.done[0].astype(jnp.float32)}   # markets in lockstep
-        for g in groups:
-            for name, value in (("reward", step.rewards[g]), ("traffic", served(step.info, g, sellers)),
-                                ("price", quoted(step.info, g, sellers))):
-                # markets are seed-major (market = seed * num_envs + env): one mean per seed
-                by_seed = value.reshape((S, -1) + value.shape[2:]).mean(1)   # [S] or [S, P]
-                metrics[f"{name}/{g}"] = by_seed.mean(0)
-                metrics[f"{PER_SEED}{name}/{g}"] = by_seed
-        outputs = {}
+    def record(step: Step) -> tuple[dict, dict]:
+        """The market metrics and every component's (and its per-step outputs)."""
+        metrics, outputs = market_metrics(step, groups, sellers, S), {}
         for c in comps:
             extra, outputs[c.name] = c.step_metrics(step)
             metrics.update(extra)
@@ -141,15 +133,11 @@ def make_train(plan, components: tuple | None = None):
         for c in comps:   # at the prices just quoted
             final_obs = c.observe(runner, params, final_obs, prices=info["prices"])
         # 3. record
-        a = runner.assignment
-        batch = {g: Transition(obs=view.learner_view(obs[g], g, a), action=learner_actions[g],
-                               reward=view.learner_view(rewards[g], g, a),
-                               next_obs=view.learner_view(final_obs[g], g, a),
-                               done=done if g in view.live_only else view.to_learner(
-                                   jnp.repeat(done, view.sizes[g]), g, a),
-                               aux=aux[g]) for g in groups}
-        step = Step(obs, env_obs, actions, rewards, info, done, before, batch, a, params)
-        metrics, outputs = record(runner, params, step)
+        batch = {g: learner_transition(view, g, runner.assignment, obs[g], learner_actions[g],
+                                       rewards[g], final_obs[g], done, aux[g]) for g in groups}
+        step = Step(obs, env_obs, actions, rewards, info, done, before, batch,
+                    runner.assignment, params)
+        metrics, outputs = record(step)
         return (env_state, next_obs, key), (batch, metrics, outputs)
 
     def rollout(runner, params, key):
@@ -190,6 +178,31 @@ def make_train(plan, components: tuple | None = None):
         return jax.lax.scan(iteration, runner, length=length)
 
     return init, run_chunk
+
+
+def learner_transition(view: SlotView, g: str, assignment, obs, action, reward, next_obs,
+                       done, aux) -> Transition:
+    """One step of group ``g`` in its learner's slot order (market arrays ``[E, A, ...]``,
+    ``done [E]``; ``action``: the learner's own, already in its order)."""
+    done = done if g in view.live_only else view.to_learner(
+        jnp.repeat(done, view.sizes[g]), g, assignment)
+    return Transition(obs=view.learner_view(obs, g, assignment), action=action,
+                      reward=view.learner_view(reward, g, assignment),
+                      next_obs=view.learner_view(next_obs, g, assignment), done=done, aux=aux)
+
+
+def market_metrics(step: Step, groups, sellers: frozenset, num_seeds: int) -> dict:
+    """``reward/<g>``, ``traffic/<g>``, ``price/<g>``: means over markets and agents
+    (and their per-seed copies ``per_seed/...``); ``episodes``: truncations this step."""
+    metrics = {"episodes": step.done[0].astype(jnp.float32)}   # markets step in lockstep
+    for g in groups:
+        for name, value in (("reward", step.rewards[g]), ("traffic", served(step.info, g, sellers)),
+                            ("price", quoted(step.info, g, sellers))):
+            # markets are seed-major (market = seed * num_envs + env): one mean per seed
+            by_seed = value.reshape((num_seeds, -1) + value.shape[2:]).mean(1)   # [S] or [S, P]
+            metrics[f"{name}/{g}"] = by_seed.mean(0)
+            metrics[f"{PER_SEED}{name}/{g}"] = by_seed
+    return metrics
 
 
 def metric_columns(plan) -> list[str]:
