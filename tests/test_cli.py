@@ -29,8 +29,8 @@ TINY = ["train.num_iterations=40", "train.chunk_size=10", "train.checkpoint_ever
 
 def run(capsys, module: str, *args):
     """A CLI in-process (the same code path as ``python -m jaxmarket.<module>``)."""
-    main = {"train": "jaxmarket.train.__main__", "check": "jaxmarket.check",
-            "plot": "jaxmarket.plot"}[module]
+    main = {"train": "jaxmarket.cli.train", "check": "jaxmarket.cli.check",
+            "plot": "jaxmarket.cli.plot"}[module]
     code = run_cli(__import__(main, fromlist=["main"]).main, list(args))
     out = capsys.readouterr()
     return subprocess.CompletedProcess(args, code, out.out, out.err)
@@ -342,7 +342,7 @@ def test_second_train_run_loads_its_compiled_programs_from_the_cache(tmp_path, m
 
     from jaxmarket.cli import run_cli
     from jaxmarket.compile_cache import resolve
-    from jaxmarket.train.__main__ import main
+    from jaxmarket.cli.train import main
 
     events = []
 

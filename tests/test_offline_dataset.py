@@ -173,7 +173,7 @@ def test_a_failed_collect_leaves_no_files(tmp_path, monkeypatch):
 
 def test_collect_cli_bad_input_exits_2(tmp_path, capsys):
     from jaxmarket.cli import run_cli
-    from jaxmarket.collect import main
+    from jaxmarket.cli.collect import main
     code = run_cli(main, ["--config", str(SCENARIO), "--steps", "5",
                           "--out", str(tmp_path / "o"), "--noise", "-1"])
     assert code == 2

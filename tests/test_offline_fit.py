@@ -103,7 +103,7 @@ def test_metrics_csv_is_written_while_training_and_resume_is_bit_identical(tmp_p
 
 def test_offline_cli_bad_input_is_one_line_exit_2(tmp_path, capsys):
     from jaxmarket.cli import run_cli
-    from jaxmarket.offline.__main__ import main
+    from jaxmarket.cli.offline import main
     code = run_cli(main, ["--dataset", str(tmp_path / "missing"), "--algo", "cql",
                           "--run-dir", str(tmp_path / "r")])
     err = capsys.readouterr().err.strip()

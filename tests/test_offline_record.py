@@ -7,7 +7,7 @@ from PIL import Image
 
 from jaxmarket.cli import run_cli
 from jaxmarket.offline import make_dataset, save_dataset
-from jaxmarket.record import main, series_from_dataset
+from jaxmarket.cli.record import main, series_from_dataset
 
 
 def two_market_dataset(tmp_path):

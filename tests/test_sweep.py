@@ -15,8 +15,8 @@ import yaml
 from conftest import CONFIGS
 
 from jaxmarket.cli import run_cli
-from jaxmarket.sweep import main as sweep_main
-from jaxmarket.sweep import make_sweep, plot_data, run_sweep
+from jaxmarket.cli.sweep import make_sweep, plot_data, run_sweep
+from jaxmarket.cli.sweep.main import main as sweep_main
 
 CONFIG = str(CONFIGS / "legacy_default.yaml")
 TINY = ["train.num_iterations=20", "train.chunk_size=10", "train.num_envs=2",
@@ -66,7 +66,7 @@ def test_csv_has_one_row_per_cell_and_seed_in_cartesian_order(sweep_dir):
 def test_cell_equals_standalone_train_run_bitwise(sweep_dir, tmp_path):
     """The interface: a cell's final metrics are those of python -m jaxmarket.train with
     the cell's values as overrides and train.num_seeds = --seeds (same seed)."""
-    from jaxmarket.train.__main__ import main as train_main
+    from jaxmarket.cli.train import main as train_main
     alone = tmp_path / "alone"
     code = run_cli(train_main, [CONFIG, "--run-dir", str(alone), *TINY,
                                 "market.consumers[0].budget=1.5",
@@ -189,13 +189,13 @@ BAD = [
                          ids=[m.split(":")[0] + f"-{i}" for i, (_, m) in enumerate(BAD)])
 def test_bad_grid_exits_2_naming_the_field_before_anything_runs(args, message, tmp_path,
                                                                 capsys, monkeypatch):
-    import jaxmarket.train.run as run
+    import jaxmarket.cli.sweep.backends as backends
 
     def must_not_run(*a, **k):
         raise AssertionError("a cell ran")
 
-    monkeypatch.setattr(run, "start_run", must_not_run)
-    monkeypatch.setattr(run, "resume_run", must_not_run)
+    monkeypatch.setattr(backends, "start_run", must_not_run)
+    monkeypatch.setattr(backends, "resume_run", must_not_run)
     d = tmp_path / "sweep"
     code = run_cli(sweep_main, [CONFIG, *args, "--seeds", "2", "--run-dir", str(d), *TINY])
     err = capsys.readouterr().err
@@ -208,7 +208,7 @@ def test_bad_grid_exits_2_naming_the_field_before_anything_runs(args, message, t
 def test_results_from_cell_summaries_by_hand(tmp_path):
     """sweep.csv, summary.json and the one-axis line from hand-written cell summaries (no
     training): a grid over the scenario's seed gets its own column next to the seed index."""
-    from jaxmarket.sweep import validate, write_results
+    from jaxmarket.cli.sweep import validate, write_results
     sweep = make_sweep(CONFIG, ["seed=[3, 7]"], seeds=3, overrides=TINY)
     cells = validate(sweep)
     per_seed = [{"mean_price": [[1.0], [2.0], [4.0]], "mean_reward": [0.5, 0.25, 0.0],

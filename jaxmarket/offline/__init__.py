@@ -14,8 +14,9 @@
 from jaxmarket.offline.algos import ALGOS, Algo, make_algo
 from jaxmarket.offline.collect import collect
 from jaxmarket.offline.d4rl import load_d4rl, save_d4rl
-from jaxmarket.offline.dataset import Dataset, load_dataset, make_dataset, save_dataset
+from jaxmarket.offline.dataset import Dataset, make_dataset, save_dataset
 from jaxmarket.offline.fit import FitResult, fit
+from jaxmarket.offline.formats import load_dataset
 from jaxmarket.offline.fqe import FQE, fqe_value
 from jaxmarket.offline.ope import BanditOPE, bias_rmse, ope_estimates
 from jaxmarket.offline.reservoir import reservoir_add, reservoir_init

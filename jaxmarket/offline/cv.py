@@ -41,6 +41,8 @@ from jaxmarket.config.fields import check_mapping
 from jaxmarket.offline.algos import ALGOS, COMMON
 from jaxmarket.offline.algos.common import Norm, infer_norm, normalise, raw_data
 from jaxmarket.offline.dataset import Dataset
+from jaxmarket.offline.scenario import load_scenario
+from jaxmarket.offline.simulate import rollout_fn
 
 SCORES = {"td": "min", "action_diff": "min", "value": "max", "sim": "max"}
 
@@ -139,8 +141,6 @@ def grid_search(name: str, dataset: Dataset, grid: Mapping[str, list], *, folds:
     first = jnp.asarray(np.asarray(dataset["step"]) == 0)
     sim = None
     if score == "sim":
-        from jaxmarket.offline.scenario import load_scenario
-        from jaxmarket.offline.simulate import rollout_fn
         if dataset.meta.get("config") is None:
             raise ConfigError("score", "sim", "a dataset made by jaxmarket.collect")
         sim = rollout_fn(load_scenario(dataset.meta["config"]), dataset.meta["group"],

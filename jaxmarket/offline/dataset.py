@@ -26,7 +26,7 @@ Native on-disk format (a directory)::
     D/manifest.json                       format, version, groups, metadata, chunk list
     D/<group>/<field>.<chunk:05d>.npy     one plain .npy file per field and chunk
 
-Plain ``.npy`` files are memory-mapped by :func:`load_dataset` (``np.load(mmap_mode="r")``)
+Plain ``.npy`` files are memory-mapped by :func:`load_native` (``np.load(mmap_mode="r")``)
 so a dataset larger than memory is read lazily; chunks are appended as a collection
 streams, and each chunk's row count and CRC-32 per file are in the manifest, so a
 truncated or corrupt file is one clear error. Writers build the whole directory under a
@@ -281,21 +281,15 @@ def read_manifest(path: str | Path) -> dict:
     return manifest
 
 
-def load_dataset(path: str | Path, group: str | None = None, verify: bool = True,
-                 mmap: bool = True) -> Dataset:
-    """One group's :class:`Dataset` from a native directory (or a D4RL ``.hdf5`` file, or
-    ``"minari:<dataset id>"``, a local Minari dataset).
+def load_native(path: str | Path, group: str | None = None, verify: bool = True,
+                mmap: bool = True) -> Dataset:
+    """One group's :class:`Dataset` from a native dataset directory (any format:
+    :func:`jaxmarket.offline.formats.load_dataset`).
 
     ``group`` defaults to the manifest's ``primary`` group (the one ``collect`` made
     noisy), else the only group. Chunk files are memory-mapped; with ``verify`` their
     CRC-32 is checked against the manifest."""
-    if str(path).startswith("minari:"):
-        from jaxmarket.offline.minari_io import load_minari
-        return load_minari(str(path)[len("minari:"):])
     path = Path(path)
-    if path.suffix in (".hdf5", ".h5"):
-        from jaxmarket.offline.d4rl import load_d4rl
-        return load_d4rl(path)
     manifest = read_manifest(path)
     groups = manifest["groups"]
     if group is None:
@@ -335,5 +329,5 @@ def load_dataset(path: str | Path, group: str | None = None, verify: bool = True
     return validate(Dataset(fields, meta), f"dataset {path}")
 
 
-__all__ = ["Dataset", "DatasetWriter", "load_dataset", "make_dataset", "read_manifest",
+__all__ = ["Dataset", "DatasetWriter", "load_native", "make_dataset", "read_manifest",
            "save_dataset", "validate"]

@@ -25,6 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmarket.config.errors import ConfigError
+from jaxmarket.offline.algos import make_algo
+from jaxmarket.offline.fit import fit
 
 
 def ope_estimates(rewards: jax.Array, behaviour_prob: jax.Array, target_probs: jax.Array,
@@ -71,8 +73,6 @@ class BanditOPE:
         self.mu = jnp.asarray(np.exp(logp), jnp.float32)
         self.index = jnp.asarray(dataset["action_index"], jnp.int32)
         if reward_table is None:
-            from jaxmarket.offline.algos import make_algo
-            from jaxmarket.offline.fit import fit
             dm = make_algo("dm", dataset, **(model or {}))
             state = fit(dm, dataset, stop=model_steps, chunk=model_steps, seed=seed).state
             reward_table = jax.jit(lambda o: dm.extras["reward_table"](state, o))

@@ -21,6 +21,8 @@ import numpy as np
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.loader import load_config
 from jaxmarket.learners.base import materialize
+from jaxmarket.train.plan import resolve
+from jaxmarket.train.run import Trainer
 
 
 @dataclasses.dataclass
@@ -52,9 +54,6 @@ def load_scenario(config: str | Path | dict | None = None, policy_dir: str | Pat
                   overrides: list[str] | tuple[str, ...] = (), seed: int | None = None) -> Scenario:
     """The scenario of ``config`` (a YAML path or mapping), or of the trained run
     ``policy_dir`` with its learners' last checkpointed states."""
-    from jaxmarket.train.plan import resolve
-    from jaxmarket.train.run import Trainer
-
     if policy_dir is not None:
         run = Path(policy_dir)
         if not (run / "config.yaml").is_file():

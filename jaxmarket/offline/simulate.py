@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxmarket.config.errors import ConfigError
+from jaxmarket.offline.dataset import Dataset
 from jaxmarket.offline.scenario import Scenario, load_scenario, make_step
 
 
@@ -70,7 +71,6 @@ class SimulatorValue:
 
     def __init__(self, dataset_or_scenario: Any, group: str | None = None, steps: int = 200,
                  gamma: float = 0.9, seed: int = 0, num_markets: int | None = None):
-        from jaxmarket.offline.dataset import Dataset
         ds = None
         if isinstance(dataset_or_scenario, Dataset):
             ds = dataset_or_scenario

@@ -25,7 +25,7 @@ import optax
 
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.fields import Field
-from jaxmarket.offline.algos.common import MLP, Algo
+from jaxmarket.offline.algos.common import ALGOS, MLP, Algo, AlgoDef
 
 DM_FIELDS = {
     "learning_rate": Field("float", 1e-3, low=0.0, low_open=True),
@@ -155,3 +155,8 @@ def make_dr(norm, hyper, ds) -> Algo:
 
     return Algo("dr", init, update, policy, norm, hyper, True, probs, None, values,
                 {"reward_table": table})
+
+
+ALGOS.register(AlgoDef("dm", make_dm, DM_FIELDS, "direct-method reward model, greedy policy"))
+ALGOS.register(AlgoDef("dr", make_dr, DR_FIELDS, "doubly-robust bandit policy (discrete, "
+                       "needs propensities)"))

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxmarket.config.fields import Field
-from jaxmarket.offline.algos.common import MLP, Algo
+from jaxmarket.offline.algos.common import ALGOS, MLP, Algo, AlgoDef
 
 FIELDS = {
     "learning_rate": Field("float", 3e-4, low=0.0, low_open=True),
@@ -51,3 +51,6 @@ def make(norm, hyper, ds) -> Algo:
 
     return Algo("bc", init, update, policy, norm, hyper, discrete,
                 probs if discrete else None, None, values)
+
+
+ALGOS.register(AlgoDef("bc", make, FIELDS, "behaviour cloning (continuous or discrete)"))

@@ -13,10 +13,14 @@ An algorithm is five pure pieces (all jittable, no Python loop over a batch)::
 (mean and std over the dataset), actions to ``[-1, 1]`` between the dataset's action
 bounds, rewards multiplied by ``reward_scale`` (``1 / std(rewards)`` by default), so one
 set of default hyperparameters fits markets whose profits are 0.01 or 100.
+
+Every algorithm module registers an :class:`AlgoDef` in :data:`ALGOS` (the offline
+algorithm kinds ``make_algo`` and ``--algo`` accept), as ``ALGOS.register(AlgoDef(...))``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -26,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from jaxmarket.config.registry import Registry
 from jaxmarket.offline.dataset import Dataset
 
 
@@ -135,6 +140,20 @@ class Algo(NamedTuple):
     extras: Any = None            # e.g. {"reward_table": fn(state, obs) -> [B, K]}
 
 
+@dataclasses.dataclass(frozen=True)
+class AlgoDef:
+    """One offline algorithm kind: ``make(norm, hyper, dataset) -> Algo``, its
+    hyperparameter ``Field``s (besides the common ones) and a one-line description."""
+
+    kind: str
+    make: Callable
+    fields: dict
+    doc: str
+
+
+ALGOS: Registry[AlgoDef] = Registry("offline algorithm")
+
+
 def polyak(target: Any, online: Any, tau: float) -> Any:
     return jax.tree.map(lambda t, o: (1.0 - tau) * t + tau * o, target, online)
 
@@ -145,8 +164,10 @@ def expectile_loss(diff: jax.Array, tau: float) -> jax.Array:
 
 
 __all__ = [
+    "ALGOS",
     "MLP",
     "Algo",
+    "AlgoDef",
     "Critic",
     "Norm",
     "device_data",

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxmarket.config.fields import Field
-from jaxmarket.offline.algos.common import MLP, Algo, Critic, polyak
+from jaxmarket.offline.algos.common import ALGOS, MLP, Algo, AlgoDef, Critic, polyak
 
 FIELDS = {
     "learning_rate": Field("float", 3e-4, low=0.0, low_open=True),
@@ -176,3 +176,6 @@ def make_discrete(norm, hyper, ds) -> Algo:
         return jnp.take_along_axis(q, idx[:, None], 1)[:, 0] / norm.reward_scale
 
     return Algo("cql", init, update, policy, norm, hyper, True, probs, q_value, values)
+
+
+ALGOS.register(AlgoDef("cql", make, FIELDS, "conservative Q-learning (continuous or discrete)"))

@@ -17,7 +17,15 @@ import jax.numpy as jnp
 import optax
 
 from jaxmarket.config.fields import Field
-from jaxmarket.offline.algos.common import MLP, Algo, Critic, expectile_loss, polyak
+from jaxmarket.offline.algos.common import (
+    ALGOS,
+    MLP,
+    Algo,
+    AlgoDef,
+    Critic,
+    expectile_loss,
+    polyak,
+)
 
 FIELDS = {
     "learning_rate": Field("float", 3e-4, low=0.0, low_open=True),
@@ -119,3 +127,6 @@ def make(norm, hyper, ds) -> Algo:
 
     return Algo("iql", init, update, policy, norm, hyper, discrete,
                 probs if discrete else None, q_value, values)
+
+
+ALGOS.register(AlgoDef("iql", make, FIELDS, "implicit Q-learning (continuous or discrete)"))

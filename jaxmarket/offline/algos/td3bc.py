@@ -14,7 +14,7 @@ import optax
 
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.fields import Field
-from jaxmarket.offline.algos.common import MLP, Algo, Critic, polyak
+from jaxmarket.offline.algos.common import ALGOS, MLP, Algo, AlgoDef, Critic, polyak
 
 FIELDS = {
     "learning_rate": Field("float", 3e-4, low=0.0, low_open=True),
@@ -93,3 +93,6 @@ def make(norm, hyper, ds) -> Algo:
         return critic.apply(state["q"], norm.obs(obs), norm.to_unit(action)).min(0) / norm.reward_scale
 
     return Algo("td3_bc", init, update, policy, norm, hyper, False, None, q_value, None)
+
+
+ALGOS.register(AlgoDef("td3_bc", make, FIELDS, "TD3+BC (continuous)"))

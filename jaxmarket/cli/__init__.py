@@ -1,0 +1,46 @@
+"""The command-line layer: every ``python -m jaxmarket.COMMAND`` and the ``jaxmarket``
+console script (:mod:`jaxmarket.cli.main`) lives in this package, one module per command
+(``train``, ``check``, ``plot``, ``sweep``, ``collect``, ``offline``, ``record``); the
+``jaxmarket.check`` etc. modules are the one-screen entry points that call them.
+
+This module holds what every command shares: a configuration error is one readable
+message on stderr and exit code 2, an interrupted run one line saying how to resume it
+and exit code 130, never a traceback; ``--help`` texts are plain text."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable
+
+from jaxmarket.config.errors import ConfigError, Interrupted
+
+__all__ = ["ConfigError", "Interrupted", "parser", "plain", "run_cli"]
+
+
+def plain(doc: str | None) -> str:
+    """A module docstring as plain ``--help`` text: no reStructuredText backticks."""
+    return (doc or "").replace("``", "").strip()
+
+
+def parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
+    """An ``ArgumentParser`` whose description is ``doc`` as plain text, line breaks kept."""
+    return argparse.ArgumentParser(prog=prog, description=plain(doc),
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def run_cli(main: Callable[[list[str]], int | None], argv: list[str] | None = None) -> int:
+    """``main(argv)`` (default: the process's arguments) as an exit code: a ConfigError
+    is ``config error: ...`` on stderr and 2, an interrupted run its resume line and 130."""
+    try:
+        code = main(sys.argv[1:] if argv is None else argv)
+    except ConfigError as err:
+        print(f"config error: {err}", file=sys.stderr)
+        return 2
+    except Interrupted as err:
+        print(str(err), file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return int(code or 0)

@@ -1,0 +1,111 @@
+"""python -m jaxmarket.check [CONFIG] [key=value ...]: print the resolved scenario
+(groups, shapes, kinds, parameters, the train settings and each learner with its
+defaults filled in) or the configuration error on one line (exit code 2). Without
+CONFIG it checks the shipped default, configs/legacy_default.yaml."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jaxmarket.cli import parser as make_parser
+from jaxmarket.cli.train import DEFAULT_CONFIG, split_positional
+from jaxmarket.config.loader import load_config
+from jaxmarket.market.demand import DEMANDS
+from jaxmarket.market.distributors import DISTRIBUTORS
+from jaxmarket.market.spec import resolve_market, thaw
+from jaxmarket.train.config import TRAIN_FIELDS
+from jaxmarket.train.pbt import split_pbt
+from jaxmarket.train.plan import RunPlan, resolve, resolve_train_section
+
+
+def _fmt(x) -> str:
+    a = np.asarray(x)
+    if a.size and np.all(a == a.ravel()[0]):
+        return f"{a.ravel()[0]:g} (all of shape {list(a.shape)})"
+    return np.array2string(a, precision=4, separator=", ").replace("\n", " ")
+
+
+def describe(config: dict) -> str:
+    """The resolved scenario as text: the run's :class:`~jaxmarket.train.plan.RunPlan`
+    (a market-only file: its market and train settings)."""
+    plan = resolve(config) if "learners" in config else None
+    if plan is not None:
+        spec, params = plan.env.spec, plan.params
+    else:
+        spec, params = resolve_market(config["market"])
+    lines = [f"market: {spec.num_products} product(s), {spec.num_consumers} consumer(s), "
+             f"{spec.num_sellers} seller(s); episode_length: "
+             f"{'never' if params.episode_length == 2**31 - 1 else int(params.episode_length)}",
+             f"distributor: {spec.distributor}"]
+    table = DISTRIBUTORS[spec.distributor].params   # its declaration order
+    for k in sorted(params.distributor, key=lambda k: list(table).index(k) if k in table else 0):
+        lines.append(f"  {k}: {_fmt(params.distributor[k])}")
+    for k, v in (thaw(spec.distributor_options) or {}).items():
+        lines.append(f"  {k}: {v}")
+    for g in spec.groups:
+        role = f"agents, action={g.action}" if g.agent else "entities"
+        lines.append(f"{g.side} group {g.name!r}: count={g.count} ({role}), "
+                     f"arrays [{g.count}, {spec.num_products}]")
+        p = (params.sellers if g.side == "seller" else params.consumers)[g.name]
+        for field in p.__dataclass_fields__:
+            value = getattr(p, field)
+            if field == "demand":
+                order = list(DEMANDS[g.demand_kind].params)   # its declaration order
+                lines.append(f"  demand: {g.demand_kind} " + ", ".join(
+                    f"{k}={_fmt(value[k])}" for k in sorted(
+                        value, key=lambda k: order.index(k) if k in order else 0)))
+            else:
+                lines.append(f"  {field}: {_fmt(value)}")
+        if g.agent:
+            lines.append(f"  reward: {thaw(g.reward)}")
+            lines.append(f"  observation: {thaw(g.observation) or '[] (none: bandit)'}")
+    lines += describe_training(config, plan)
+    return "\n".join(lines)
+
+
+def describe_training(config: dict, plan: RunPlan | None) -> list[str]:
+    """The ``train:`` settings and each group's learner with every default filled in
+    (validated, the early-stop metric included), or a note for a market-only file."""
+    tcfg, seed = (plan.train, plan.seed) if plan is not None else resolve_train_section(config)
+    lines = ["train: " + ", ".join(f"{k}={getattr(tcfg, k)}" for k in TRAIN_FIELDS),
+             f"seed: {seed}"]
+    if plan is None:
+        lines.append("learners: none (a market-only file: python -m jaxmarket.train needs a "
+                     "learners: section)")
+        return lines
+    for group in config["learners"]:
+        pbt = split_pbt(config["learners"][group])[1]
+        kind, hyper = plan.learner_settings[group]
+        lines.append(f"learners.{group}: {kind}")
+        lines += [f"  {k}: {v}" for k, v in hyper.items()]
+        pop = plan.populations.get(group)
+        if pop is not None:
+            lines.append(f"  population: {pop.size} members per seed, mapping {pop.kind}"
+                         + (f" (every {pop.every} episodes, first {pop.first}, mix_in_env "
+                            f"{pop.mix_in_env})" if pop.kind == "resample" else ""))
+        if pbt is not None or "pbt" in config:
+            lines.append(f"  pbt: {pbt if pbt is not None else config['pbt']}")
+        model = plan.models.get(group)   # learners.<group>.external_model
+        if model is not None:
+            lines.append(f"  external_model: {model.kind}, " + ", ".join(
+                f"{k}={v}" for k, v in model.settings) + f", eval_every={model.eval_every}, "
+                f"eval_grid={model.eval_grid}, eval_random={model.eval_random}")
+            if model.poi is not None:
+                lines.append("  poi: " + ", ".join(f"{k}={v}" for k, v in model.poi))
+            if model.poi_obs is not None:
+                lines.append("  poi_obs: " + ", ".join(f"{k}={v}" for k, v in model.poi_obs))
+    return lines
+
+
+def main(argv: list[str]) -> int:
+    parser = make_parser("python -m jaxmarket.check", __doc__)
+    parser.add_argument("config", nargs="?", default=None,
+                        help="scenario YAML (default: the shipped configs/legacy_default.yaml)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="optional dotted overrides, e.g. 'market.sellers[0].count=3'")
+    args = parser.parse_intermixed_args(argv)
+    positional, overrides = split_positional(([args.config] if args.config else [])
+                                             + args.overrides)
+    config = load_config(positional or DEFAULT_CONFIG, overrides)
+    print(describe(config))
+    return 0

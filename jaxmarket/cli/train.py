@@ -1,0 +1,107 @@
+"""python -m jaxmarket.train [CONFIG | --config CONFIG] [--run-dir DIR] [key=value ...]
+python -m jaxmarket.train --resume DIR [train.num_iterations=N ...]
+python -m jaxmarket.train CONFIG --devices N            (default: every local device)
+python -m jaxmarket.train CONFIG --distributed [--coordinator-address HOST:PORT
+                          --num-processes N --process-id I]
+
+Trains the learners of a scenario; with no arguments, the shipped default
+(configs/legacy_default.yaml). Overrides are dotted key=value settings (quote the ones
+with brackets: 'market.sellers[0].count=3'). --resume continues an interrupted run from
+its last checkpoint, or extends a finished one with train.num_iterations=N.
+Ctrl-C finishes the running chunk, checkpoints it and says how to resume.
+--devices shards the seeds x markets over N local devices; --distributed joins a
+multi-process run (every process runs the same command; docs/scaling.md)."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+
+from jaxmarket.cli import parser as make_parser
+from jaxmarket.compile_cache import compilation_cache, resolve
+from jaxmarket.config.errors import ConfigError
+from jaxmarket.config.loader import SHIPPED_CONFIGS
+from jaxmarket.train.distributed import initialize
+from jaxmarket.train.run import finish_message, resume_run, start_run
+
+# inside the package, so an installed wheel finds it too (jaxmarket/configs -> configs/)
+DEFAULT_CONFIG = SHIPPED_CONFIGS / "legacy_default.yaml"
+
+
+def split_positional(items: list[str]) -> tuple[str | None, list[str]]:
+    """``train x.yaml a=1`` -> ("x.yaml", ["a=1"]): a first positional argument without
+    ``=`` is the scenario file (as ``check`` takes it)."""
+    if items and "=" not in items[0]:
+        return items[0], items[1:]
+    for item in items:
+        if "=" not in item:
+            raise ConfigError("overrides", item, "KEY=VALUE settings after the scenario file, "
+                              "e.g. train.num_seeds=8")
+    return None, items
+
+
+def main(argv: list[str]) -> int:
+    parser = make_parser("python -m jaxmarket.train", __doc__)
+    parser.add_argument("--config", default=None,
+                        help=f"scenario YAML (default {DEFAULT_CONFIG.name}); may also be "
+                             "given as the first positional argument")
+    parser.add_argument("--run-dir", default=None, help="output directory (default runs/NAME-TIME)")
+    parser.add_argument("--resume", default=None, metavar="RUN_DIR",
+                        help="continue a run (overrides: only train.num_iterations and the "
+                             "stop rules)")
+    parser.add_argument("--tracker", default="files", choices=("files", "sacred", "tensorboard", "wandb"))
+    parser.add_argument("--mongo-url", default=None, help="sacred: a MongoDB URL instead of files")
+    parser.add_argument("--compile-cache", default=None, metavar="DIR",
+                        help="JAX's persistent compilation cache: a second run of the same "
+                             "scenario loads its compiled programs (default: $JAXMARKET_"
+                             "COMPILE_CACHE, else ~/.cache/jaxmarket/xla; 'none': off)")
+    parser.add_argument("--devices", type=int, default=None, metavar="N",
+                        help="local devices to shard the seeds x markets over (default: "
+                             "every local device that divides them)")
+    parser.add_argument("--distributed", action="store_true",
+                        help="join a multi-process run (jax.distributed.initialize; with no "
+                             "address flags: JAX_COORDINATOR_ADDRESS etc., or the cluster's "
+                             "auto-detection on Cloud TPU pods and SLURM)")
+    parser.add_argument("--coordinator-address", default=None, metavar="HOST:PORT",
+                        help="--distributed: process 0's address")
+    parser.add_argument("--num-processes", type=int, default=None, metavar="N",
+                        help="--distributed: number of processes")
+    parser.add_argument("--process-id", type=int, default=None, metavar="I",
+                        help="--distributed: this process's index, 0 .. N-1")
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="dotted overrides, e.g. seed=3 'market.sellers[0].count=3'")
+    args = parser.parse_intermixed_args(argv)
+    positional, overrides = split_positional(args.overrides)
+    address_flags = (args.coordinator_address, args.num_processes, args.process_id)
+    if not args.distributed and any(v is not None for v in address_flags):
+        raise ConfigError("--coordinator-address/--num-processes/--process-id",
+                          " ".join(str(v) for v in address_flags if v is not None),
+                          "only with --distributed")
+    if args.devices is not None and args.devices < 1:
+        raise ConfigError("--devices", args.devices, "a positive integer")
+    if args.distributed:   # before anything compiles
+        initialize(*address_flags)
+    with compilation_cache(resolve(args.compile_cache)):
+        summary = _run(args, positional, overrides)
+    if jax.process_index() == 0:   # a distributed run: process 0 reports
+        print(json.dumps(summary["final"], indent=2))
+        print(finish_message(summary))
+    return 0
+
+
+def _run(args, positional: str | None, overrides: list[str]) -> dict:
+    if args.resume:
+        if args.config or positional:
+            raise ConfigError("--resume", args.resume, "no scenario file with --resume: the run "
+                              "directory's own config.yaml is used")
+        summary = resume_run(args.resume, args.tracker, args.mongo_url, overrides,
+                             devices=args.devices)
+    else:
+        if args.config and positional:
+            raise ConfigError("config", positional, f"one scenario file (--config {args.config} "
+                              "was given too)")
+        config = args.config or positional or str(DEFAULT_CONFIG)
+        summary = start_run(config, overrides, args.run_dir, args.tracker, args.mongo_url,
+                            devices=args.devices)
+    return summary

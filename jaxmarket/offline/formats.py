@@ -1,0 +1,46 @@
+"""Reading a dataset in any supported format: ``load_dataset(path)`` picks the reader.
+
+=============================  ==========================================================
+``path``                       read by
+=============================  ==========================================================
+``"minari:<dataset id>"``      :func:`jaxmarket.offline.minari_io.load_minari` (a local
+                               Minari dataset)
+a ``.hdf5`` / ``.h5`` file     :func:`jaxmarket.offline.d4rl.load_d4rl` (D4RL layout)
+anything else                  :func:`jaxmarket.offline.dataset.load_native` (the native
+                               chunked directory ``python -m jaxmarket.collect`` writes)
+=============================  ==========================================================
+
+This module sits above the three readers (each knows only its own format and the
+:class:`~jaxmarket.offline.dataset.Dataset` it returns), so none of them imports another.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from jaxmarket.offline.d4rl import load_d4rl
+from jaxmarket.offline.dataset import Dataset, load_native
+from jaxmarket.offline.minari_io import load_minari
+
+MINARI_PREFIX = "minari:"
+HDF5_SUFFIXES = (".hdf5", ".h5")
+
+
+def load_dataset(path: str | Path, group: str | None = None, verify: bool = True,
+                 mmap: bool = True) -> Dataset:
+    """One group's :class:`Dataset` from a native directory (or a D4RL ``.hdf5`` file, or
+    ``"minari:<dataset id>"``, a local Minari dataset).
+
+    ``group`` defaults to the manifest's ``primary`` group (the one ``collect`` made
+    noisy), else the only group. Chunk files are memory-mapped; with ``verify`` their
+    CRC-32 is checked against the manifest (``group``, ``verify`` and ``mmap`` apply to
+    the native format only)."""
+    if str(path).startswith(MINARI_PREFIX):
+        return load_minari(str(path)[len(MINARI_PREFIX):])
+    path = Path(path)
+    if path.suffix in HDF5_SUFFIXES:
+        return load_d4rl(path)
+    return load_native(path, group, verify, mmap)
+
+
+__all__ = ["load_dataset"]
