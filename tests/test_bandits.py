@@ -71,6 +71,24 @@ def test_registered_kinds():
         assert kind in LEARNERS and LEARNERS[kind].hyper_fields
 
 
+def test_settings_are_static_values():
+    """Each kind's learner is its module's ``init``/``act``/``update`` bound to a frozen,
+    hashable settings value (validated before anything is traced): equal configs give
+    equal settings, and the settings compare by value."""
+    spec = make_spec(A=4, num_policies=2, policy_index=(0, 1, 1, 0))
+    for kind, module in (("ppo_bandit", gb), ("rolling_ppo_bandit", gb), ("exp3", db)):
+        one, two = (LEARNERS[kind].make({"learning_rate": 0.01} if module is gb else {}, spec)
+                    for _ in range(2))
+        assert (one.init.func, one.act.func, one.update.func) == (
+            module.init, module.act, module.update)
+        settings = one.update.args[0]
+        assert settings == two.update.args[0] and hash(settings) == hash(two.update.args[0])
+        assert settings.kind == kind
+    a = gb.gaussian_bandit_settings("ppo_bandit", {"learning_rate": 0.01}, spec)
+    b = gb.gaussian_bandit_settings("ppo_bandit", {"learning_rate": 0.02}, spec)
+    assert a != b
+
+
 def test_standardised_advantages():
     r = jnp.array([[1.0], [2.0], [3.0], [4.0]])
     adv = gb.standardised(r, jnp.ones_like(r))

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -27,6 +32,38 @@ def steps_batch(T, A=2, P=2):
 def test_registered():
     for kind in ("constant", "schedule", "undercut", "random"):
         assert kind in LEARNERS
+
+
+def test_importing_the_base_module_alone_registers_every_kind():
+    """``LEARNERS`` is the one config.registry.Registry of learner kinds; importing
+    ``jaxmarket.learners.base`` in a fresh interpreter (no cycle: base does not import the
+    package) runs the package ``__init__``, which imports every learner module."""
+    code = ("from jaxmarket.config.registry import Registry\n"
+            "from jaxmarket.learners.base import LEARNERS\n"
+            "assert isinstance(LEARNERS, Registry)\n"
+            "print(' '.join(sorted(LEARNERS)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env={**os.environ, "JAX_PLATFORMS": "cpu"}).stdout
+    assert out.split() == sorted(["constant", "schedule", "undercut", "random", "vpg_bandit",
+                                  "ppo_bandit", "rolling_ppo_bandit", "epsilon_greedy",
+                                  "ucb1", "thompson", "exp3", "q_learning", "ppo"])
+
+
+def test_an_unknown_kind_names_every_known_one():
+    with pytest.raises(ConfigError, match="one of the learner kinds constant, epsilon_greedy"):
+        LEARNERS.lookup("constantt", "learners.seller.kind")
+
+
+def test_settings_are_static_values():
+    """The learner's functions are module-level functions bound to a frozen, hashable
+    settings value: equal inputs give equal settings (a usable jit static argument)."""
+    spec = make_spec()
+    one, two = (LEARNERS["schedule"].make({"timestamps": [0, 3], "values": [1.0, 2.0]}, spec)
+                for _ in range(2))
+    assert one.act.func is fixed.schedule_act
+    assert one.act.args == two.act.args and hash(one.act.args) == hash(two.act.args)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        one.act.args[0].timestamps = (1,)
 
 
 def test_constant_scalar_per_product_and_per_slot():

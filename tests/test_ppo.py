@@ -10,6 +10,7 @@ import pytest
 
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.fields import check_mapping
+from jaxmarket.learners import ppo
 from jaxmarket.learners.base import LEARNERS, LearnerSpec, Transition
 from jaxmarket.learners.ppo import (
     PPO,
@@ -54,6 +55,17 @@ def test_registered_and_config_errors():
         make(spec, anneal_lr=True)
     with pytest.raises(ConfigError, match="learners.test.action_head"):
         make(spec, action_head="beta")
+
+
+def test_settings_are_static_values():
+    """``make_ppo`` binds the module-level init/act/update to a frozen, hashable
+    settings value; equal configs share it by value (and init's compiled call)."""
+    spec = make_spec()
+    one, two = make(spec, hidden_sizes=[4]), make(spec, hidden_sizes=[4])
+    settings = one.update.args[0]
+    assert (one.init.func, one.act.func, one.update.func) == (ppo.init, ppo.act, ppo.update)
+    assert settings == two.update.args[0] and hash(settings) == hash(two.update.args[0])
+    assert settings != make(spec, hidden_sizes=[5]).update.args[0]
 
 
 def test_orthogonal_init_equals_flax_without_lapack():

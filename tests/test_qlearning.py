@@ -21,6 +21,7 @@ import pytest
 from jaxmarket import economics
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.learners.base import LEARNERS, LearnerSpec, Transition
+from jaxmarket.learners import qlearning
 from jaxmarket.learners.qlearning import make, make_grid
 from jaxmarket.train.slots import tile_spec
 
@@ -85,6 +86,20 @@ def stack(*batches):
 
 
 # -- the update rule -------------------------------------------------------------------
+
+def test_settings_are_static_values():
+    """``make`` binds the module-level init/act/update to frozen, hashable settings;
+    ``init`` without a spec builds the same state as with the make-time spec."""
+    spec = make_spec()
+    (one, state), (two, _) = make_learner(spec), make_learner(spec)
+    settings = one.update.args[0]
+    assert (one.init.func, one.act.func, one.update.func) == (
+        qlearning.init, qlearning.act, qlearning.update)
+    assert settings == two.update.args[0] and hash(settings) == hash(two.update.args[0])
+    again = one.init(jax.random.key(0))
+    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(again)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
 
 @pytest.mark.parametrize("action_index_in_aux", [True, False])
 def test_single_update_matches_the_q_learning_formula(action_index_in_aux):
