@@ -15,6 +15,7 @@ from jaxmarket.cli.sweep.validation import Cell
 from jaxmarket.compile_cache import compilation_cache
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.loader import load_config
+from jaxmarket.train.plan import RunPlan
 from jaxmarket.train.run import resume_run, start_run
 
 
@@ -31,13 +32,14 @@ class SweepInterrupted(Interrupted):
 
 
 def run_cell(scenario: dict, overrides: list[str], cell_dir: str,
-             compile_cache: str | None = None) -> dict:
+             compile_cache: str | None = None, plan: RunPlan | None = None) -> dict:
     """One cell: the summary.json of a finished cell; an interrupted one (a config.yaml
     and maybe checkpoints) continues from its last checkpoint with ``resume_run`` (the
     result is bit-identical to an uninterrupted run); a new one runs with ``start_run``,
     as ``python -m jaxmarket.train CONFIG --run-dir CELL_DIR OVERRIDES`` does
     (``scenario`` is CONFIG's content: ``load_config`` reads a mapping as it reads the
-    file)."""
+    file). ``plan``: the cell's resolved plan when the caller has it (a local sweep), so
+    the cell is not resolved a second time."""
     path = Path(cell_dir)
     if (path / "summary.json").is_file():
         return json.loads((path / "summary.json").read_text())
@@ -49,6 +51,8 @@ def run_cell(scenario: dict, overrides: list[str], cell_dir: str,
             return resume_run(str(path))
         if path.exists():   # created but killed before its config.yaml was written: empty
             shutil.rmtree(path)
+        if plan is not None:
+            return start_run(plan, [], str(path))
         return start_run(scenario, overrides, str(path))
 
 
@@ -79,7 +83,7 @@ def run_local(sweep: Sweep, cells: list[Cell], run_dir: Path, todo: list[Cell],
                 bar.stop()
             try:
                 run_cell(sweep.scenario, cell.overrides,
-                         str(run_dir / "cells" / str(cell.index)), cache)
+                         str(run_dir / "cells" / str(cell.index)), cache, cell.plan)
             except (Interrupted, KeyboardInterrupt):
                 raise SweepInterrupted(cell.index, str(run_dir)) from None
             if not nested:

@@ -24,6 +24,7 @@ class Cell:
     config: dict
     groups: list[str]
     num_products: int
+    plan: Any = None   # the cell's RunPlan (what a local run trains; Ray tasks resolve anew)
 
     def columns(self) -> list[str]:
         """The ``final/`` columns this cell contributes to sweep.csv."""
@@ -59,11 +60,11 @@ def validate(sweep: Sweep) -> list[Cell]:
         overrides = sweep.cell_overrides(values)
         try:
             config = load_config(sweep.scenario, overrides)
-            env = resolve(config).env
+            plan = resolve(config)
         except ConfigError as err:
             raise _grid_error(err, sweep, i, values) from None
-        cells.append(Cell(i, values, overrides, config, list(env.agent_groups),
-                          int(env.spec.num_products)))
+        cells.append(Cell(i, values, overrides, config, list(plan.groups),
+                          int(plan.env.spec.num_products), plan))
     return cells
 
 
