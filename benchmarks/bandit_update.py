@@ -32,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import jaxmarket.learners.registry  # noqa: E402,F401  (registers the learner kinds)
+import jaxmarket.learners  # noqa: E402,F401  (the package registers the learner kinds)
 from jaxmarket.learners.base import LEARNERS, LearnerSpec, Transition  # noqa: E402
 from throughput import machine  # noqa: E402
 

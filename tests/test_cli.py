@@ -18,7 +18,7 @@ from conftest import CONFIGS, ROOT
 
 from jaxmarket.cli import run_cli
 from jaxmarket.config.loader import load_config
-import jaxmarket.learners.registry  # noqa: F401  (registers every learner kind)
+import jaxmarket.learners  # noqa: F401  (the package registers every learner kind)
 from jaxmarket.learners.base import LEARNERS
 from jaxmarket.train.tracking import read_metrics
 

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from jaxmarket.config.fields import Field
-from jaxmarket.learners.base import Learner, LearnerDef, Transition, register
+from jaxmarket.learners.base import LEARNERS, Learner, LearnerDef, Transition
 from jaxmarket.learners.fixed import resolve_hyper
 from jaxmarket.learners.ppo import HYPER_FIELDS as PPO_FIELDS
 from jaxmarket.learners.ppo import PPO
@@ -102,8 +102,8 @@ def make_ppo_spy(hyper, spec) -> Learner:
     return Learner(init, act, update), ppo
 
 
-register(LearnerDef("test_spy", make_spy, SPY_FIELDS, doc="test spy (tests/test_loop_joins.py)"))
-register(LearnerDef("test_ppo_spy", lambda h, s: make_ppo_spy(h, s)[0], PPO_SPY_FIELDS,
+LEARNERS.register(LearnerDef("test_spy", make_spy, SPY_FIELDS, doc="test spy (tests/test_loop_joins.py)"))
+LEARNERS.register(LearnerDef("test_ppo_spy", lambda h, s: make_ppo_spy(h, s)[0], PPO_SPY_FIELDS,
                     doc="ppo recording its batches (tests/test_loop_joins.py)"))
 
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from jaxmarket.config.errors import ConfigError
-from jaxmarket.models.poi import POI_FIELDS, PoiDef, register_poi
+from jaxmarket.models.poi import POI_FIELDS, PoiDef
 from jaxmarket.train.loop import make_train
 from jaxmarket.train.plan import resolve
 
@@ -21,7 +21,7 @@ PROBES = {"own_input": lambda model, state, x, y, s: x[:, 0],
           "first_target": lambda model, state, x, y, s: y[:, 0]}
 for _name, _fn in PROBES.items():
     if _name not in POI_FIELDS:
-        register_poi(PoiDef(_name, _fn))
+        POI_FIELDS.register(PoiDef(_name, _fn))
 
 LOW, HIGH = 1.0, 2.5
 MID, HALF = 0.5 * (LOW + HIGH), 0.5 * (HIGH - LOW)

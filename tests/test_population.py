@@ -18,9 +18,8 @@ import pytest
 import yaml
 from conftest import CONFIGS
 
-import jaxmarket.learners.registry  # noqa: F401
 from jaxmarket.cli import run_cli
-from jaxmarket.learners.base import LEARNERS, Learner, LearnerDef, Transition, register
+from jaxmarket.learners.base import LEARNERS, Learner, LearnerDef, Transition
 from jaxmarket.learners.population import Population, episodes_trigger_draw
 from jaxmarket.train.run import Trainer, start_run
 from jaxmarket.train.tracking import Tracker, read_metrics
@@ -49,7 +48,7 @@ def make_member_spy(hyper, spec) -> Learner:
 
 
 if "test_member_spy" not in LEARNERS:
-    register(LearnerDef("test_member_spy", make_member_spy, {}, doc="tests/test_population.py"))
+    LEARNERS.register(LearnerDef("test_member_spy", make_member_spy, {}, doc="tests/test_population.py"))
 
 
 def market(mapping, learner=None) -> dict:
@@ -328,7 +327,7 @@ def test_cross_play_matrix_is_each_members_reward_against_each_other_member(tmp_
                 np.testing.assert_allclose(got[i][j], expected[i][j], rtol=1e-6)
     np.testing.assert_allclose(summary["members"]["sellers"]["mean_price"], [[1.0], [2.0]])
     # the plot draws the same matrix, and a member column is not a group of its own
-    from jaxmarket.plot import cross_play, load_run, plot_run, run_groups
+    from jaxmarket.cli.plot import cross_play, load_run, plot_run, run_groups
     run = load_run(tmp_path / "r")
     assert run_groups(run.header) == ["sellers"]
     matrix = cross_play(run, "sellers")
@@ -494,7 +493,7 @@ def make_age_spy(hyper, spec) -> Learner:
 
 
 if "test_age_spy" not in LEARNERS:
-    register(LearnerDef("test_age_spy", make_age_spy, {}, doc="tests/test_population.py"))
+    LEARNERS.register(LearnerDef("test_age_spy", make_age_spy, {}, doc="tests/test_population.py"))
 
 
 def league(iterations, latest_prob, envs=16):

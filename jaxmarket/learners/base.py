@@ -109,11 +109,6 @@ class LearnerDef:
 LEARNERS: Registry[LearnerDef] = Registry("learner")
 
 
-def register(definition: LearnerDef) -> LearnerDef:
-    """``LEARNERS.register(definition)`` (kept for code that registers its own kinds)."""
-    return LEARNERS.register(definition)
-
-
 class StaticArray:
     """A read-only numpy array that is hashable and compares by value (dtype, shape,
     bytes): the form array-valued constants take in a learner's static settings (a frozen

@@ -95,9 +95,6 @@ class ModelDef:
 MODELS: Registry[ModelDef] = Registry("external model")
 
 
-def register_model(definition: ModelDef) -> ModelDef:
-    """``MODELS.register(definition)`` (the name docs/poi.md gives)."""
-    return MODELS.register(definition)
 
 
 # the settings every MLP model shares

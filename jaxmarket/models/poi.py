@@ -51,9 +51,6 @@ class PoiDef:
 POI_FIELDS: Registry[PoiDef] = Registry("POI field")
 
 
-def register_poi(definition: PoiDef) -> PoiDef:
-    """``POI_FIELDS.register(definition)`` (the name docs/poi.md gives)."""
-    return POI_FIELDS.register(definition)
 
 
 def zero(model, state, x, y, settings):
