@@ -47,7 +47,6 @@ from compile_timer import CompileTimer  # noqa: E402
 from jaxmarket.config.loader import load_config  # noqa: E402
 from jaxmarket.economics import logit_profits, monopoly_price  # noqa: E402
 from jaxmarket.train.run import Trainer  # noqa: E402
-from jaxmarket.train.tracking import Tracker  # noqa: E402
 
 
 def scenario(iterations: int, seeds: int, members: int, envs_per_member: int, period: int,

@@ -69,7 +69,7 @@ def run_variant(config: dict, kind: str) -> dict:
     if kind == "zero":
         model["poi"]["beta"] = 0.0
     plan = resolve(config)
-    env, params, tcfg = plan.env, plan.params, plan.train
+    tcfg = plan.train
     init, run_chunk = make_train(plan)
     n, size = tcfg.num_iterations, tcfg.chunk_size
     t0 = time.perf_counter()

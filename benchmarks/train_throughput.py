@@ -96,9 +96,9 @@ def time_chunk(config: dict, num_envs: int, num_seeds: int, iterations: int, rol
     config["train"] = {"num_iterations": iterations, "rollout_length": rollout,
                        "num_envs": num_envs, "num_seeds": num_seeds, "chunk_size": iterations}
     plan = resolve(config)
-    env, params, tcfg = plan.env, plan.params, plan.train
+    env, tcfg = plan.env, plan.train
     init, run_chunk = make_train(plan)
-    place = Placement(init, specs, tcfg, devices)   # as the Trainer
+    place = Placement(init, plan.specs, tcfg, devices)   # as the Trainer
     chunk = place.jit_chunk(lambda r: run_chunk(r, iterations))
     runner = jax.block_until_ready(place.jit_init(init)(jax.random.key(seed)))
 

@@ -9,7 +9,7 @@ from jaxmarket.config.loader import load_config
 from jaxmarket.learners.population import register_mapping
 from jaxmarket.market.env import MarketEnv
 from jaxmarket.market.scenario import make
-from jaxmarket.market.spec import MarketParams, MarketSpec, resolve_market, to_device
+from jaxmarket.market.spec import MarketParams, MarketSpec, resolve_market
 from jaxmarket.market.state import MarketState
 
 try:

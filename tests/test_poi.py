@@ -135,9 +135,7 @@ def scenario(model=None, learner=None, queries=1.0):
 
 
 def run(config, iterations):
-    plan = resolve(config)
-    env, params, tcfg = plan.env, plan.params, plan.train
-    init, run_chunk = make_train(plan)
+    init, run_chunk = make_train(resolve(config))
     runner = jax.jit(init)(jax.random.key(0))
     return jax.jit(lambda r: run_chunk(r, iterations))(runner)
 

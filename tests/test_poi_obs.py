@@ -63,9 +63,7 @@ BANDITS["learners"]["r"]["external_model"] = rival_model("first_target", "action
 
 @pytest.fixture(scope="module")
 def bandits():
-    plan = resolve(BANDITS)
-    env, params, tcfg = plan.env, plan.params, plan.train
-    init, run_chunk = make_train(plan)
+    init, run_chunk = make_train(resolve(BANDITS))
     return jax.jit(lambda key: run_chunk(init(key), len(SCHEDULE)))(jax.random.key(0))
 
 
@@ -143,7 +141,7 @@ train: {{num_iterations: 80, num_envs: 4, num_seeds: 2, rollout_length: 1}}
 @pytest.fixture(scope="module")
 def ppo_obs():
     plan = resolve(PPO_OBS)
-    env, params, tcfg = plan.env, plan.params, plan.train
+    env, params = plan.env, plan.params
     init, run_chunk = make_train(plan)
     one = jax.jit(lambda r: run_chunk(r, 1))
     runner = jax.jit(init)(jax.random.key(0))

@@ -15,7 +15,6 @@ directory's files, while every process takes part in orbax's checkpoint saves.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
