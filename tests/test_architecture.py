@@ -81,8 +81,8 @@ def resolve_target(target: str, modules: set[str]) -> str:
     return target
 
 
-def test_no_import_runs_upward_or_between_siblings():
-    trees = sources()
+def upward_imports(trees: dict[str, ast.Module]) -> list[str]:
+    """Every import of a higher layer, of the sibling layer or of the package root."""
     bad = []
     for module, tree in trees.items():
         for target, line, _ in internal_imports(tree):
@@ -92,20 +92,23 @@ def test_no_import_runs_upward_or_between_siblings():
                      LAYERS[hi][0] if hi < len(LAYERS) else "top"}
             if target == "jaxmarket" and module not in TOP and lo < len(LAYERS):
                 bad.append(f"{module}:{line} imports the package root (import the module)")
-            elif hi > lo or (hi == lo and frozenset(names) in SIBLINGS and len(names) == 2):
-                bad.append(f"{module}:{line} imports {target} (layer {names})")
-            elif frozenset(names) in SIBLINGS and len(names) == 2:
+            elif len(names) == 2 and frozenset(names) in SIBLINGS:
                 bad.append(f"{module}:{line} imports its sibling layer's {target}")
+            elif hi > lo:
+                bad.append(f"{module}:{line} imports {target} (layer {names})")
+    return bad
+
+
+def test_no_import_runs_upward_or_between_siblings():
+    bad = upward_imports(sources())
     assert not bad, "\n".join(bad)
 
 
-def test_no_import_cycle():
-    trees = sources()
-    # local imports count too: a cycle hidden inside function bodies is still a cycle
+def import_cycles(trees: dict[str, ast.Module]) -> list[str]:
+    """Every cycle of the import graph (local imports count: a cycle hidden inside
+    function bodies is still a cycle)."""
     graph = {m: {resolve_target(t, set(trees)) for t, _, _ in internal_imports(tree)} - {m}
              for m, tree in trees.items()}
-    # a package's __init__ importing its own submodules is how it exports them; the
-    # submodules importing a sibling through the package is the cycle to catch
     state: dict[str, int] = {}
     cycles = []
 
@@ -121,6 +124,11 @@ def test_no_import_cycle():
     for m in sorted(graph):
         if m not in state:
             visit(m, [m])
+    return cycles
+
+
+def test_no_import_cycle():
+    cycles = import_cycles(sources())
     assert not cycles, "\n".join(cycles)
 
 
@@ -138,8 +146,25 @@ def test_no_function_over_150_lines():
     assert not long, "\n".join(long)
 
 
-@pytest.mark.parametrize("module", ["jaxmarket.market.env", "jaxmarket.learners.ppo"])
-def test_the_layer_check_would_catch_an_upward_import(module):
-    """The checker itself: an import of a higher layer is flagged (a checker that
-    resolved every module to one layer would pass everything)."""
-    assert layer(module) < layer("jaxmarket.train.loop") < layer("jaxmarket.cli")
+def test_the_checks_catch_an_upward_import_a_sibling_import_and_a_cycle():
+    """The checkers on a made-up package: each one-line fault is named (a checker
+    that resolved every module to one layer, or skipped local imports, would pass)."""
+    parse = ast.parse
+    upward = {"jaxmarket.market.env": parse("from jaxmarket.train.loop import make_train"),
+              "jaxmarket.train.loop": parse("import jax")}
+    assert upward_imports(upward) == [
+        "jaxmarket.market.env:1 imports jaxmarket.train.loop (layer {'market', 'train'})"
+        .replace("{'market', 'train'}", str({"market", "train"}))]
+    sibling = {"jaxmarket.adapters.gym_env": parse("import jaxmarket.offline.fit"),
+               "jaxmarket.offline.fit": parse("")}   # adapters sits above offline: still refused
+    assert upward_imports(sibling) == ["jaxmarket.adapters.gym_env:1 imports its sibling "
+                                       "layer's jaxmarket.offline.fit"]
+    root = {"jaxmarket.learners.ppo": parse("from jaxmarket import make"), "jaxmarket": parse("")}
+    assert upward_imports(root) == [
+        "jaxmarket.learners.ppo:1 imports the package root (import the module)"]
+    cycle = {"jaxmarket.offline.a": parse("from jaxmarket.offline.b import x"),
+             "jaxmarket.offline.b": parse("def f():\n    from jaxmarket.offline.a import y")}
+    assert import_cycles(cycle) == ["jaxmarket.offline.a -> jaxmarket.offline.b -> "
+                                    "jaxmarket.offline.a"]
+    assert upward_imports({"jaxmarket.train.loop": parse("from jaxmarket.market.env import E"),
+                           "jaxmarket.market.env": parse("")}) == []
