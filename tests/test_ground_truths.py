@@ -1,4 +1,4 @@
-"""Ground truths (docs: /work/shared/design/ground-truths.md, sections 1, 2 and 4).
+"""Ground truths (docs/ground_truths.md).
 
 Each test trains the scenario's learners with ``start_run`` into ``tmp_path`` and compares
 what they learned with a number derived here, from the closed forms of
