@@ -60,6 +60,14 @@ class LearnerSpec:
     # POI observations (learners.<g>.external_model.poi_obs with emb_size > 0): the last
     # k observation features go through a learned Dense(size) + tanh of the policy
     obs_embed: tuple[int, int] | None = None
+    # Alternating moves (market.move_order: alternating): (n, first) -- the market's n
+    # sellers move in turn, seller k only in periods t = k (mod n), and slot j of each
+    # market is seller first + j (None: everyone moves every period)
+    turns: tuple[int, int] | None = None
+    # Why ``payoff`` is *not* the exact one-shot payoff of a period against the actual
+    # actions (another agent group moves too, stochastic demand, a random distributor),
+    # or None when it is: what counterfactual ("full feedback") updates rely on
+    payoff_caveat: str | None = None
 
     @property
     def agents_per_market(self) -> int:
@@ -102,6 +110,9 @@ class LearnerDef:
     make: Callable[[Mapping[str, Any], LearnerSpec], Learner]
     hyper_fields: Mapping[str, Field] = field(default_factory=dict)
     doc: str = ""
+    # the market move orders (``market.move_order``) the learner handles: one that
+    # assumes its action takes effect every period refuses "alternating" at config time
+    move_orders: tuple[str, ...] = ("simultaneous",)
 
 
 # kind -> LearnerDef; each learner module registers its kinds, and the package's

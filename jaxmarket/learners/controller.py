@@ -16,8 +16,9 @@ from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.fields import check_mapping, lookup_kind
 from jaxmarket.learners.base import LEARNERS, Learner, LearnerSpec
 from jaxmarket.learners.population import split_learner_config
+from jaxmarket.market.distributors import DISTRIBUTORS
 from jaxmarket.market.env import MarketEnv
-from jaxmarket.market.spec import MarketParams
+from jaxmarket.market.spec import MarketParams, MarketSpec, thaw
 from jaxmarket.market.state import current_actions
 
 
@@ -33,7 +34,43 @@ def group_learner_spec(env: MarketEnv, params: MarketParams, group: str,
                        action_low=np.asarray(space.low, np.float32),
                        action_high=np.asarray(space.high, np.float32),
                        num_policies=num_policies, policy_index=policy_index,
-                       payoff=one_shot_payoff(env, params, group))
+                       payoff=one_shot_payoff(env, params, group),
+                       turns=group_turns(env.spec, group),
+                       payoff_caveat=payoff_caveat(env.spec, group))
+
+
+def move_order(spec: MarketSpec) -> str:
+    return getattr(spec, "move_order", "simultaneous")
+
+
+def group_turns(spec: MarketSpec, group: str) -> tuple[int, int] | None:
+    """``(n, first)`` of :attr:`LearnerSpec.turns` under alternating moves: ``n`` sellers
+    take turns, this group's agent ``j`` is seller ``first + j``; None otherwise."""
+    g = spec.group(group)
+    if move_order(spec) != "alternating" or g.side != "seller":
+        return None
+    return spec.num_sellers, g.offset
+
+
+def payoff_caveat(spec: MarketSpec, group: str) -> str | None:
+    """Why ``one_shot_payoff`` (one step from the reset state, every other group at its
+    reset action, key 0) is not a period's exact payoff against the actual actions of
+    ``group``'s market, or None when it is."""
+    others = [g.name for g in spec.agent_groups if g.name != group]
+    if others:
+        return f"the market has other agent groups ({', '.join(others)}), held at reset"
+    moving = [f"{g.name} ({g.demand_kind})" for g in spec.consumers
+              if g.demand_kind != "constant"]
+    if moving:
+        return "consumer demand changes over time: " + ", ".join(moving)
+    deterministic = getattr(DISTRIBUTORS[spec.distributor], "deterministic", True)
+    if callable(deterministic):
+        deterministic = deterministic(dict(thaw(spec.distributor_options) or {}))
+    if not deterministic:
+        return f"distributor {spec.distributor!r} draws random numbers"
+    if move_order(spec) != "simultaneous":
+        return "sellers move in turn (market.move_order: alternating)"
+    return None
 
 
 def one_shot_payoff(env: MarketEnv, params: MarketParams, group: str):
@@ -65,6 +102,12 @@ def resolve_learner(config: Any, where: str) -> tuple[str, dict]:
 
 def build_learner(config: Any, spec: LearnerSpec, where: str) -> Learner:
     kind, hyper = resolve_learner(config, where)
+    order = "alternating" if spec.turns is not None else "simultaneous"
+    if order not in LEARNERS[kind].move_orders:
+        able = [k for k, d in LEARNERS.items() if order in d.move_orders]
+        raise ConfigError(f"{where}.kind", kind, f"a learner that handles market.move_order "
+                          f"{order!r} (its action takes effect only in its turn): "
+                          + ", ".join(able))
     try:
         return LEARNERS[kind].make(hyper, spec)
     except ConfigError as err:

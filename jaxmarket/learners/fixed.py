@@ -238,15 +238,21 @@ def make_random(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
     return Learner(_init_counter, partial(random_act, settings), _count_steps)
 
 
+# fixed rules learn nothing, so they play under either move order (an action out of turn
+# is simply not taken up by the market)
+_EITHER = ("simultaneous", "alternating")
 LEARNERS.register(LearnerDef("constant", make_constant, CONSTANT_FIELDS,
-                             doc="a constant action per slot and product"))
+                             doc="a constant action per slot and product", move_orders=_EITHER))
 LEARNERS.register(LearnerDef("schedule", make_schedule, SCHEDULE_FIELDS,
-                             doc="piecewise-constant actions switched at given steps"))
+                             doc="piecewise-constant actions switched at given steps",
+                             move_orders=_EITHER))
 LEARNERS.register(LearnerDef("undercut", make_undercut, UNDERCUT_FIELDS,
                              doc="quote the competitors' minimum price minus an amount "
-                                 "(observation must start with competitor_prices min)"))
+                                 "(observation must start with competitor_prices min)",
+                             move_orders=_EITHER))
 LEARNERS.register(LearnerDef("random", make_random, RANDOM_FIELDS,
-                             doc="uniform random actions within the action bounds"))
+                             doc="uniform random actions within the action bounds",
+                             move_orders=_EITHER))
 
 __all__ = [
     "bounds",

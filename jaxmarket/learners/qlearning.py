@@ -64,6 +64,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.fields import Field, check_mapping
 from jaxmarket.learners.base import (
     LEARNERS,
@@ -84,16 +85,52 @@ HYPER_FIELDS: dict[str, Field] = {
     "grid_high": Field("float", default=None, optional=True,
                        doc="highest grid price (null: the largest action_high of the group)"),
     "grid_size": Field("int", default=15, low=2, doc="number of grid prices m"),
-    "memory": Field("int", default=1, low=1, doc="price profiles remembered k"),
+    "grid": Field("floats", default=None, optional=True,
+                  doc="an explicit grid of prices, strictly increasing (replaces "
+                      "grid_low/grid_high/grid_size)"),
+    "memory": Field("int", default=1, low=0,
+                    doc="price profiles remembered k (0: stateless, one state)"),
     "learning_rate": Field("float", default=0.15, low=0.0, high=1.0, low_open=True,
                            doc="alpha"),
     "discount": Field("float", default=0.95, low=0.0, high=1.0, doc="delta"),
     "exploration_decay": Field("float", default=4e-6, low=0.0,
                                doc="beta in eps_t = exp(-beta t)"),
+    "epsilon": Field("any", default=None, optional=True,
+                     doc="{start: eps0, decay: beta}: eps_t = eps0 exp(-beta t) (replaces "
+                         "exploration_decay; start 0: always greedy)"),
+    "boltzmann": Field("any", default=None, optional=True,
+                       doc="{temperature: T0, decay: rho}: softmax exploration over Q(s, .) "
+                           "at T_t = T0 rho^t (instead of eps-greedy)"),
     "convergence_window": Field("int", default=100_000, low=1,
                                 doc="periods without any greedy change that mean converged"),
-    "q_init": Field("choice", default="random_rival", choices=("random_rival", "zero"),
-                    doc="initial Q: payoff against uniform rivals / (1 - delta), or zeros"),
+    "q_init": Field("any", default="random_rival",
+                    doc="initial Q: random_rival (payoff against uniform rivals / "
+                        "(1 - delta)), zero, {kind: constant, value: v} or "
+                        "{kind: uniform, low: l, high: h} (independent draws per state "
+                        "and action)"),
+    "feedback": Field("choice", default="taken", choices=("taken", "full"),
+                      doc="taken: learn from the action played; full: update every "
+                          "action's Q of the visited state with the payoff it would have "
+                          "earned against the rivals' actual actions (needs memory 0)"),
+    "target": Field("choice", default="simultaneous", choices=("simultaneous", "sequential"),
+                    doc="sequential: Klein (2021)'s target for alternating moves, "
+                        "Q(s,a) <- (1-alpha) Q + alpha [pi_t + delta pi_t+1 + ... + "
+                        "delta^n max Q(s_t+n, .)] over the n periods until the next turn"),
+}
+EPSILON_FIELDS = {
+    "start": Field("float", default=1.0, low=0.0, high=1.0, doc="eps0"),
+    "decay": Field("float", default=4e-6, low=0.0, doc="beta"),
+}
+BOLTZMANN_FIELDS = {
+    "temperature": Field("float", low=0.0, low_open=True, doc="T0"),
+    "decay": Field("float", default=1.0, low=0.0, high=1.0, low_open=True, doc="rho"),
+}
+Q_INIT_FIELDS = {
+    "random_rival": {},
+    "zero": {},
+    "constant": {"value": Field("float", doc="every Q(s, a) starts at this value")},
+    "uniform": {"low": Field("float", doc="lowest initial Q"),
+                "high": Field("float", doc="highest initial Q")},
 }
 
 
@@ -110,6 +147,11 @@ class QLearningState:
     # per-policy hyperparameters {name: [num_policies] float32}: learning_rate (alpha)
     # and exploration_decay (beta); PBT mutates them in-graph without recompiling
     hyper: Any = None
+    # target: sequential -- each slot's pending update {s, a, acc, valid} ([A] each:
+    # the state and action of its last turn, its discounted profits since, and whether
+    # it has had a turn) and the period counter ``clock`` (int32 []); None otherwise
+    pending: Any = None
+    clock: Any = None
 
     @property
     def q(self) -> jax.Array:
@@ -145,18 +187,27 @@ class PriceGrid:
     low: float = struct.field(pytree_node=False)
     spacing: float = struct.field(pytree_node=False)
     radix: tuple[int, ...] = struct.field(pytree_node=False)  # m^(D-1-j), j < D
+    # an explicit (not evenly spaced) grid: the m - 1 midpoints between its prices
+    midpoints: tuple[float, ...] | None = struct.field(pytree_node=False, default=None)
 
     @property
     def size(self) -> int:
         return int(self.prices.shape[0])
 
     def nearest_index(self, price: jax.Array) -> jax.Array:
-        """Index of the grid price nearest to each ``price`` (int32, clipped)."""
+        """Index of the grid price nearest to each ``price`` (int32, clipped; on an
+        explicit grid the upper price at an exact midpoint)."""
+        if self.midpoints is not None:
+            mid = jnp.asarray(self.midpoints, jnp.float32)
+            return jnp.sum(price[..., None] >= mid, axis=-1).astype(jnp.int32)
         index = jnp.round((price - self.low) / self.spacing)
         return jnp.clip(index, 0, self.size - 1).astype(jnp.int32)
 
     def state_index(self, obs: jax.Array) -> jax.Array:
-        """Mixed-radix state number of observations ``[..., D]`` -> ``[...]`` int32."""
+        """Mixed-radix state number of observations ``[..., D]`` -> ``[...]`` int32
+        (state 0 for a stateless learner, ``D = 0`` digits)."""
+        if not self.radix:
+            return jnp.zeros(obs.shape[:-1], jnp.int32)
         digits = self.nearest_index(obs)
         return jnp.sum(digits * jnp.asarray(self.radix, dtype=jnp.int32), axis=-1)
 
@@ -180,46 +231,74 @@ def max_and_argmax(rows: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 def make_grid(hyper: Mapping[str, Any], spec: LearnerSpec) -> PriceGrid:
     """Validate the spec against Q-learning's assumptions and build the price grid."""
-    return price_grid(*grid_bounds(hyper, spec))
+    hyper = {"grid": None, **hyper}
+    low, high, m, num_digits = grid_bounds(hyper, spec)
+    return price_grid(low, high, m, num_digits, hyper["grid"])
+
+
+def _error(field: str, value: Any, allowed: str) -> ConfigError:
+    """A q_learning setting's error (``build_learner`` names the agent group)."""
+    return ConfigError(f"learners.q_learning.{field}", value, allowed)
 
 
 def grid_bounds(hyper: Mapping[str, Any], spec: LearnerSpec) -> tuple[float, float, int, int]:
-    """``(grid_low, grid_high, grid_size, num_digits)`` of :func:`make_grid`, validated."""
+    """``(grid_low, grid_high, grid_size, num_digits)`` of :func:`make_grid`, validated
+    (an explicit ``grid`` gives its first and last price and its length)."""
     if spec.num_products != 1:
-        raise ValueError(f"q_learning supports one product per seller; this group has "
-                         f"num_products={spec.num_products}")
+        raise _error("kind", "q_learning", f"a learner for one product per seller; this "
+                     f"group has num_products={spec.num_products}")
     memory = hyper["memory"]
-    if spec.obs_dim <= 0 or spec.obs_dim % memory != 0:
-        raise ValueError(f"q_learning needs observations of the last memory={memory} price "
-                         f"profiles of all sellers (obs_dim = memory * num_sellers); got "
-                         f"obs_dim={spec.obs_dim}")
-    m = hyper["grid_size"]
-    num_digits = spec.obs_dim
+    if memory == 0:
+        num_digits = 0   # stateless: the observation is ignored
+    elif spec.obs_dim <= 0 or spec.obs_dim % memory != 0:
+        raise _error("memory", memory, f"observations of the last memory={memory} price "
+                     f"profiles of all sellers (obs_dim = memory * num_sellers); got "
+                     f"obs_dim={spec.obs_dim}")
+    else:
+        num_digits = spec.obs_dim
+    grid = hyper.get("grid")
+    if grid is not None:
+        values = np.asarray(grid, np.float64)
+        if values.ndim != 1 or values.size < 2 or np.any(np.diff(values) <= 0):
+            raise _error("grid", grid, "a list of at least 2 strictly increasing prices")
+        lo, hi = float(np.min(spec.action_low)), float(np.max(spec.action_high))
+        if values[0] < lo or values[-1] > hi:
+            raise _error("grid", grid, f"prices within the group's action bounds [{lo:g}, "
+                         f"{hi:g}] (the market would clip the others)")
+        low, high, m = float(values[0]), float(values[-1]), int(values.size)
+    else:
+        m = hyper["grid_size"]
+        low, high = hyper["grid_low"], hyper["grid_high"]
+        low = float(np.min(spec.action_low)) if low is None else float(low)
+        high = float(np.max(spec.action_high)) if high is None else float(high)
+        if not high > low:
+            raise _error("grid_high", high, f"a price above grid_low ({low})")
     if num_digits * np.log(m) >= np.log(_INT32_MAX + 1.0):
-        raise ValueError(f"q_learning: grid_size^(memory * num_sellers) = {m}^{num_digits} "
-                         f"states do not fit in int32 (nor in memory); lower grid_size or memory")
-    low = hyper["grid_low"]
-    high = hyper["grid_high"]
-    low = float(np.min(spec.action_low)) if low is None else float(low)
-    high = float(np.max(spec.action_high)) if high is None else float(high)
-    if not high > low:
-        raise ValueError(f"q_learning: grid_high ({high}) must exceed grid_low ({low})")
+        raise _error("grid_size" if grid is None else "grid", m,
+                     f"grid_size^(memory * num_sellers) below 2^31: {m}^{num_digits} states "
+                     f"do not fit in int32 (nor in memory); lower grid_size or memory")
     return low, high, m, num_digits
 
 
-def price_grid(low: float, high: float, m: int, num_digits: int) -> PriceGrid:
-    """The grid of ``m`` prices ``linspace(low, high, m)`` for states of ``num_digits``
-    observed prices."""
+def price_grid(low: float, high: float, m: int, num_digits: int,
+               values: Any = None) -> PriceGrid:
+    """The grid of ``m`` prices ``linspace(low, high, m)`` (or the explicit ``values``)
+    for states of ``num_digits`` observed prices."""
     radix = tuple(int(m) ** (num_digits - 1 - j) for j in range(num_digits))
+    if values is not None:
+        v = np.asarray(values, np.float64)
+        return PriceGrid(prices=jnp.asarray(v, dtype=jnp.float32), low=float(v[0]),
+                         spacing=float(np.min(np.diff(v))), radix=radix,
+                         midpoints=tuple(float(x) for x in (v[1:] + v[:-1]) / 2))
     prices = jnp.asarray(np.linspace(low, high, m), dtype=jnp.float32)
     return PriceGrid(prices=prices, low=low, spacing=(high - low) / (m - 1), radix=radix)
 
 
 def _check_joint_actions(m: int, agents_per_market: int) -> None:
     if m ** agents_per_market > _MAX_JOINT_ACTIONS:
-        raise ValueError(f"q_learning: q_init='random_rival' evaluates all "
-                         f"{m}^{agents_per_market} joint prices of a market; too many, use "
-                         f"q_init='zero'")
+        raise _error("q_init", "random_rival", f"an initial Q that does not evaluate all "
+                     f"{m}^{agents_per_market} joint prices of a market (too many): zero, "
+                     f"constant or uniform")
 
 
 def random_rival_q(payoff: Any, grid: jax.Array, agents_per_market: int,
@@ -265,7 +344,7 @@ class QLearningSettings:
     grid_low: float             # the price grid: linspace(grid_low, grid_high, grid_size)
     grid_high: float
     grid_size: int              # m
-    num_digits: int             # D = obs_dim: observed prices per state
+    num_digits: int             # D = obs_dim: observed prices per state (0: stateless)
     learning_rate: float        # alpha
     discount: float             # delta
     exploration_decay: float    # beta
@@ -280,6 +359,13 @@ class QLearningSettings:
     num_policies: int
     agents_per_market: int
     payoff: Any = None
+    grid_values: tuple[float, ...] | None = None   # an explicit grid (else the linspace)
+    epsilon_start: float = 1.0                      # eps0 of eps_t = eps0 exp(-beta t)
+    boltzmann: tuple[float, float] | None = None    # (T0, rho): T_t = T0 rho^t
+    q_init_args: tuple[float, ...] = ()             # constant: (v,); uniform: (low, high)
+    feedback: str = "taken"                         # "taken" | "full"
+    target: str = "simultaneous"                    # "simultaneous" | "sequential"
+    turns: tuple[int, int] | None = None            # LearnerSpec.turns: (n, first)
 
     @property
     def num_states(self) -> int:
@@ -291,10 +377,21 @@ class QLearningSettings:
         vmapped path, which then runs exactly the single-session code)."""
         return () if self.num_sessions == 1 else (self.num_sessions,)
 
+    @property
+    def turn_period(self) -> int:
+        """Periods between two turns of a slot (1: it moves every period)."""
+        return 1 if self.turns is None else self.turns[0]
+
+    def slot_phase(self) -> np.ndarray:
+        """``[A]`` int32: slot ``i`` moves in periods ``t = phase_i (mod turn_period)``."""
+        within = np.arange(self.num_slots) % self.agents_per_market
+        first = 0 if self.turns is None else self.turns[1]
+        return ((first + within) % self.turn_period).astype(np.int32)
+
 
 def grid_of(settings: QLearningSettings) -> PriceGrid:
     return price_grid(settings.grid_low, settings.grid_high, settings.grid_size,
-                      settings.num_digits)
+                      settings.num_digits, settings.grid_values)
 
 
 def per_slot(settings: QLearningSettings, x: jax.Array) -> jax.Array:
@@ -312,30 +409,62 @@ def any_per_session(settings: QLearningSettings, x: jax.Array) -> jax.Array:
 
 
 def slot_epsilon(settings: QLearningSettings, state: QLearningState) -> jax.Array:
-    """``[A]`` exploration probability of each slot: ``exp(-beta_k t_s)`` with its
+    """``[A]`` exploration probability of each slot: ``eps0 exp(-beta_k t_s)`` with its
     policy's ``beta_k`` and its session's ``t_s`` (0 once the session converged)."""
     beta_slot = state.hyper["exploration_decay"][state.policy_index]
     t = per_slot(settings, state.step.astype(jnp.float32))
-    return jnp.where(per_slot(settings, state.converged), 0.0, jnp.exp(-beta_slot * t))
+    eps = jnp.exp(-beta_slot * t)
+    if settings.epsilon_start != 1.0:
+        eps = settings.epsilon_start * eps
+    return jnp.where(per_slot(settings, state.converged), 0.0, eps)
+
+
+def slot_temperature(settings: QLearningSettings, state: QLearningState) -> jax.Array:
+    """``[A]`` Boltzmann temperature ``T0 rho^t_s`` of each slot (0 once converged)."""
+    t0, rho = settings.boltzmann
+    t = per_slot(settings, state.step.astype(jnp.float32))
+    temperature = t0 * jnp.exp(t * np.float32(np.log(rho)))
+    return jnp.where(per_slot(settings, state.converged), 0.0, temperature)
+
+
+def _per_session_mean(settings: QLearningSettings, x: jax.Array) -> jax.Array:
+    if settings.num_sessions == 1:
+        return jnp.mean(x)
+    return jnp.mean(x.reshape(settings.num_sessions, settings.slots_per_session), axis=-1)
 
 
 def epsilon(settings: QLearningSettings, state: QLearningState) -> jax.Array:
     """``[S]`` mean exploration probability of each session's slots (0 once
     converged; the session's ``exp(-beta t)`` when its policies share one beta)."""
-    eps = slot_epsilon(settings, state)
-    if settings.num_sessions == 1:
-        return jnp.mean(eps)
-    return jnp.mean(eps.reshape(settings.num_sessions, settings.slots_per_session), axis=-1)
+    return _per_session_mean(settings, slot_epsilon(settings, state))
+
+
+def initial_q(settings: QLearningSettings, key: jax.Array, payoff: Any, n: int,
+              index: jax.Array, policies: int) -> jax.Array:
+    """``[K, num_states, m]`` initial action values of ``q_init``."""
+    m, num_states = settings.grid_size, settings.num_states
+    shape = (policies, num_states, m)
+    if settings.q_init == "uniform":
+        low, high = settings.q_init_args
+        return jax.random.uniform(key, shape, jnp.float32, low, high)
+    if settings.q_init == "random_rival":
+        per_market = random_rival_q(payoff, grid_of(settings).prices, n,
+                                    settings.discount)                     # [n, m]
+        per_slot_rows = jnp.tile(per_market, (settings.num_slots // n, 1))  # slot i: i % n
+        per_policy = scatter_mean(per_slot_rows, index, policies)
+    else:
+        value = settings.q_init_args[0] if settings.q_init == "constant" else 0.0
+        per_policy = jnp.full((policies, m), value, jnp.float32)
+    return per_policy.astype(jnp.float32)
 
 
 def init(settings: QLearningSettings, key: jax.Array,
          spec: LearnerSpec | None = None) -> QLearningState:
-    del key  # the initial Q is deterministic
+    """The initial state; the key is used by ``q_init: uniform`` only."""
     m, num_states = settings.grid_size, settings.num_states
     if spec is None:
         index = jnp.asarray(settings.policy_index, dtype=jnp.int32)
         payoff, n, policies = settings.payoff, settings.agents_per_market, settings.num_policies
-        num_agents = settings.num_slots
     else:
         if (spec.num_sessions, spec.num_agents) != (settings.num_sessions, settings.num_slots):
             raise ValueError(f"q_learning: init got a spec with {spec.num_agents} slots in "
@@ -343,29 +472,43 @@ def init(settings: QLearningSettings, key: jax.Array,
                              f"{settings.num_slots} slots in {settings.num_sessions}")
         index = spec.index()
         payoff, n, policies = spec.payoff, spec.agents_per_market, spec.policies
-        num_agents = spec.num_agents
-    if settings.q_init == "random_rival":
-        per_market = random_rival_q(payoff, grid_of(settings).prices, n,
-                                    settings.discount)                     # [n, m]
-        per_slot_rows = jnp.tile(per_market, (num_agents // n, 1))         # slot i: i % n
-        per_policy = scatter_mean(per_slot_rows, index, policies)
+    q0 = initial_q(settings, key, payoff, n, index, policies)
+    if q0.ndim == 3:
+        rows = pack_rows(q0)
     else:
-        per_policy = jnp.zeros((policies, m), jnp.float32)
-    row = pack_rows(per_policy.astype(jnp.float32))                       # [K, m + 1]
-    rows = jnp.array(jnp.broadcast_to(row[:, None, :], (policies, num_states, m + 1)))
+        row = pack_rows(q0)                                                # [K, m + 1]
+        rows = jnp.array(jnp.broadcast_to(row[:, None, :], (policies, num_states, m + 1)))
     shape = settings.session_shape
+    pending = clock = None
+    if settings.target == "sequential":
+        slots = settings.num_slots
+        pending = {"s": jnp.zeros((slots,), jnp.int32), "a": jnp.zeros((slots,), jnp.int32),
+                   "acc": jnp.zeros((slots,), jnp.float32),
+                   "valid": jnp.zeros((slots,), bool)}
+        clock = jnp.zeros((), jnp.int32)
     return QLearningState(
         rows=rows, policy_index=index, step=jnp.zeros(shape, jnp.int32),
         stable_periods=jnp.zeros(shape, jnp.int32), converged=jnp.zeros(shape, bool),
         hyper={"learning_rate": jnp.full((policies,), settings.learning_rate, jnp.float32),
                "exploration_decay": jnp.full((policies,), settings.exploration_decay,
-                                             jnp.float32)})
+                                             jnp.float32)},
+        pending=pending, clock=clock)
 
 
 def act(settings: QLearningSettings, state: QLearningState, obs: jax.Array, key: jax.Array):
     grid, m = grid_of(settings), settings.grid_size
     num_agents = obs.shape[0]
     s = grid.state_index(obs)                               # [A]
+    if settings.boltzmann is not None:
+        # softmax over Q(s, .) / T_t, written as (Q - max Q) / T so that a temperature
+        # that has decayed to (almost) zero is greedy play (first index on ties)
+        q = state.rows[state.policy_index, s, :m]                          # [A, m]
+        temperature = slot_temperature(settings, state)[:, None]
+        logits = (q - jnp.max(q, axis=-1, keepdims=True)) / jnp.maximum(temperature, 1e-30)
+        greedy = state.rows[state.policy_index, s, m].astype(jnp.int32)
+        sampled = jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
+        action = jnp.where(temperature[:, 0] > 0, sampled, greedy)
+        return grid.prices[action][:, None], {"action_index": action}
     greedy = state.rows[state.policy_index, s, m].astype(jnp.int32)
     eps = slot_epsilon(settings, state)                     # [A]
     # One uniform per agent decides both whether to explore (u < eps) and, given that
@@ -377,29 +520,74 @@ def act(settings: QLearningSettings, state: QLearningState, obs: jax.Array, key:
     return grid.prices[action][:, None], {"action_index": action}
 
 
+def sequential_target(settings: QLearningSettings, state: QLearningState, s, a, r):
+    """Klein (2021)'s update under alternating moves, for one period ``t`` (the clock).
+
+    A slot moving in this period updates the state-action of its previous turn
+    ``t - n`` with the profits it earned since, discounted from that turn, and
+    ``delta^n max_a' Q(s_t, a')``::
+
+        Q(s_t-n, a_t-n) <- (1 - alpha) Q + alpha [sum_k<n delta^k pi_t-n+k + delta^n max Q(s_t, .)]
+
+    (``n = 2``: Klein's ``pi_t + delta pi_t+1 + delta^2 max Q(s_t+2, .)``), then starts
+    a pending update from ``(s_t, a_t)``; the other slots add ``delta^k pi_t`` to theirs.
+    Returns ``(state with its new pending and clock, row state, action, target, moved)``:
+    ``moved`` marks the slots whose update is due.
+    """
+    n, m, pending = settings.turn_period, settings.grid_size, state.pending
+    phase = jnp.asarray(settings.slot_phase())
+    lag = jnp.mod(state.clock - phase, n)                   # [A]: 0 in the slot's turn
+    mover = lag == 0
+    value_now = jnp.max(state.rows[state.policy_index, s, :m], axis=-1)
+    target = pending["acc"] + np.float32(settings.discount ** n) * value_now
+    due = mover & pending["valid"]
+    weight = jnp.power(np.float32(settings.discount), lag.astype(jnp.float32))
+    new_pending = {"s": jnp.where(mover, s, pending["s"]),
+                   "a": jnp.where(mover, a, pending["a"]),
+                   "acc": jnp.where(mover, r, pending["acc"] + weight * r),
+                   "valid": pending["valid"] | mover}
+    state = state.replace(pending=new_pending, clock=state.clock + 1)
+    return state, pending["s"], pending["a"], target, due
+
+
 def learn_one_period(settings: QLearningSettings, state: QLearningState, period):
+    """One period's update of every slot (``period = (s, a, r, s', done, cf)``, ``cf``
+    the ``[A, m]`` counterfactual payoffs under full feedback, else None)."""
     m = settings.grid_size
-    s, a, r, s_next, done = period                          # each [A]
+    s, a, r, s_next, done, cf = period                      # each [A]
     policy = state.policy_index
     learning_session = ~state.converged                     # [S]
     learning = per_slot(settings, learning_session)         # [A]
+    if settings.target == "sequential":
+        state, s, a, target, due = sequential_target(settings, state, s, a, r)
+        learning = learning & due
     row = state.rows[policy, s]                             # [A, m + 1]
     old_greedy = row[:, m].astype(jnp.int32)
     row = row[:, :m]
-    next_value = jnp.max(state.rows[policy, s_next, :m], axis=-1)
-    target = r + settings.discount * jnp.where(done, 0.0, next_value)
     is_action = jnp.arange(m, dtype=jnp.int32) == a[:, None]  # [A, m]
-    q_sa = jnp.take_along_axis(row, a[:, None], axis=-1)[:, 0]
     alpha_slot = state.hyper["learning_rate"][policy]
-    increment = jnp.where(learning, alpha_slot * (target - q_sa), 0.0)
-    if settings.exclusive_policies:
+    if settings.target != "sequential":
+        next_value = jnp.max(state.rows[policy, s_next, :m], axis=-1)
+        target = r + settings.discount * jnp.where(done, 0.0, next_value)
+    if cf is not None:   # every action of the row: what it would have earned
+        payoffs = jnp.where(is_action, r[:, None], cf)
+        targets = payoffs + (target - r)[:, None]           # the same continuation value
+        increment = jnp.where(learning[:, None], alpha_slot[:, None] * (targets - row), 0.0)
+        new_row = row + increment
+    else:
+        q_sa = jnp.take_along_axis(row, a[:, None], axis=-1)[:, 0]
+        increment = jnp.where(learning, alpha_slot * (target - q_sa), 0.0)
         new_row = jnp.where(is_action, (q_sa + increment)[:, None], row)
+    if settings.exclusive_policies:
         _, new_greedy = max_and_argmax(new_row)
         new_rows = jnp.concatenate([new_row, new_greedy.astype(jnp.float32)[:, None]], -1)
         # a whole row per agent: its values and its greedy index
         rows = state.rows.at[policy, s].set(new_rows, unique_indices=True)
     else:  # agents sharing a policy may update the same entry: increments add up
-        rows = state.rows.at[policy, s, a].add(increment)
+        if cf is not None:
+            rows = state.rows.at[policy, s, :m].add(increment)
+        else:
+            rows = state.rows.at[policy, s, a].add(increment)
         _, new_greedy = max_and_argmax(rows[policy, s, :m])
         # agents on the same (policy, state) row write the same greedy index
         rows = rows.at[policy, s, m].set(new_greedy.astype(jnp.float32))
@@ -414,6 +602,28 @@ def learn_one_period(settings: QLearningSettings, state: QLearningState, period)
     return new_state, jnp.sum(changed)
 
 
+def counterfactual_payoffs(settings: QLearningSettings, actions: jax.Array) -> jax.Array:
+    """``[T, A, m]``: the payoff each slot would have earned with each grid price while
+    the others of its market played their actual ``actions [T, A, 1]`` -- the market's
+    one-shot payoff (``LearnerSpec.payoff``), ``vmap``ped over periods and markets,
+    slots and grid prices::
+
+        cf[t, i, a] = payoff_i(p_a, p_-i,t)
+    """
+    n, m = settings.agents_per_market, settings.grid_size
+    prices = grid_of(settings).prices
+    num_periods, num_slots = actions.shape[:2]
+    profiles = actions.reshape(num_periods * (num_slots // n), n, 1)
+
+    def deviation(profile: jax.Array, j: jax.Array, a: jax.Array) -> jax.Array:
+        return settings.payoff(profile.at[j, 0].set(prices[a]))[j]
+
+    over_grid = jax.vmap(deviation, (None, None, 0))
+    over_slots = jax.vmap(over_grid, (None, 0, None))
+    cf = jax.vmap(over_slots, (0, None, None))(profiles, jnp.arange(n), jnp.arange(m))
+    return cf.reshape(num_periods, num_slots, m).astype(jnp.float32)
+
+
 def update(settings: QLearningSettings, state: QLearningState, batch: Transition):
     grid = grid_of(settings)
     s = grid.state_index(batch.obs)                         # [T, A]
@@ -421,7 +631,9 @@ def update(settings: QLearningSettings, state: QLearningState, batch: Transition
     aux = batch.aux if isinstance(batch.aux, Mapping) else {}
     a = aux.get("action_index")
     a = grid.nearest_index(batch.action[..., 0]) if a is None else a.astype(jnp.int32)
-    periods = (s, a, batch.reward.astype(jnp.float32), s_next, batch.done.astype(bool))
+    cf = (counterfactual_payoffs(settings, batch.action) if settings.feedback == "full"
+          else None)
+    periods = (s, a, batch.reward.astype(jnp.float32), s_next, batch.done.astype(bool), cf)
     one_period = partial(learn_one_period, settings)
     if batch.reward.shape[0] == 1:  # one period: no loop
         state, changes = one_period(state, jax.tree.map(lambda x: x[0], periods))
@@ -429,9 +641,68 @@ def update(settings: QLearningSettings, state: QLearningState, batch: Transition
     else:
         state, changes = jax.lax.scan(one_period, state, periods)
     metrics = {"greedy_changes": jnp.sum(changes), "stable_periods": state.stable_periods,
-               "converged": state.converged,
-               "epsilon": epsilon(settings, state)}
+               "converged": state.converged}
+    if settings.boltzmann is not None:
+        metrics["temperature"] = _per_session_mean(settings, slot_temperature(settings, state))
+    else:
+        metrics["epsilon"] = epsilon(settings, state)
     return state, metrics
+
+
+def _sub_settings(fields: Mapping[str, Field], value: Any, name: str) -> dict[str, Any]:
+    return check_mapping(fields, value, f"learners.q_learning.{name}", ignore=())
+
+
+def exploration_settings(hyper: Mapping[str, Any]) -> dict[str, Any]:
+    """``exploration_decay`` / ``epsilon`` / ``boltzmann`` -> settings fields."""
+    if hyper["epsilon"] is not None and hyper["boltzmann"] is not None:
+        raise _error("boltzmann", hyper["boltzmann"], "null when epsilon is set (one "
+                     "exploration rule: epsilon-greedy or Boltzmann)")
+    out = {"exploration_decay": hyper["exploration_decay"]}
+    if hyper["epsilon"] is not None:
+        eps = _sub_settings(EPSILON_FIELDS, hyper["epsilon"], "epsilon")
+        out.update(exploration_decay=eps["decay"], epsilon_start=eps["start"])
+    if hyper["boltzmann"] is not None:
+        b = _sub_settings(BOLTZMANN_FIELDS, hyper["boltzmann"], "boltzmann")
+        out["boltzmann"] = (b["temperature"], b["decay"])
+    return out
+
+
+def q_init_settings(value: Any) -> tuple[str, tuple[float, ...]]:
+    """``q_init`` (a kind, or a mapping ``{kind, ...}``) -> ``(kind, args)``."""
+    allowed = ("random_rival, zero, {kind: constant, value: v} or "
+               "{kind: uniform, low: l, high: h}")
+    kind = value.get("kind") if isinstance(value, Mapping) else value
+    if not isinstance(kind, str) or kind not in Q_INIT_FIELDS:
+        raise _error("q_init", value, allowed)
+    if Q_INIT_FIELDS[kind] and not isinstance(value, Mapping):
+        raise _error("q_init", value, f"{{kind: {kind}, "
+                     + ", ".join(f"{k}: ..." for k in Q_INIT_FIELDS[kind]) + "}")
+    args = _sub_settings(Q_INIT_FIELDS[kind], value if isinstance(value, Mapping) else {},
+                         "q_init") if Q_INIT_FIELDS[kind] else {}
+    args.pop("kind", None)
+    if kind == "uniform" and not args["high"] > args["low"]:
+        raise _error("q_init.high", args["high"], f"a value above low ({args['low']})")
+    return kind, tuple(float(v) for k, v in args.items() if k != "kind")
+
+
+def check_feedback(hyper: Mapping[str, Any], spec: LearnerSpec) -> None:
+    """``feedback: full`` and ``target: sequential`` against the market."""
+    if spec.turns is not None and hyper["target"] != "sequential":
+        raise _error("target", hyper["target"], "sequential under market.move_order: "
+                     "alternating (a seller's price stands for several periods: Klein "
+                     "2021's target)")
+    if hyper["feedback"] != "full":
+        return
+    if hyper["memory"] != 0:
+        raise _error("feedback", "full", f"taken, or memory: 0 (a counterfactual price "
+                     f"would change the remembered state; memory={hyper['memory']})")
+    if hyper["target"] == "sequential":
+        raise _error("feedback", "full", "taken under target: sequential")
+    if spec.payoff is None or spec.payoff_caveat is not None:
+        why = spec.payoff_caveat or "the market provides no one-shot payoff"
+        raise _error("feedback", "full", f"taken: the market cannot evaluate this group's "
+                     f"counterfactual payoffs ({why})")
 
 
 def qlearning_settings(hyper: Mapping[str, Any], spec: LearnerSpec) -> QLearningSettings:
@@ -440,23 +711,29 @@ def qlearning_settings(hyper: Mapping[str, Any], spec: LearnerSpec) -> QLearning
     low, high, m, num_digits = grid_bounds(hyper, spec)
     slots = spec.index().tolist()
     slots_per_session, _ = session_layout(spec)
-    if hyper["q_init"] == "random_rival":
+    q_init, q_init_args = q_init_settings(hyper["q_init"])
+    if q_init == "random_rival":
         if spec.payoff is None:
-            raise ValueError("q_learning: q_init='random_rival' needs LearnerSpec.payoff; "
-                             "use q_init='zero' or a market that provides it")
+            raise _error("q_init", q_init, "zero, constant or uniform: random_rival needs "
+                         "the market's one-shot payoff (LearnerSpec.payoff)")
         if hyper["discount"] >= 1.0:
-            raise ValueError("q_learning: q_init='random_rival' needs discount < 1")
+            raise _error("q_init", q_init, "zero, constant or uniform with discount 1: "
+                         "random_rival needs discount < 1")
         _check_joint_actions(m, spec.agents_per_market)
+    check_feedback(hyper, spec)
+    grid = hyper["grid"]
     return QLearningSettings(
         grid_low=low, grid_high=high, grid_size=m, num_digits=num_digits,
         learning_rate=hyper["learning_rate"], discount=hyper["discount"],
-        exploration_decay=hyper["exploration_decay"],
-        convergence_window=hyper["convergence_window"], q_init=hyper["q_init"],
+        convergence_window=hyper["convergence_window"], q_init=q_init,
         num_sessions=spec.num_sessions, num_slots=spec.num_agents,
         slots_per_session=slots_per_session,
         exclusive_policies=len(set(slots)) == len(slots),
         policy_index=tuple(int(i) for i in slots), num_policies=spec.policies,
-        agents_per_market=spec.agents_per_market, payoff=spec.payoff)
+        agents_per_market=spec.agents_per_market, payoff=spec.payoff,
+        grid_values=None if grid is None else tuple(float(v) for v in grid),
+        q_init_args=q_init_args, feedback=hyper["feedback"], target=hyper["target"],
+        turns=spec.turns, **exploration_settings(hyper))
 
 
 def make(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
@@ -467,4 +744,5 @@ def make(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
 
 Q_LEARNING = LEARNERS.register(LearnerDef(kind="q_learning", make=make,
                                           hyper_fields=HYPER_FIELDS,
-                                          doc=__doc__.split("\n\n")[0]))
+                                          doc=__doc__.split("\n\n")[0],
+                                          move_orders=("simultaneous", "alternating")))

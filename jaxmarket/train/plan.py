@@ -80,7 +80,8 @@ def learners_template(env: MarketEnv) -> str:
     """A ready-to-paste ``learners:`` block for the scenario's agent groups."""
     lines = ["learners:"]
     for g in env.spec.agent_groups:
-        what = {"price": "prices", "multiplier": "price multipliers", "budget": "budgets"}[g.action]
+        what = {"price": "prices", "multiplier": "price multipliers", "budget": "budgets",
+                "quantity": "quantities"}.get(g.action, g.action)
         kind = "ppo" if g.observation else "ppo_bandit"
         lines.append(f"  {g.name}: {{kind: {kind}}}   # {g.side}s, {g.count} agent(s) "
                      f"setting {what}")
