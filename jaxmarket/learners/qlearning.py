@@ -503,7 +503,7 @@ def act(settings: QLearningSettings, state: QLearningState, obs: jax.Array, key:
         # softmax over Q(s, .) / T_t, written as (Q - max Q) / T so that a temperature
         # that has decayed to (almost) zero is greedy play (first index on ties)
         q = state.rows[state.policy_index, s, :m]                          # [A, m]
-        temperature = slot_temperature(settings, state)[:, None]
+        temperature = jnp.broadcast_to(slot_temperature(settings, state), (num_agents,))[:, None]
         logits = (q - jnp.max(q, axis=-1, keepdims=True)) / jnp.maximum(temperature, 1e-30)
         greedy = state.rows[state.policy_index, s, m].astype(jnp.int32)
         sampled = jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
@@ -568,11 +568,13 @@ def learn_one_period(settings: QLearningSettings, state: QLearningState, period)
     alpha_slot = state.hyper["learning_rate"][policy]
     if settings.target != "sequential":
         next_value = jnp.max(state.rows[policy, s_next, :m], axis=-1)
-        target = r + settings.discount * jnp.where(done, 0.0, next_value)
+        continuation = settings.discount * jnp.where(done, 0.0, next_value)
+        target = r + continuation
     if cf is not None:   # every action of the row: what it would have earned
         payoffs = jnp.where(is_action, r[:, None], cf)
-        targets = payoffs + (target - r)[:, None]           # the same continuation value
-        increment = jnp.where(learning[:, None], alpha_slot[:, None] * (targets - row), 0.0)
+        targets = payoffs + continuation[:, None]           # the same continuation value
+        increment = jnp.where(jnp.expand_dims(learning, -1), alpha_slot[:, None] * (targets - row),
+                              0.0)
         new_row = row + increment
     else:
         q_sa = jnp.take_along_axis(row, a[:, None], axis=-1)[:, 0]
@@ -649,8 +651,9 @@ def update(settings: QLearningSettings, state: QLearningState, batch: Transition
     return state, metrics
 
 
-def _sub_settings(fields: Mapping[str, Field], value: Any, name: str) -> dict[str, Any]:
-    return check_mapping(fields, value, f"learners.q_learning.{name}", ignore=())
+def _sub_settings(fields: Mapping[str, Field], value: Any, name: str,
+                  ignore: tuple[str, ...] = ()) -> dict[str, Any]:
+    return check_mapping(fields, value, f"learners.q_learning.{name}", ignore=ignore)
 
 
 def exploration_settings(hyper: Mapping[str, Any]) -> dict[str, Any]:
@@ -679,11 +682,10 @@ def q_init_settings(value: Any) -> tuple[str, tuple[float, ...]]:
         raise _error("q_init", value, f"{{kind: {kind}, "
                      + ", ".join(f"{k}: ..." for k in Q_INIT_FIELDS[kind]) + "}")
     args = _sub_settings(Q_INIT_FIELDS[kind], value if isinstance(value, Mapping) else {},
-                         "q_init") if Q_INIT_FIELDS[kind] else {}
-    args.pop("kind", None)
+                         "q_init", ignore=("kind",))
     if kind == "uniform" and not args["high"] > args["low"]:
         raise _error("q_init.high", args["high"], f"a value above low ({args['low']})")
-    return kind, tuple(float(v) for k, v in args.items() if k != "kind")
+    return kind, tuple(float(v) for v in args.values())
 
 
 def check_feedback(hyper: Mapping[str, Any], spec: LearnerSpec) -> None:
