@@ -362,6 +362,9 @@ def run(sessions: int = 1000, beta: float = 4e-6, window: int = 100_000,
         "p_monopoly": setup.p_monopoly,
         "pi_nash": setup.pi_nash,
         "pi_monopoly": setup.pi_monopoly,
+        # added with benchmarks/reproduce.py: each session's Delta and convergence flag
+        "profit_gains": [float(x) for x in gain],
+        "converged": [bool(x) for x in converged],
     }
 
 
