@@ -1,4 +1,5 @@
-"""``first_price`` and ``second_price``: sealed-bid auctions of each product's queries."""
+"""``first_price``, ``second_price`` and their mixture ``mixed_price``: sealed-bid auctions
+of each product's queries."""
 
 from __future__ import annotations
 
@@ -27,6 +28,12 @@ PARAMS = {
                          "payment is at least this"),
 }
 OPTIONS: dict = {}
+MIXED_PARAMS = {
+    **PARAMS,
+    "a": Field(kind="float", default=1.5, low=1.0, high=2.0,
+               doc="payment rule: pay = (2 - a) first-price payment + (a - 1) second-price "
+                   "payment (1: first price, 2: second price)"),
+}
 
 
 @partial(jax.jit, static_argnames=("second",))
@@ -46,6 +53,31 @@ def _auction(quotes: Quotes, prm: Mapping[str, jax.Array], second: bool) -> Allo
         pay = jnp.where(n_win > 1, top, jnp.maximum(runner_up, reserve))
     else:
         pay = top
+    pay = jnp.where(any_bid, pay, 0.0)                                 # [P] per query
+    total = jnp.sum(queries, axis=0)                                   # [P]
+    traffic = jnp.where(winner, (total / n_win)[None, :], 0.0)
+    fees = money(traffic * pay[None, :])
+    spend = money(jnp.where(any_bid[None, :], queries * pay[None, :], 0.0))
+    unserved = jnp.where(any_bid[None, :], 0.0, queries)
+    return Allocation(traffic=traffic, fees=fees, unserved=unserved, spend=spend, sent=queries)
+
+
+@jax.jit
+def _mixed_auction(quotes: Quotes, prm: Mapping[str, jax.Array]) -> Allocation:
+    reserve = jnp.maximum(f32(prm["reserve"]), 0.0)
+    a = f32(prm["a"])
+    bid = clean_price(quotes.quoted_price_shared())                    # [S, P]
+    queries = clean_nonneg(quotes.queries, QUERY_MAX)                  # [C, P]
+    eligible = bid >= reserve
+    masked = jnp.where(eligible, bid, -jnp.inf)
+    top = jnp.max(masked, axis=0)                                      # [P], -inf: no bid
+    any_bid = top > -jnp.inf
+    winner = eligible & (bid == top[None, :])                          # [S, P]
+    n_win = jnp.maximum(jnp.sum(winner, axis=0), 1).astype(bid.dtype)
+    top = jnp.where(any_bid, top, 0.0)
+    runner_up = jnp.max(jnp.where(eligible & ~winner, bid, -jnp.inf), axis=0)
+    second = jnp.where(n_win > 1, top, jnp.maximum(runner_up, reserve))
+    pay = (2.0 - a) * top + (a - 1.0) * second
     pay = jnp.where(any_bid, pay, 0.0)                                 # [P] per query
     total = jnp.sum(queries, axis=0)                                   # [P]
     traffic = jnp.where(winner, (total / n_win)[None, :], 0.0)
@@ -94,9 +126,31 @@ def allocate_second_price(key: jax.Array, quotes: Quotes, params: Mapping[str, j
     return _auction(quotes, with_defaults(PARAMS, params), second=True)
 
 
+def allocate_mixed_price(key: jax.Array, quotes: Quotes, params: Mapping[str, jax.Array],
+                         options: Mapping[str, Any]) -> Allocation:
+    """A mixture of the first- and second-price payment rules, ``a`` in ``[1, 2]``.
+
+    Eligibility, winners, ties, the reserve and unserved queries as ``first_price``; the
+    price per query interpolates the two payments::
+
+        pay = (2 - a) B + (a - 1) pay_2nd,   pay_2nd = B (tie at the top), else
+                                             max(second eligible bid, reserve)
+        fees_s = pay traffic_s,   spend_c = pay q_c
+
+    ``a = 1`` gives ``first_price`` and ``a = 2`` ``second_price`` (bit for bit: the other
+    term is multiplied by an exact 0). Budgets are not used. ``O(C + S)``.
+    """
+    del key
+    resolve_options(OPTIONS, options, "mixed_price")
+    return _mixed_auction(quotes, with_defaults(MIXED_PARAMS, params))
+
+
 FIRST_PRICE = DISTRIBUTORS.register(DistributorDef(
     kind="first_price", allocate=allocate_first_price, params=PARAMS, options=OPTIONS,
     dense=False))
 SECOND_PRICE = DISTRIBUTORS.register(DistributorDef(
     kind="second_price", allocate=allocate_second_price, params=PARAMS, options=OPTIONS,
+    dense=False))
+MIXED_PRICE = DISTRIBUTORS.register(DistributorDef(
+    kind="mixed_price", allocate=allocate_mixed_price, params=MIXED_PARAMS, options=OPTIONS,
     dense=False))
