@@ -16,7 +16,9 @@ Baseline economy: ``a = 2, c = 1, a_0 = 0, mu = 0.25``; then the single-seller o
 >>> round(float(nash_price(2)), 4), round(float(joint_monopoly_price(2)), 4)
 (1.4729, 1.925)
 
-Also the query-distributor price curve of the 2022 indexer selection
+Also Cournot competition with linear inverse demand (:func:`cournot_nash_quantity`,
+:func:`cournot_monopoly_quantity`) and the query-distributor price curve of the 2022
+indexer selection
 (:func:`isa_optimal_fee`).
 """
 
@@ -173,3 +175,48 @@ def isa_utility(normalised_price: ArrayLike) -> ArrayLike:
     """``u(x) = 1/(x + s) - s`` of the indexer-selection price curve (``u(1) = 0``)."""
     x = np.asarray(normalised_price, dtype=np.float64)
     return 1.0 / (x + GOLDEN_S) - GOLDEN_S
+
+
+# --------------------------------------------------------------------------- Cournot
+# n symmetric firms choose quantities q_i; inverse demand P(Q) = a - b Q (Q = sum_i q_i),
+# marginal cost c (a > c >= 0, b > 0); profit_i = (P(Q) - c) q_i.
+
+def cournot_nash_quantity(n: int = 2, a: float = 1.0, b: float = 1.0, c: float = 0.0) -> float:
+    """Per-firm quantity of the symmetric Cournot-Nash equilibrium. The first-order
+    condition ``a - b Q - b q_i - c = 0`` at ``q_i = q`` gives::
+
+        q* = (a - c) / (b (n + 1))
+    """
+    return (a - c) / (b * (n + 1))
+
+
+def cournot_nash_price(n: int = 2, a: float = 1.0, b: float = 1.0, c: float = 0.0) -> float:
+    """Clearing price at the Cournot-Nash quantities: ``a - b n q* = (a + n c) / (n + 1)``."""
+    return a - b * n * cournot_nash_quantity(n, a, b, c)
+
+
+def cournot_nash_profit(n: int = 2, a: float = 1.0, b: float = 1.0, c: float = 0.0) -> float:
+    """Per-firm Cournot-Nash profit: ``(P* - c) q* = (a - c)**2 / (b (n + 1)**2)``."""
+    return (cournot_nash_price(n, a, b, c) - c) * cournot_nash_quantity(n, a, b, c)
+
+
+def cournot_monopoly_quantity(n: int = 2, a: float = 1.0, b: float = 1.0,
+                              c: float = 0.0) -> float:
+    """Per-firm quantity of the joint monopoly (total profit ``(a - b Q - c) Q`` maximised
+    at ``Q_M = (a - c) / (2 b)``), split equally::
+
+        q_M = (a - c) / (2 b n)     (the total is n q_M)
+    """
+    return (a - c) / (2.0 * b * n)
+
+
+def cournot_monopoly_price(n: int = 2, a: float = 1.0, b: float = 1.0,
+                           c: float = 0.0) -> float:
+    """Joint-monopoly price: ``a - b Q_M = (a + c) / 2`` (independent of ``n``)."""
+    return a - b * n * cournot_monopoly_quantity(n, a, b, c)
+
+
+def cournot_monopoly_profit(n: int = 2, a: float = 1.0, b: float = 1.0,
+                            c: float = 0.0) -> float:
+    """Per-firm joint-monopoly profit: ``(P_M - c) q_M = (a - c)**2 / (4 b n)``."""
+    return (cournot_monopoly_price(n, a, b, c) - c) * cournot_monopoly_quantity(n, a, b, c)

@@ -132,6 +132,17 @@ def _time(s) -> ObsFn:
     return obs
 
 
+def _market_price(s) -> ObsFn:
+    """[n, P]: the clearing price of the last period, the same for every agent: the sum
+    over consumers of spend / the sum of served queries (0 where nothing was served; at
+    reset 0) -- what a seller sees under imperfect monitoring (not its rivals' actions)."""
+
+    def obs(v: GroupView):
+        return jnp.broadcast_to(v.market_price, (v.action.shape[0],) + v.market_price.shape)
+
+    return obs
+
+
 def _history(s) -> ObsFn:
     """[n, k * S * P]: the last k price profiles of all sellers (most recent first) —
     the state of the Calvano et al. Q-learners."""
@@ -156,6 +167,7 @@ OBSERVATIONS.register(_component(
 OBSERVATIONS.register(_component(
     "time", _time, {"period": Field("float", None, low=0.0, low_open=True, optional=True)}))
 OBSERVATIONS.register(_component("history", _history, {"k": Field("int", 1, low=1)}))
+OBSERVATIONS.register(_component("market_price", _market_price))
 
 
 def history_length(config: Sequence[Mapping[str, Any]]) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 from flax import struct
 
@@ -17,7 +19,10 @@ class GroupView:
     served (sent - unserved), ``fees`` the money spent, ``sent``/``budget``.
     Market-wide: ``all_prices`` [S, P] quoted prices of every seller, ``self_index`` [n]
     positions of this group's agents in it, ``budgets`` [C, P], ``time``,
-    ``price_history`` [K, S, P] (most recent first), ``last_reward`` [n].
+    ``price_history`` [K, S, P] (most recent first), ``last_reward`` [n],
+    ``market_price`` [P] the last period's average price paid per served query (sum of
+    consumers' spend / sum of served queries; 0 where nothing was served: at reset, or
+    when every query went unserved); ``None`` in views built by hand without it.
     """
 
     action: jax.Array
@@ -35,3 +40,4 @@ class GroupView:
     episode_length: jax.Array
     price_history: jax.Array
     last_reward: jax.Array
+    market_price: Any = None

@@ -86,6 +86,8 @@ class MarketEnv:
                   for g in spec.sellers if g.action == "price"}
         mults = {g.name: jnp.asarray(params.sellers[g.name].initial, jnp.float32)
                  for g in spec.sellers if g.action == "multiplier"}
+        quantities = {g.name: jnp.asarray(params.sellers[g.name].initial, jnp.float32)
+                      for g in spec.sellers if g.action == "quantity"}
         budgets = {}
         for g in spec.consumers:
             c = params.consumers[g.name]
@@ -94,7 +96,7 @@ class MarketEnv:
         demand = {g.name: DEMANDS[g.demand_kind].init(params.consumers[g.name].demand, (g.count, P))
                   for g in spec.consumers}
         state = MarketState(
-            prices=prices, multipliers=mults, budgets=budgets,
+            prices=prices, multipliers=mults, quantities=quantities, budgets=budgets,
             queries={g.name: zeros(g) for g in spec.consumers},
             traffic={g.name: zeros(g) for g in spec.sellers},
             fees={g.name: zeros(g) for g in spec.sellers},
@@ -115,7 +117,7 @@ class MarketEnv:
 
     # ------------------------------------------------------------------ step
     def _seller_action(self, state: MarketState, g: GroupSpec) -> jax.Array:
-        return state.prices[g.name] if g.action == "price" else state.multipliers[g.name]
+        return getattr(state, ACTION_FIELDS[g.action])[g.name]
 
     def _quotes(self, state: MarketState, params: MarketParams, queries: dict) -> Quotes:
         spec = self.spec
@@ -142,14 +144,22 @@ class MarketEnv:
             for g in self.spec.sellers], axis=0)
 
     def apply_actions(self, state: MarketState, actions: dict, params: MarketParams) -> MarketState:
-        """Actions -> prices / multipliers / budgets, clipped to the group's bounds."""
+        """Actions -> prices / multipliers / quantities / budgets, clipped to the group's
+        bounds. With ``move_order: alternating`` seller ``s`` (flat seller index) takes its
+        action only when ``state.time % num_sellers == s`` and otherwise keeps the one in
+        force (consumer agents always act)."""
         new = {f: dict(getattr(state, f)) for f in ACTION_FIELDS.values()}
+        alternating = self.spec.move_order == "alternating"
         for g in self.spec.agent_groups:
             if g.name not in actions:
                 raise KeyError(f"actions has no entry for agent group {g.name!r}; "
                                f"expected keys {self.agent_groups}")
             low, high = self._bounds(g, params)
             a = jnp.clip(jnp.asarray(actions[g.name], jnp.float32), low, high)
+            if alternating and g.side == "seller":
+                turn = state.time % self.spec.num_sellers
+                mover = jnp.arange(g.offset, g.offset + g.count) == turn      # [n]
+                a = jnp.where(mover[:, None], a, new[ACTION_FIELDS[g.action]][g.name])
             new[ACTION_FIELDS[g.action]][g.name] = a
         return state.replace(**new)
 
@@ -219,7 +229,8 @@ class MarketEnv:
         common = dict(all_prices=quoted, budgets=budgets, time=state.time,
                       episode_length=params.episode_length, price_history=state.price_history,
                       last_reward=state.last_reward.get(g.name, jnp.zeros((g.count,))),
-                      self_index=jnp.arange(g.offset, g.offset + g.count))
+                      self_index=jnp.arange(g.offset, g.offset + g.count),
+                      market_price=self._market_price(state))
         if g.side == "seller":
             p = params.sellers[g.name]
             return GroupView(action=self._seller_action(state, g),
@@ -231,6 +242,14 @@ class MarketEnv:
                          traffic=sent - state.unserved[g.name], fees=state.spend[g.name],
                          cost=zeros, value=zeros, sent=sent, budget=state.budgets[g.name],
                          **{**common, "self_index": jnp.zeros((g.count,), jnp.int32)})
+
+    def _market_price(self, state: MarketState) -> jax.Array:
+        """[P] sum_c spend / sum_c (sent - unserved) over every consumer; 0 where nothing
+        was served."""
+        cons = self.spec.consumers
+        spend = sum(state.spend[c.name].sum(0) for c in cons)
+        served = sum((state.queries[c.name] - state.unserved[c.name]).sum(0) for c in cons)
+        return jnp.where(served > 0, spend / jnp.where(served > 0, served, 1.0), 0.0)
 
     def get_obs(self, state: MarketState, params: MarketParams,
                 quoted: jax.Array | None = None) -> dict:

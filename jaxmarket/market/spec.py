@@ -64,12 +64,13 @@ CONSUMER_FIELDS: dict[str, Field] = {
 }
 SELLER_FIELDS: dict[str, Field] = {
     **_GROUP_COMMON,
-    "action": Field("choice", "price", choices=("price", "multiplier"),
-                    doc="the action is a price, or a multiplier of consumers' base prices"),
-    "low": Field("entity", 0.0, low=0.0, doc="lowest price/multiplier"),
-    "high": Field("entity", 10.0, low=0.0, doc="highest price/multiplier"),
+    "action": Field("choice", "price", choices=("price", "multiplier", "quantity"),
+                    doc="the action is a price, a multiplier of consumers' base prices, or "
+                        "a quantity (Cournot: distributor cournot)"),
+    "low": Field("entity", 0.0, low=0.0, doc="lowest price/multiplier/quantity"),
+    "high": Field("entity", 10.0, low=0.0, doc="highest price/multiplier/quantity"),
     "initial": Field("entity", None, low=0.0, optional=True,
-                     doc="price/multiplier at reset (default: midpoint of [low, high])"),
+                     doc="price/multiplier/quantity at reset (default: midpoint of [low, high])"),
     "cost": Field("entity", 0.0, low=0.0, doc="marginal cost per query served"),
     "quality": Field("entity", 0.0, doc="logit quality a_i"),
     "reliability": Field("entity", 1.0, low=0.0, high=1.0, doc="query success probability"),
@@ -78,6 +79,7 @@ SELLER_FIELDS: dict[str, Field] = {
     "stake": Field("entity", 1.0, low=0.0, doc="allocated stake"),
     "value": Field("entity", 0.0, low=0.0, doc="valuation per query (auction bidders)"),
 }
+MOVE_ORDERS = ("simultaneous", "alternating")
 MARKET_FIELDS: dict[str, Field] = {
     "num_products": Field("int", 1, low=1),
     "episode_length": Field("int", None, low=1, optional=True,
@@ -85,6 +87,9 @@ MARKET_FIELDS: dict[str, Field] = {
     "consumers": Field("any"),
     "sellers": Field("any"),
     "distributor": Field("any"),
+    "move_order": Field("choice", "simultaneous", choices=MOVE_ORDERS,
+                        doc="simultaneous: every seller acts every period; alternating: "
+                            "seller s (flat index) acts only when time % num_sellers == s"),
 }
 CONSUMER_ARRAYS = ("budget", "budget_low", "budget_high", "base_price", "queries")
 SELLER_ARRAYS = ("low", "high", "initial", "cost", "quality", "reliability", "latency",
@@ -98,7 +103,7 @@ class GroupSpec:
     side: str        # "consumer" | "seller"
     count: int
     agent: bool
-    action: str      # "price" | "multiplier" | "budget" | "none"
+    action: str      # "price" | "multiplier" | "quantity" | "budget" | "none"
     offset: int      # first index in the flat seller or consumer axis
     reward: Any      # frozen reward config (agents)
     observation: Any  # frozen observation config (agents)
@@ -113,6 +118,7 @@ class MarketSpec:
     distributor: str
     distributor_options: Any
     history: int
+    move_order: str = "simultaneous"   # "simultaneous" | "alternating" (sellers)
 
     @property
     def groups(self) -> tuple[GroupSpec, ...]:
@@ -246,9 +252,26 @@ def _resolve_demand(raw: Any, where: str) -> tuple[str, dict]:
 def _resolve_distributor(raw: Any, where: str) -> tuple[str, Any, dict]:
     kind, d = lookup_kind(raw, DISTRIBUTORS, where)
     vals = check_mapping({**d.params, **d.options}, raw, where)
+    if d.check is not None:
+        d.check(vals, where)
     params = {k: np.asarray(vals[k], np.float32) for k in d.params}
     options = {k: vals[k] for k in d.options}
     return kind, freeze(options), params
+
+
+def _check_move_order(order: str, num_sellers: int, episode_length: int | None,
+                      where: str) -> str:
+    """``alternating`` needs two sellers or more, and an episode length (if any) that is a
+    multiple of the number of sellers, so the turn order survives the reset."""
+    if order != "alternating":
+        return order
+    if num_sellers < 2:
+        raise ConfigError(where, order, f"simultaneous (alternating moves need >= 2 sellers; "
+                                        f"the market has {num_sellers})")
+    if episode_length is not None and episode_length % num_sellers:
+        raise ConfigError(where, order, f"simultaneous, or an episode_length that is a multiple "
+                                        f"of the {num_sellers} sellers (got {episode_length})")
+    return order
 
 
 def resolve_market(raw: Any, where: str = "market") -> tuple[MarketSpec, MarketParams]:
@@ -263,6 +286,12 @@ def resolve_market(raw: Any, where: str = "market") -> tuple[MarketSpec, MarketP
     sellers, sparams = _resolve_groups(_as_list(vals["sellers"], f"{where}.sellers", "seller"),
                                        "seller", SELLER_FIELDS, P, f"{where}.sellers", taken)
     kind, options, dparams = _resolve_distributor(vals["distributor"], f"{where}.distributor")
+    accepted = DISTRIBUTORS[kind].actions
+    for i, g in enumerate(sellers):
+        if g.action not in accepted:
+            raise ConfigError(f"{where}.sellers[{i}].action", g.action,
+                              f"one of {', '.join(accepted)} (the seller actions distributor "
+                              f"{kind!r} accepts)")
     if not DISTRIBUTORS[kind].dense and any(g.action == "multiplier" for g in sellers):
         base = np.concatenate([cparams[g.name].base_price for g in consumers])
         if np.any(base != base[0:1]):
@@ -272,8 +301,10 @@ def resolve_market(raw: Any, where: str = "market") -> tuple[MarketSpec, MarketP
                               + ", ".join(k for k, d in DISTRIBUTORS.items() if d.dense) + ")")
     hist = max([history_length(thaw(g.observation)) for g in consumers + sellers if g.agent],
                default=0)
-    spec = MarketSpec(P, tuple(consumers), tuple(sellers), kind, options, hist)
     ep = vals["episode_length"]
+    move_order = _check_move_order(vals["move_order"], sum(g.count for g in sellers), ep,
+                                   f"{where}.move_order")
+    spec = MarketSpec(P, tuple(consumers), tuple(sellers), kind, options, hist, move_order)
     params = MarketParams(consumers=cparams, sellers=sparams, distributor=dparams,
                           episode_length=np.int32(NEVER if ep is None else ep))
     return spec, params

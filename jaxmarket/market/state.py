@@ -17,6 +17,7 @@ class MarketState:
 
     prices[g]      [n, P] posted prices of price-setting seller groups
     multipliers[g] [n, P] price multipliers of multiplier seller groups
+    quantities[g]  [n, P] quantities of quantity-setting (Cournot) seller groups
     budgets[g]     [n, P] consumer budgets (agents choose theirs)
     queries[g]     [n, P] queries consumers sent last step
     traffic[g]     [n, P] queries each seller served last step
@@ -31,6 +32,7 @@ class MarketState:
 
     prices: Any
     multipliers: Any
+    quantities: Any
     budgets: Any
     queries: Any
     traffic: Any
@@ -44,11 +46,12 @@ class MarketState:
 
 
 # a group's action kind (``GroupSpec.action``) -> the MarketState field that holds it
-ACTION_FIELDS = {"price": "prices", "multiplier": "multipliers", "budget": "budgets"}
+ACTION_FIELDS = {"price": "prices", "multiplier": "multipliers", "budget": "budgets",
+                 "quantity": "quantities"}
 
 
 def current_actions(spec: MarketSpec, state: MarketState) -> dict[str, jax.Array]:
     """Every agent group's action in force, ``{group: [n, P]}`` in ``spec.agent_groups``
-    order: its prices, multipliers or budgets (:data:`ACTION_FIELDS`). Passed back to
+    order: its prices, multipliers, quantities or budgets (:data:`ACTION_FIELDS`). Passed back to
     ``env.step`` it holds every agent where it is (``spec``: ``env.spec``)."""
     return {g.name: getattr(state, ACTION_FIELDS[g.action])[g.name] for g in spec.agent_groups}

@@ -3,12 +3,13 @@ for the contract.
 
 Importing this package registers every kind in :data:`DISTRIBUTORS`: ``logit``,
 ``proportional``, ``cheapest``, ``first_price``, ``second_price``, ``isa_2022``,
-``isa_greedy`` (see ``docs/distributors.md``).
+``isa_greedy``, ``mixed_price``, ``cournot`` (see ``docs/distributors.md``).
 """
 
 from jaxmarket.market.distributors import (  # noqa: F401  (registration side effects)
     auctions,
     cheapest,
+    cournot,
     isa,
     isa_greedy,
     logit,

@@ -76,7 +76,13 @@ class DistributorDef:
 
     ``params``: numeric settings (become float32 arrays in MarketParams, vmappable);
     ``options``: static settings; ``dense``: True when it materialises a
-    consumers x sellers x products array (then base prices may differ per consumer).
+    consumers x sellers x products array (then base prices may differ per consumer);
+    ``actions``: the seller action kinds (``SELLER_FIELDS["action"]``) it accepts,
+    checked at config load; ``deterministic``: False when ``allocate`` uses its key
+    (the allocation is random), or a function of the resolved options (a dict with
+    defaults filled in) saying so for one configuration (use :meth:`is_deterministic`);
+    ``check``: an optional ``check(values, where)`` of the resolved params and options
+    that raises :class:`ConfigError` (cross-field rules a ``Field`` cannot state).
     """
 
     kind: str
@@ -84,6 +90,17 @@ class DistributorDef:
     params: Mapping[str, Field] = field(default_factory=dict)
     options: Mapping[str, Field] = field(default_factory=dict)
     dense: bool = False
+    actions: tuple[str, ...] = ("price", "multiplier")
+    deterministic: bool | Callable[[Mapping[str, Any]], bool] = True
+    check: Callable[[Mapping[str, Any], str], None] | None = None
+
+    def is_deterministic(self, options: Mapping[str, Any] | None = None) -> bool:
+        """Whether ``allocate`` ignores its key for these options (defaults filled in)."""
+        if callable(self.deterministic):
+            given = dict(options or {})
+            full = {k: given.get(k, f.default) for k, f in self.options.items()}
+            return bool(self.deterministic(full))
+        return bool(self.deterministic)
 
 
 # every distributor module registers its kinds: DISTRIBUTORS.register(DistributorDef(...))

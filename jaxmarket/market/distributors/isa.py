@@ -169,5 +169,6 @@ def _allocate(key, quotes: Quotes, prm: Mapping[str, jax.Array], mode: str) -> A
     return Allocation(traffic=traffic, fees=fees, unserved=unserved, spend=spend, sent=queries)
 
 
-ISA_2022 = DISTRIBUTORS.register(DistributorDef(kind="isa_2022", allocate=allocate,
-                                                params=PARAMS, options=OPTIONS, dense=True))
+ISA_2022 = DISTRIBUTORS.register(DistributorDef(
+    kind="isa_2022", allocate=allocate, params=PARAMS, options=OPTIONS, dense=True,
+    deterministic=lambda opt: opt["mode"] != "sampled"))   # 'sampled' draws with the key
