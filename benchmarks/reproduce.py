@@ -101,6 +101,8 @@ DESIGNS: dict[str, Design] = {
 }
 #: Calvano et al.'s average profit gain by number of firms
 CALVANO_PUBLISHED = {2: 0.85, 3: 0.64, 4: 0.56}
+#: the paper's cap on a session's periods
+CALVANO_MAX_PERIODS = 1_000_000_000
 
 
 def bootstrap_ci(values: np.ndarray, statistic: str, resamples: int = 2000,
@@ -203,7 +205,9 @@ def main(argv: list[str] | None = None) -> dict:
     if args.name == "calvano2020":
         if args.firms < 2:
             parser.error(f"--firms: got {args.firms}; need at least 2")
-        extra = {} if args.periods is None else {"max_periods": args.periods}
+        # the paper's cap of 10^9 periods (sessions stop when they converge): four
+        # firms need up to ~2 * 10^7 periods, beyond calvano.py's default cap of 10^7
+        extra = {"max_periods": CALVANO_MAX_PERIODS if args.periods is None else args.periods}
         result = reproduce_calvano(sessions, args.firms, args.seed, **extra)
     else:
         periods = design.periods if args.periods is None else args.periods
