@@ -90,6 +90,7 @@ class SessionResult:
     greedy_fees: np.ndarray     # [S, n] fees of the greedy profile (auctions: payments)
     final_index: np.ndarray     # [S, n] the profile in force after the last period
     converged: np.ndarray       # [S] bool, the learner's convergence rule
+    stable_periods: np.ndarray  # [S] periods since a seller's greedy strategy last changed
     step: np.ndarray            # [S] periods learnt from (the period of convergence)
     periods: int
     window: int
@@ -260,7 +261,8 @@ def run_sessions(plan: RunPlan, sessions: int, periods: int, key: jax.Array,
         greedy_index=np.asarray(greedy), greedy_price=np.asarray(game.grid.prices[greedy]),
         greedy_reward=np.asarray(game.reward[row], np.float64),
         greedy_fees=np.asarray(game.fees[row], np.float64), final_index=np.asarray(index),
-        converged=np.asarray(states.converged), step=np.asarray(states.step),
+        converged=np.asarray(states.converged),
+        stable_periods=np.asarray(states.stable_periods), step=np.asarray(states.step),
         periods=periods, window=window, wall_s=time.perf_counter() - start)
 
 
