@@ -150,9 +150,9 @@ def game_extras(name: str, result: SessionResult) -> dict:
     extras = {"grid_size": int(prices.size),
               "static_nash_prices": sorted({float(prices[j].mean()) for j in nash})}
     if name.startswith("asker"):
-        lowest_nash = min(extras["static_nash_prices"]) if nash.size else math.nan
+        highest_nash = max(extras["static_nash_prices"]) if nash.size else math.nan
         final = _mean_final_price(result)
-        extras.update(share_above_static_nash=float(np.mean(final > lowest_nash + 1e-6)),
+        extras.update(share_above_static_nash=float(np.mean(final > highest_nash + 1e-6)),
                       market_price_median=float(np.median(result.greedy_price.min(axis=1))))
     if name == "klein2021":
         reward = np.asarray(game.reward, np.float64)
