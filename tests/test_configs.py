@@ -58,8 +58,11 @@ def test_every_shipped_config_trains(name, tmp_path):
     for g in spec.agent_groups:
         assert np.all(np.isfinite(data[:, header.index(f"reward/{g.name}")]))
         low, high = quoted_price_bounds(config, g.name)
+        # quantity sellers: their actions are the quantity/<g> column (price/<g> is the
+        # clearing price, from 0 up to the demand intercept)
+        column = "quantity" if g.action == "quantity" else "price"
         for j in range(spec.num_products):
-            price = data[:, header.index(f"price/{g.name}/p{j}")]
+            price = data[:, header.index(f"{column}/{g.name}/p{j}")]
             # actions are clipped to the group's bounds before the market sees them
             assert np.all(price >= low[j] - 1e-5) and np.all(price <= high[j] + 1e-5), \
                 (g.name, j, price, low[j], high[j])

@@ -20,6 +20,7 @@ from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.loader import load_config
 from jaxmarket.train.plan import resolve
 from jaxmarket.train.run import final_learner_state, start_run
+from jaxmarket.train.tracking import read_metrics
 from jaxmarket.train.sessions import make_game, pure_nash, run_sessions
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -161,3 +162,34 @@ def test_mismatched_learner_and_market_is_a_config_error(name, changes, field, n
     with pytest.raises(ConfigError, match=needle) as err:
         resolve(config(name, **changes))
     assert err.value.field == field
+
+
+def test_cournot_through_the_training_loop_reports_quantities_and_the_clearing_price(tmp_path):
+    """configs/cournot.yaml trained by the loop: ``quantity/firms`` is what the firms set,
+    ``price/firms`` the clearing price P = 1 - (q_1 + q_2) of the same periods, and the
+    reward the profit P q of each firm on average."""
+    run_dir = tmp_path / "run"
+    start_run(str(CONFIGS / "cournot.yaml"), ["train.num_seeds=1", "train.num_iterations=200",
+                                               "train.chunk_size=100"], str(run_dir))
+    header, data = read_metrics(run_dir / "metrics.csv")
+    q = data[:, header.index("quantity/firms/p0")]        # mean over the two firms
+    price = data[:, header.index("price/firms/p0")]
+    sold = q > 0       # nothing sold: no transaction price (the metric says 0)
+    assert sold.sum() > 150 and (~sold).any()
+    np.testing.assert_allclose(price[sold], 1.0 - 2.0 * q[sold], atol=1e-5)
+    assert np.all(price[~sold] == 0)
+    assert np.all((q >= 0) & (q <= 0.5)) and np.ptp(q) > 0   # exploring, within bounds
+    np.testing.assert_allclose(data[:, header.index("traffic/firms/p0")], q, atol=1e-6)
+    np.testing.assert_allclose(data[:, header.index("reward/firms")], price * q, atol=1e-5)
+
+
+def test_alternating_market_through_the_training_loop(tmp_path):
+    """configs/klein2021.yaml trained by the loop: the sequential learner's clock counts
+    the market's periods, and after two periods both sellers have had a turn."""
+    run_dir = tmp_path / "run"
+    start_run(str(CONFIGS / "klein2021.yaml"), ["train.num_seeds=2", "train.num_iterations=5",
+                                                 "train.chunk_size=5"], str(run_dir))
+    state = final_learner_state(run_dir).learners["sellers"]
+    assert int(state.clock) == 5
+    assert np.asarray(state.pending["valid"]).tolist() == [True] * 4   # 2 seeds x 2 sellers
+    np.testing.assert_array_equal(np.asarray(state.step), [5, 5])

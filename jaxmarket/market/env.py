@@ -198,6 +198,10 @@ class MarketEnv:
         info = {"traffic": state.traffic, "fees": state.fees, "unserved": state.unserved,
                 "spend": state.spend, "queries": state.queries, "budgets": state.budgets,
                 "prices": {g.name: split(quoted, g) for g in spec.sellers}}
+        quantity_groups = [g for g in spec.sellers if g.action == "quantity"]
+        if quantity_groups:   # a quantity market: what each sold, and at what price
+            info["quantities"] = {g.name: state.quantities[g.name] for g in quantity_groups}
+            info["market_price"] = self._market_price(state)
         return obs, state, rewards, terminated, info
 
     def is_truncated(self, state: MarketState, params: MarketParams) -> jax.Array:
@@ -208,7 +212,8 @@ class MarketEnv:
         """One market step with auto-reset: returns
         ``(obs, state, rewards, terminated, truncated, info)``; ``info`` holds the
         pre-reset ``traffic``/``fees`` (sellers), ``unserved``/``spend``/``queries``
-        (consumers) and quoted ``prices`` per group."""
+        (consumers) and quoted ``prices`` per group; in a market with quantity sellers
+        also their ``quantities`` per group and the clearing ``market_price`` [P]."""
         k_step, k_reset = jax.random.split(key)
         obs_st, state_st, rewards, terminated, info = self.step_env(k_step, state, actions, params)
         truncated = self.is_truncated(state_st, params)

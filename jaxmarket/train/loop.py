@@ -193,11 +193,18 @@ def learner_transition(view: SlotView, g: str, assignment, obs, action, reward, 
 
 def market_metrics(step: Step, groups, sellers: frozenset, num_seeds: int) -> dict:
     """``reward/<g>``, ``traffic/<g>``, ``price/<g>``: means over markets and agents
-    (and their per-seed copies ``per_seed/...``); ``episodes``: truncations this step."""
+    (and their per-seed copies ``per_seed/...``); ``episodes``: truncations this step.
+    Quantity sellers: ``price/<g>`` is the clearing price (what a unit sold for: 0 in a
+    period where nothing is sold) and ``quantity/<g>`` what they set."""
     metrics = {"episodes": step.done[0].astype(jnp.float32)}   # markets step in lockstep
+    quantities = step.info.get("quantities", {})
     for g in groups:
-        for name, value in (("reward", step.rewards[g]), ("traffic", served(step.info, g, sellers)),
-                            ("price", quoted(step.info, g, sellers))):
+        values = [("reward", step.rewards[g]), ("traffic", served(step.info, g, sellers)),
+                  ("price", quoted(step.info, g, sellers))]
+        if g in quantities:   # quantity sellers: the clearing price, and what they set
+            price = jnp.broadcast_to(step.info["market_price"][:, None, :], quantities[g].shape)
+            values[2:] = [("price", price), ("quantity", quantities[g])]
+        for name, value in values:
             # markets are seed-major (market = seed * num_envs + env): one mean per seed
             by_seed = value.reshape((num_seeds, -1) + value.shape[2:]).mean(1)   # [S] or [S, P]
             metrics[f"{name}/{g}"] = by_seed.mean(0)
