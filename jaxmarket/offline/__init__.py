@@ -14,7 +14,7 @@
 from jaxmarket.offline.algos import ALGOS, Algo, make_algo
 from jaxmarket.offline.collect import collect
 from jaxmarket.offline.d4rl import load_d4rl, save_d4rl
-from jaxmarket.offline.dataset import Dataset, make_dataset, save_dataset
+from jaxmarket.offline.dataset import Dataset, DatasetError, make_dataset, save_dataset
 from jaxmarket.offline.fit import FitResult, fit
 from jaxmarket.offline.formats import load_dataset
 from jaxmarket.offline.fqe import FQE, fqe_value
@@ -30,6 +30,7 @@ __all__ = [
            "Algo",
            "BanditOPE",
            "Dataset",
+           "DatasetError",
            "FitResult",
            "SimulatorValue",
            "Stop",

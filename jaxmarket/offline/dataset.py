@@ -49,7 +49,8 @@ import numpy as np
 from jaxmarket.config.errors import ConfigError
 
 FORMAT = "jaxmarket-offline"
-VERSION = 1
+VERSION = 2          # 2: each group records its total ``rows``; 1 (still read): it does not
+READ_VERSIONS = (1, 2)
 CORE = ("observations", "actions", "rewards", "next_observations", "terminals", "timeouts")
 INT_FIELDS = ("stream", "episode", "step", "action_index")
 
@@ -197,7 +198,8 @@ class DatasetWriter:
         if self.tmp.exists():
             shutil.rmtree(self.tmp)
         self.tmp.mkdir(parents=True)
-        self.groups = {g: {"meta": dict(m), "fields": None, "chunks": []} for g, m in meta.items()}
+        self.groups = {g: {"meta": dict(m), "fields": None, "rows": 0, "chunks": []}
+                       for g, m in meta.items()}
         self.extra = dict(extra or {})
 
     def write(self, group: str, fields: Mapping[str, np.ndarray]) -> None:
@@ -216,6 +218,7 @@ class DatasetWriter:
         if entry["fields"] is None:
             entry["fields"] = spec
         entry["chunks"].append(chunk)
+        entry["rows"] += rows
 
     def close(self) -> Path:
         manifest = {"format": FORMAT, "version": VERSION, **self.extra,
@@ -266,29 +269,248 @@ def save_dataset(ds: Dataset | Mapping[str, Dataset], out: str | Path,
 
 # ----------------------------------------------------------------------------- reading
 
+class DatasetError(ConfigError):
+    """A saved dataset is malformed: its ``manifest.json`` does not follow the schema of
+    :func:`read_manifest`, or a chunk file it lists is missing, corrupt, outside the dataset
+    directory, or holds non-finite numbers. The message names the file, the key (or field
+    and row) and what is expected, e.g. ``D/manifest.json: groups.seller.chunks[0].files
+    .rewards.crc32: got '<missing>'; allowed: an integer in [0, 2**32)``."""
+
+
+MISSING = "<missing>"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+class _Schema:
+    """Checks one manifest, naming ``file: key`` in every error."""
+
+    def __init__(self, file: Path):
+        self.file = file
+
+    def error(self, key: str, value: Any, expected: str) -> DatasetError:
+        return DatasetError(f"{self.file}: {key}", value, expected)
+
+    def get(self, obj: Mapping, key: str, where: str, kind: type | tuple, expected: str,
+            optional: bool = False) -> Any:
+        name = f"{where}.{key}" if where else key
+        if key not in obj:
+            if optional:
+                return None
+            raise self.error(name, MISSING, expected)
+        value = obj[key]
+        if kind is int:
+            ok = _is_int(value)
+        else:
+            ok = isinstance(value, kind) and not isinstance(value, bool)
+        if not ok:
+            raise self.error(name, value, expected)
+        return value
+
+    def count(self, obj: Mapping, key: str, where: str, optional: bool = False) -> int | None:
+        value = self.get(obj, key, where, int, "an integer >= 0", optional)
+        if value is not None and value < 0:
+            raise self.error(f"{where}.{key}", value, "an integer >= 0")
+        return value
+
+
+def _chunk_file(schema: _Schema, root: Path, rel: Any, key: str) -> Path:
+    """``root / rel`` resolved, refused unless it is a relative path that stays inside
+    ``root`` (no absolute path, no ``..``, no symlink leading out)."""
+    expected = (f"a relative path inside the dataset directory {root} (no absolute path, "
+                "no '..', no symlink leading out of it)")
+    if not isinstance(rel, str) or not rel:
+        raise schema.error(key, MISSING if rel is None else rel, expected)
+    parts = rel.replace("\\", "/").split("/")
+    if os.path.isabs(rel) or rel.startswith(("/", "\\")) or ".." in parts or ":" in parts[0]:
+        raise schema.error(key, rel, expected)
+    base = root.resolve()
+    file = (base / rel).resolve()
+    if not file.is_relative_to(base):
+        raise schema.error(key, rel, expected + f"; it resolves to {file}")
+    return file
+
+
+def _check_fields(schema: _Schema, fields: Mapping, where: str) -> None:
+    for name, spec in fields.items():
+        key = f"{where}.{name}"
+        if not isinstance(spec, Mapping):
+            raise schema.error(key, spec, "an object with dtype and shape")
+        dtype = schema.get(spec, "dtype", key, str, "a numpy dtype string such as '<f4'")
+        try:
+            ok = np.dtype(dtype).kind in "biufc"
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise schema.error(f"{key}.dtype", dtype, "a numeric or bool numpy dtype string "
+                               "such as '<f4', '<i4' or '|b1'")
+        shape = schema.get(spec, "shape", key, list, "a list of integers >= 0 (the shape of "
+                           "a row)")
+        if not all(_is_int(d) and d >= 0 for d in shape):
+            raise schema.error(f"{key}.shape", shape, "a list of integers >= 0 (the shape of "
+                               "a row)")
+
+
+def _check_group(schema: _Schema, root: Path, name: str, entry: Any, version: int) -> dict:
+    where = f"groups.{name}"
+    if not isinstance(entry, Mapping):
+        raise schema.error(where, entry, "an object with meta, fields, rows and chunks")
+    schema.get(entry, "meta", where, Mapping, "an object (the group's metadata)")
+    chunks = schema.get(entry, "chunks", where, list, "a list of chunks")
+    fields = schema.get(entry, "fields", where, (Mapping, type(None)),
+                        "an object {field: {dtype, shape}} (null only without chunks)")
+    if fields is None and chunks:
+        raise schema.error(f"{where}.fields", None, "an object {field: {dtype, shape}}")
+    _check_fields(schema, fields or {}, f"{where}.fields")
+    total = schema.count(entry, "rows", where, optional=version < 2)
+    seen: dict[Path, str] = {}
+    rows = 0
+    for i, chunk in enumerate(chunks):
+        ck = f"{where}.chunks[{i}]"
+        if not isinstance(chunk, Mapping):
+            raise schema.error(ck, chunk, "an object with rows and files")
+        rows += schema.count(chunk, "rows", ck)
+        files = schema.get(chunk, "files", ck, Mapping, "an object {field: {path, crc32}}")
+        for field in fields:
+            if field not in files:
+                raise schema.error(f"{ck}.files.{field}", MISSING, f"a file for every field "
+                                   f"of {where}.fields ({', '.join(fields)})")
+        for field, f in files.items():
+            fk = f"{ck}.files.{field}"
+            if field not in fields:
+                raise schema.error(f"{ck}.files", field, f"only the fields of {where}.fields "
+                                   f"({', '.join(fields)})")
+            if not isinstance(f, Mapping):
+                raise schema.error(fk, f, "an object with path and crc32")
+            crc = f.get("crc32", MISSING)
+            if not (_is_int(crc) and 0 <= crc < 2 ** 32):
+                raise schema.error(f"{fk}.crc32", crc, "an integer in [0, 2**32) (the CRC-32 "
+                                   "of the file)")
+            file = _chunk_file(schema, root, f.get("path"), f"{fk}.path")
+            if file in seen:
+                raise schema.error(f"{fk}.path", f["path"], "a file listed once (it is also "
+                                   f"{seen[file]}: a chunk entry is listed twice)")
+            seen[file] = f"{fk}.path"
+    if total is not None and rows != total:
+        raise schema.error(f"{where}.chunks", f"{len(chunks)} chunks of {rows} rows in all",
+                           f"chunks adding up to {where}.rows = {total} (a chunk entry was "
+                           "removed or added)")
+    if total is None:   # version 1: no total; every chunk file of the group must be listed
+        for d in {p.parent for p in seen}:
+            extra = sorted(str(p.relative_to(root.resolve())) for p in d.glob("*.npy")
+                           if p.resolve() not in seen)
+            if extra:
+                raise schema.error(f"{where}.chunks", f"no entry for {extra[0]}",
+                                   "an entry for every chunk file of the group (a chunk "
+                                   "entry was removed)")
+    return dict(entry)
+
+
+def check_manifest(manifest: Any, root: str | Path, file: str | Path | None = None) -> dict:
+    """``manifest`` (the parsed ``manifest.json`` of the dataset directory ``root``) checked
+    against the schema below; a :class:`DatasetError` naming ``file``, the key and what is
+    expected otherwise.
+
+    ``{"format": "jaxmarket-offline", "version": 1 | 2, "primary": group | null
+    (optional), "config": object | null (optional), ..., "groups": {group: {"meta": {...},
+    "fields": {field: {"dtype": "<f4", "shape": [d, ...]}}, "rows": total (version 2),
+    "chunks": [{"rows": n, "files": {field: {"path": "group/field.00000.npy", "crc32":
+    int}}}]}}}``: every chunk lists exactly the group's fields; each path is relative and
+    resolves inside ``root``; no file is listed twice; the chunks' rows add up to the
+    group's ``rows`` (version 1, which has no total: every ``.npy`` file beside the listed
+    ones is listed)."""
+    root = Path(root)
+    schema = _Schema(Path(file) if file is not None else root / "manifest.json")
+    if not isinstance(manifest, Mapping):
+        raise schema.error("<top level>", manifest, "a JSON object with format, version and "
+                           "groups")
+    if manifest.get("format", MISSING) != FORMAT:
+        raise schema.error("format", manifest.get("format", MISSING), repr(FORMAT))
+    version = manifest.get("version", MISSING)
+    if not _is_int(version) or version not in READ_VERSIONS:
+        raise schema.error("version", version, " or ".join(map(str, READ_VERSIONS)))
+    groups = schema.get(manifest, "groups", "", Mapping, "an object {group: {meta, fields, "
+                        "rows, chunks}}")
+    if not groups:
+        raise schema.error("groups", groups, "at least one group")
+    checked = {str(g): _check_group(schema, root, str(g), e, version) for g, e in groups.items()}
+    primary = manifest.get("primary")
+    if primary is not None and primary not in checked:
+        raise schema.error("primary", primary, "null or one of the groups " + ", ".join(checked))
+    config = manifest.get("config")
+    if config is not None and not isinstance(config, Mapping):
+        raise schema.error("config", config, "null or an object (the scenario config)")
+    return {**manifest, "groups": checked}
+
+
 def read_manifest(path: str | Path) -> dict:
+    """The checked manifest of the dataset directory ``path`` (:func:`check_manifest`)."""
     path = Path(path)
     mf = path / "manifest.json"
     if not path.is_dir() or not mf.is_file():
-        raise ConfigError("--dataset", str(path), "a dataset directory holding manifest.json "
-                          "(python -m jaxmarket.collect --out DIR) or a D4RL .hdf5 file")
+        raise DatasetError("--dataset", str(path), "a dataset directory holding manifest.json "
+                           "(python -m jaxmarket.collect --out DIR) or a D4RL .hdf5 file")
     try:
         manifest = json.loads(mf.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ConfigError("--dataset", str(mf), f"a valid JSON manifest ({err.msg if hasattr(err, 'msg') else err})") from None
-    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
-        raise ConfigError("--dataset", str(mf), f"a {FORMAT} manifest of version {VERSION}")
-    return manifest
+        raise DatasetError("--dataset", str(mf), "a valid JSON manifest "
+                           f"({err.msg if hasattr(err, 'msg') else err})") from None
+    return check_manifest(manifest, path, mf)
+
+
+def _first_nonfinite(arr: np.ndarray, allow_nan: bool, block_bytes: int = 1 << 24):
+    """``(row, value)`` of the first non-finite number of ``arr`` (NaN allowed with
+    ``allow_nan``), read ``block_bytes`` at a time (``arr`` may be memory-mapped); None."""
+    if arr.dtype.kind not in "fc" or arr.shape[0] == 0:
+        return None
+    step = max(1, block_bytes // max(1, arr[:1].nbytes))
+    for start in range(0, arr.shape[0], step):
+        block = np.asarray(arr[start:start + step])
+        bad = np.isinf(block) if allow_nan else ~np.isfinite(block)
+        if bad.any():
+            flat = bad.reshape(bad.shape[0], -1)
+            row = int(np.flatnonzero(flat.any(1))[0])
+            value = block.reshape(block.shape[0], -1)[row][flat[row]][0]
+            return start + row, float(value) if arr.dtype.kind == "f" else complex(value)
+    return None
+
+
+NAN_ALLOWED = ("log_probs",)   # NaN means "unknown behaviour log-probability"
+
+
+def check_finite(ds: Dataset, where: str, allow_nonfinite: bool = False,
+                 offset: int = 0) -> Dataset:
+    """``ds`` unless a float field holds NaN or +-inf (``log_probs``: +-inf; NaN there means
+    unknown); a :class:`DatasetError` naming ``where``, the field and the row otherwise.
+    ``allow_nonfinite`` skips the check."""
+    if allow_nonfinite:
+        return ds
+    for name, value in ds.fields.items():
+        found = _first_nonfinite(value, name in NAN_ALLOWED)
+        if found is not None:
+            raise _nonfinite_error(where, name, offset + found[0], found[1])
+    return ds
+
+
+def _nonfinite_error(where: str, name: str, row: int, value: Any) -> DatasetError:
+    allowed = "finite numbers" + (" or NaN (unknown)" if name in NAN_ALLOWED else "")
+    return DatasetError(f"{where}: {name}[{row}]", value, f"{allowed} (load_dataset(..., "
+                        "allow_nonfinite=True), --allow-nonfinite on the command line, "
+                        "accepts them)")
 
 
 def load_native(path: str | Path, group: str | None = None, verify: bool = True,
-                mmap: bool = True) -> Dataset:
+                mmap: bool = True, allow_nonfinite: bool = False) -> Dataset:
     """One group's :class:`Dataset` from a native dataset directory (any format:
     :func:`jaxmarket.offline.formats.load_dataset`).
 
     ``group`` defaults to the manifest's ``primary`` group (the one ``collect`` made
-    noisy), else the only group. Chunk files are memory-mapped; with ``verify`` their
-    CRC-32 is checked against the manifest."""
+    noisy), else the only group. The manifest is checked (:func:`check_manifest`). Chunk
+    files are memory-mapped; with ``verify`` their CRC-32 is checked against the manifest;
+    a float field holding NaN or +-inf (``log_probs``: +-inf) is a :class:`DatasetError`
+    unless ``allow_nonfinite``."""
     path = Path(path)
     manifest = read_manifest(path)
     groups = manifest["groups"]
@@ -300,27 +522,22 @@ def load_native(path: str | Path, group: str | None = None, verify: bool = True,
         raise ConfigError("--group", group, "one of " + ", ".join(groups))
     entry = groups[group]
     if not entry["chunks"]:
-        raise ConfigError("--dataset", str(path), "a dataset with at least one transition")
+        raise DatasetError("--dataset", str(path), "a dataset with at least one transition")
     parts: dict[str, list[np.ndarray]] = {name: [] for name in entry["fields"]}
+    offset = 0
     for chunk in entry["chunks"]:
         for name, f in chunk["files"].items():
             file = path / f["path"]
-            if not file.is_file():
-                raise ConfigError("--dataset", str(file), "an existing chunk file (listed in "
-                                  "manifest.json); the dataset is incomplete")
-            if verify and _crc(file) != f["crc32"]:
-                raise ConfigError("--dataset", str(file), "a chunk file whose CRC-32 matches "
-                                  "manifest.json (the file is corrupt or truncated)")
-            try:
-                arr = np.load(file, mmap_mode="r" if mmap else None, allow_pickle=False)
-            except (ValueError, OSError, EOFError) as err:
-                raise ConfigError("--dataset", str(file), "a readable .npy chunk file (the file "
-                                  f"is corrupt or truncated: {str(err).splitlines()[0]})") from None
+            arr = _read_chunk(file, f["crc32"], verify, mmap)
             spec = entry["fields"][name]
             if arr.shape != (chunk["rows"], *spec["shape"]) or arr.dtype.str != spec["dtype"]:
-                raise ConfigError("--dataset", str(file), f"{chunk['rows']} rows of shape "
-                                  f"{spec['shape']} and dtype {spec['dtype']} (manifest.json)")
+                raise DatasetError("--dataset", str(file), f"{chunk['rows']} rows of shape "
+                                   f"{spec['shape']} and dtype {spec['dtype']} (manifest.json)")
+            found = None if allow_nonfinite else _first_nonfinite(arr, name in NAN_ALLOWED)
+            if found is not None:
+                raise _nonfinite_error(str(file), name, offset + found[0], found[1])
             parts[name].append(arr)
+        offset += chunk["rows"]
     fields = {name: (p[0] if len(p) == 1 else np.concatenate(p)) for name, p in parts.items()}
     meta = dict(entry["meta"])
     meta.setdefault("group", group)
@@ -329,5 +546,19 @@ def load_native(path: str | Path, group: str | None = None, verify: bool = True,
     return validate(Dataset(fields, meta), f"dataset {path}")
 
 
-__all__ = ["Dataset", "DatasetWriter", "load_native", "make_dataset", "read_manifest",
-           "save_dataset", "validate"]
+def _read_chunk(file: Path, crc: int, verify: bool, mmap: bool) -> np.ndarray:
+    if not file.is_file():
+        raise DatasetError("--dataset", str(file), "an existing chunk file (listed in "
+                           "manifest.json); the dataset is incomplete")
+    if verify and _crc(file) != crc:
+        raise DatasetError("--dataset", str(file), "a chunk file whose CRC-32 matches "
+                           "manifest.json (the file is corrupt or truncated)")
+    try:
+        return np.load(file, mmap_mode="r" if mmap else None, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as err:
+        raise DatasetError("--dataset", str(file), "a readable .npy chunk file (the file "
+                           f"is corrupt or truncated: {str(err).splitlines()[0]})") from None
+
+
+__all__ = ["Dataset", "DatasetError", "DatasetWriter", "check_finite", "check_manifest",
+           "load_native", "make_dataset", "read_manifest", "save_dataset", "validate"]

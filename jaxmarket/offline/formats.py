@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from jaxmarket.offline.d4rl import load_d4rl
-from jaxmarket.offline.dataset import Dataset, load_native
+from jaxmarket.offline.dataset import Dataset, check_finite, load_native
 from jaxmarket.offline.minari_io import load_minari
 
 MINARI_PREFIX = "minari:"
@@ -27,20 +27,23 @@ HDF5_SUFFIXES = (".hdf5", ".h5")
 
 
 def load_dataset(path: str | Path, group: str | None = None, verify: bool = True,
-                 mmap: bool = True) -> Dataset:
+                 mmap: bool = True, allow_nonfinite: bool = False) -> Dataset:
     """One group's :class:`Dataset` from a native directory (or a D4RL ``.hdf5`` file, or
     ``"minari:<dataset id>"``, a local Minari dataset).
 
     ``group`` defaults to the manifest's ``primary`` group (the one ``collect`` made
     noisy), else the only group. Chunk files are memory-mapped; with ``verify`` their
     CRC-32 is checked against the manifest (``group``, ``verify`` and ``mmap`` apply to
-    the native format only)."""
+    the native format only). A float field holding NaN or +-inf (``log_probs``: +-inf; NaN
+    there means unknown) is a :class:`~jaxmarket.offline.dataset.DatasetError` in every
+    format unless ``allow_nonfinite``."""
     if str(path).startswith(MINARI_PREFIX):
-        return load_minari(str(path)[len(MINARI_PREFIX):])
+        ds = load_minari(str(path)[len(MINARI_PREFIX):])
+        return check_finite(ds, str(path), allow_nonfinite)
     path = Path(path)
     if path.suffix in HDF5_SUFFIXES:
-        return load_d4rl(path)
-    return load_native(path, group, verify, mmap)
+        return check_finite(load_d4rl(path), str(path), allow_nonfinite)
+    return load_native(path, group, verify, mmap, allow_nonfinite)
 
 
 __all__ = ["load_dataset"]
