@@ -5,7 +5,9 @@ console script (:mod:`jaxmarket.cli.main`) lives in this package, one module per
 
 This module holds what every command shares: a configuration error is one readable
 message on stderr and exit code 2, an interrupted run one line saying how to resume it
-and exit code 130, never a traceback; ``--help`` texts are plain text."""
+and exit code 130, a run directory that cannot be used (busy: another process
+holds its lock; damaged; on storage refusing writes) one line and exit code 1, never a
+traceback; ``--help`` texts are plain text."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import sys
 from typing import Callable
 
 from jaxmarket.config.errors import ConfigError, Interrupted
+from jaxmarket.train.rundir import RunDirError, describe_os_error, storage_cause
 
 __all__ = ["ConfigError", "Interrupted", "parser", "plain", "run_cli"]
 
@@ -31,7 +34,10 @@ def parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
 
 def run_cli(main: Callable[[list[str]], int | None], argv: list[str] | None = None) -> int:
     """``main(argv)`` (default: the process's arguments) as an exit code: a ConfigError
-    is ``config error: ...`` on stderr and 2, an interrupted run its resume line and 130."""
+    is ``config error: ...`` on stderr and 2, an interrupted run its resume line and 130,
+    a :class:`~jaxmarket.train.rundir.RunDirError` (busy, damaged or failing run
+    directory) its line and 1, any other storage ``OSError`` (ENOSPC, EROFS, EACCES, ...)
+    ``storage error: ...`` and 1."""
     try:
         code = main(sys.argv[1:] if argv is None else argv)
     except ConfigError as err:
@@ -43,4 +49,13 @@ def run_cli(main: Callable[[list[str]], int | None], argv: list[str] | None = No
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except RunDirError as err:
+        print(str(err), file=sys.stderr)
+        return 1
+    except Exception as err:
+        cause = storage_cause(err)
+        if cause is None:
+            raise
+        print(f"storage error: {describe_os_error(cause)}", file=sys.stderr)
+        return 1
     return int(code or 0)

@@ -17,6 +17,7 @@ import json
 from jaxmarket.cli import parser as make_parser
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.offline.collect import collect
+from jaxmarket.train.rundir import lock_beside
 
 
 def main(argv: list[str]) -> int:
@@ -39,9 +40,11 @@ def main(argv: list[str]) -> int:
     for item in args.overrides:
         if "=" not in item:
             raise ConfigError("overrides", item, "KEY=VALUE settings, e.g. train.num_envs=64")
-    summary = collect(args.config, args.steps, args.out, policy_dir=args.policy,
-                      overrides=args.overrides, capacity=args.capacity, chunk=args.chunk,
-                      group=args.group, noise=args.noise, grid=args.grid,
-                      epsilon=args.epsilon, seed=args.seed, progress=True)
+    # one writer per output: OUT.lock beside it (OUT itself appears by a rename at the end)
+    with lock_beside(args.out, "dataset directory"):
+        summary = collect(args.config, args.steps, args.out, policy_dir=args.policy,
+                          overrides=args.overrides, capacity=args.capacity, chunk=args.chunk,
+                          group=args.group, noise=args.noise, grid=args.grid,
+                          epsilon=args.epsilon, seed=args.seed, progress=True)
     print(json.dumps(summary))
     return 0

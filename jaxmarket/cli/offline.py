@@ -30,6 +30,7 @@ from jaxmarket.offline.ope import BanditOPE
 from jaxmarket.offline.scorers import action_difference, td_error, value_estimate
 from jaxmarket.offline.simulate import SimulatorValue
 from jaxmarket.offline.stop import Stop
+from jaxmarket.train.rundir import is_empty, lock_dir
 from jaxmarket.train.tracking import with_tracker
 
 EVALUATORS = ("sim", "fqe", "ope", "action_diff", "value", "td")
@@ -129,7 +130,7 @@ def main(argv: list[str]) -> int:
         if not args.dataset or not args.algo:
             raise ConfigError("--dataset/--algo", None, "both (or --resume RUN_DIR)")
         run_dir = Path(args.run_dir or f"runs/offline-{args.algo}")
-        if run_dir.exists() and any(run_dir.iterdir()):
+        if run_dir.exists() and not is_empty(run_dir):
             raise ConfigError("--run-dir", str(run_dir), "a new or empty directory (to continue "
                               f"it: python -m jaxmarket.offline --resume {run_dir})")
         info = {"dataset": str(Path(args.dataset).absolute()), "group": args.group,
@@ -166,13 +167,20 @@ def main(argv: list[str]) -> int:
                               + ", ".join(sorted(columns)))
     evaluators = build_evaluators(info["eval"], ds, info["eval_gamma"], info["eval_horizon"],
                                   info["fqe_steps"], algo)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_fit_config(run_dir, info)
-    result = with_tracker(args.tracker, run_dir, info, lambda tracker: fit(
-        algo, ds, evaluators=evaluators, stop=stop, batch_size=info["batch_size"],
-        chunk=info["chunk"], seed=info["seed"], run_dir=run_dir, resume=bool(args.resume),
-        verbose=True, logger=tracker, graph_evaluators=graph,
-        graph_every=info.get("graph_every", 100)))
+    with lock_dir(run_dir, "offline run directory"):   # one writer (creates the directory)
+        if not args.resume and not is_empty(run_dir):       # started by another meanwhile
+            raise ConfigError("--run-dir", str(run_dir), "a new or empty directory (to "
+                              f"continue it: python -m jaxmarket.offline --resume {run_dir})")
+        write_fit_config(run_dir, info)
+        result = with_tracker(args.tracker, run_dir, info, lambda tracker: fit(
+            algo, ds, evaluators=evaluators, stop=stop, batch_size=info["batch_size"],
+            chunk=info["chunk"], seed=info["seed"], run_dir=run_dir, resume=bool(args.resume),
+            verbose=True, logger=tracker, graph_evaluators=graph,
+            graph_every=info.get("graph_every", 100)))
+        return _finish(args, algo, ds, run_dir, info, result)
+
+
+def _finish(args, algo, ds, run_dir: Path, info: dict, result) -> int:
     summary = {"run_dir": str(run_dir), "algo": info["algo"], "steps": result.steps,
                "stopped": result.stopped, "updates_per_s": round(result.updates_per_s, 1),
                "final": result.history[-1] if result.history else {}}

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import signal
 import threading
 import time
@@ -41,6 +42,9 @@ from jaxmarket.train.metrics import flatten_metrics, seed_rows
 from jaxmarket.train.pbt import CSV_COLUMNS as PBT_COLUMNS, PREFIX as PBT_PREFIX
 from jaxmarket.train.pbt import event_rows
 from jaxmarket.train.plan import RunPlan, resolve
+from jaxmarket.train.rundir import (RunDirError, StorageError, check_config_record, check_rows,
+                                    describe_os_error, is_empty, lock_dir, read_run_config,
+                                    storage_cause, write_config_record)
 from jaxmarket.train.summary import write_summary
 from jaxmarket.train.tracking import CsvMetrics, Tracker, with_tracker
 
@@ -127,13 +131,40 @@ class Trainer:
     def initial_runner(self) -> Runner:
         return self._init(jax.random.key(self.plan.seed))
 
-    def restore(self) -> tuple[Runner, int]:
-        step = self.ckpt.latest_step()
+    def restore(self, report=print) -> tuple[Runner, int]:
+        """The newest checkpoint that restores (iteration 0 without any). One that cannot
+        be restored (truncated, a file missing, empty) is reported in one line and
+        removed, and the next older one is tried; none restorable: RunDirError."""
         target = self.placement.abstract   # shapes with shardings: restored in place
-        if step is None:
+        steps = sorted(self.ckpt.all_steps(), reverse=True)
+        if not steps:
             return self.initial_runner(), 0
-        saved = self.ckpt.restore(step, args=ocp.args.StandardRestore(_saveable(target)))
-        return self.placement.put(_unsaveable(saved, target)), int(step)
+        bad = []
+        for step in steps:
+            try:
+                saved = self.ckpt.restore(step, args=ocp.args.StandardRestore(_saveable(target)))
+            except Exception as err:   # orbax/tensorstore raise many types for damaged files
+                why = " ".join(f"{type(err).__name__}: {err}".split())
+                bad.append((int(step), why[:120] + ("..." if len(why) > 120 else "")))
+                self._ckpt = None   # a failed restore can leave the manager confused
+                continue
+            if bad:
+                self._drop_checkpoints([s for s, _ in bad])
+                report(f"checkpoint at iteration {bad[0][0]} cannot be restored ({bad[0][1]})"
+                       + "".join(f"; nor the one at {s}" for s, _ in bad[1:])
+                       + f"; removed, resuming from the one at iteration {int(step)}")
+            return self.placement.put(_unsaveable(saved, target)), int(step)
+        raise RunDirError(
+            f"run directory error: no checkpoint in {self.run_dir / 'checkpoints'} can be "
+            f"restored (iteration {bad[0][0]}: {bad[0][1]}" + "".join(
+                f"; iteration {s}: {why}" for s, why in bad[1:]) + "); start the run again: python -m "
+            f"jaxmarket.train {self.run_dir / 'config.yaml'} --run-dir NEW_DIR")
+
+    def _drop_checkpoints(self, steps: list[int]) -> None:
+        if self.primary:
+            for step in steps:
+                shutil.rmtree(self.run_dir / "checkpoints" / str(step), ignore_errors=True)
+        self._ckpt = None   # a manager that has not seen them
 
     def _save(self, runner: Runner, iteration: int) -> None:
         if self.ckpt.latest_step() != iteration:
@@ -153,13 +184,32 @@ class Trainer:
 
         in_main = threading.current_thread() is threading.main_thread()
         previous = signal.signal(signal.SIGINT, on_sigint) if in_main else None
+        self.stage = "preparing the run directory's files"
         try:
             return self._train(tracker, start_runner, start, interrupted)
         except KeyboardInterrupt:
             raise Interrupted(self.ckpt.latest_step() or 0, str(self.run_dir)) from None
+        except Exception as err:
+            cause = storage_cause(err)
+            if cause is None:
+                raise
+            raise self.storage_error(cause) from None
         finally:
             if in_main:
                 signal.signal(signal.SIGINT, previous)
+
+    def storage_error(self, err: OSError) -> StorageError:
+        """One line: what failed, what is kept (the last checkpoint, the rows up to it:
+        resume drops the later ones), the command that resumes."""
+        try:
+            kept = self.ckpt.latest_step()
+        except Exception:   # the manager itself may fail on the broken storage
+            kept = None
+        what = (f"the checkpoint at iteration {kept} and the metrics.csv/seeds.csv rows up to "
+                "it" if kept is not None else "no checkpoint yet (resume starts at iteration 0)")
+        return StorageError(f"storage error while {self.stage}: {describe_os_error(err)}; kept: "
+                            f"{what}; free space or fix the permissions, then resume with "
+                            f"python -m jaxmarket.train --resume {self.run_dir}")
 
     def _train(self, tracker: Tracker, start_runner: Runner, start: int,
                interrupted: list) -> dict:
@@ -197,6 +247,8 @@ class Trainer:
                 runner, metrics = self.chunk_fn(length)(runner)
                 metrics = jax.tree.map(to_host, metrics)   # replicated: every process
                 dt = time.perf_counter() - t0
+                self.stage = f"appending the rows of iterations {done_iters + 1}-" \
+                             f"{done_iters + length}"
                 events = {k: metrics.pop(k) for k in list(metrics) if k.startswith(PBT_PREFIX)}
                 if events and writes:
                     self.pbt_events.append(event_rows(events, done_iters))
@@ -219,6 +271,7 @@ class Trainer:
                 rewards = {k: v for k, v in rows[-1].items() if k.startswith("reward/")}
                 bar.update(task, completed=done_iters, speed=f"{steps / dt:,.0f} env-steps/s",
                            reward=" ".join(f"{k[7:]}={v:.4g}" for k, v in rewards.items()))
+                self.stage = f"saving the checkpoint at iteration {done_iters}"
                 if chunk_index % tcfg.checkpoint_every == 0 or done_iters >= total:
                     self._save(runner, done_iters)
                 stopped = self._stop_reason(rows)
@@ -231,6 +284,7 @@ class Trainer:
         if not writes:   # process 0 writes the summary; the others read it
             distributed.wait_for_primary("summary")
             return json.loads((self.run_dir / "summary.json").read_text())
+        self.stage = "writing summary.json"
         summary = write_summary(self.run_dir, self.env, stopped=stopped, iterations=done_iters)
         tracker.artifact(self.run_dir / "summary.json")
         tracker.artifact(self.run_dir / "metrics.csv")
@@ -268,7 +322,7 @@ def require_new_dir(run_dir: str | Path, resume: str) -> Path:
     """``run_dir`` as a Path if it is new or empty, else a ``--run-dir`` config error
     saying how to continue it (``resume`` + the directory)."""
     run_dir = Path(run_dir)
-    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+    if run_dir.exists() and (not run_dir.is_dir() or not is_empty(run_dir)):
         raise ConfigError("--run-dir", str(run_dir),
                           f"a new or empty directory (to continue {resume} {run_dir})")
     return run_dir
@@ -310,13 +364,27 @@ def start_run(config_path: str | Path | dict | RunPlan | None, overrides: list[s
     run_dir = require_new_dir(run_dir, "that run: python -m jaxmarket.train --resume")
     trainer = Trainer(plan, run_dir, devices)
     _synchronised("validated")   # every process checked the directory before it exists
-    if trainer.primary:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        _write_config(run_dir, config)
-        print(f"run directory: {run_dir}" + _placement_note(trainer))
-    _synchronised("run-dir")
-    summary = with_tracker(tracker if trainer.primary else "files", run_dir, config,
-                           lambda t: trainer.train(t, trainer.initial_runner(), 0), mongo_url)
+    lock = lock_dir(run_dir) if trainer.primary else None
+    try:
+        if lock is not None:
+            lock.acquire()   # creates the directory
+            require_new_dir(run_dir, "that run: python -m jaxmarket.train --resume")   # a race
+            try:
+                _write_config(run_dir, config)
+                write_config_record(run_dir, config)
+            except OSError as err:
+                if storage_cause(err) is None:
+                    raise
+                raise StorageError(f"storage error while writing {run_dir}/config.yaml: "
+                                   f"{describe_os_error(err)}; nothing was trained") from None
+            print(f"run directory: {run_dir}" + _placement_note(trainer))
+        _synchronised("run-dir")
+        summary = with_tracker(tracker if trainer.primary else "files", run_dir, config,
+                               lambda t: trainer.train(t, trainer.initial_runner(), 0),
+                               mongo_url)
+    finally:
+        if lock is not None:
+            lock.release()
     return {**summary, "run_dir": str(run_dir)}
 
 
@@ -341,24 +409,55 @@ def resume_run(run_dir: str, tracker: str = "files", mongo_url: str | None = Non
     checkpointed iteration) and change its stop rules; they are saved to its config.yaml.
     ``devices`` may differ from the interrupted run's (a checkpoint holds whole arrays)."""
     run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ConfigError("--resume", str(run_dir), "an existing run directory")
     if not (run_dir / "config.yaml").is_file():
-        raise ConfigError("--resume", str(run_dir), "a run directory holding config.yaml")
+        raise ConfigError("--resume", str(run_dir), "a run directory holding config.yaml "
+                          "(this one has none: the run never started; start it with python -m "
+                          f"jaxmarket.train CONFIG --run-dir {run_dir})")
     for item in overrides:
         key = item.split("=", 1)[0].strip()
         if key not in RESUME_OVERRIDES:
             raise ConfigError("--resume overrides", item, "only " + ", ".join(RESUME_OVERRIDES)
                               + " (everything else is fixed by the run's config.yaml)")
+    lock = lock_dir(run_dir) if jax.process_index() == 0 else None
+    try:
+        if lock is not None:
+            lock.acquire()
+        return _resume_locked(run_dir, tracker, mongo_url, list(overrides), devices)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _resume_locked(run_dir: Path, tracker: str, mongo_url: str | None, overrides: list[str],
+                   devices: int | None) -> dict:
+    extended = check_config_record(run_dir, read_run_config(run_dir), RESUME_OVERRIDES)
+    if extended and jax.process_index() == 0:
+        print(f"note: config.yaml changed {', '.join(extended)} since the run started "
+              "(settings --resume may change)")
     config = load_config(run_dir / "config.yaml", overrides)
     _agree(config, str(run_dir), devices=devices, resume=True)
     trainer = Trainer(config, run_dir, devices)
-    runner, start = trainer.restore()
+    runner, start = trainer.restore(print if trainer.primary else lambda line: None)
     if trainer.tcfg.num_iterations < start:
         raise ConfigError("train.num_iterations", trainer.tcfg.num_iterations,
                           f"an integer >= {start} (the run's last checkpoint)")
+    if trainer.primary:   # every row up to the checkpoint, or the summary would be wrong
+        check_rows(run_dir / "metrics.csv", start, 1, run_dir)
+        check_rows(run_dir / "seeds.csv", start, trainer.tcfg.num_seeds, run_dir)
     _synchronised("restored")
-    if overrides and trainer.primary:
-        _write_config(run_dir, config)
     if trainer.primary:
+        try:
+            if overrides:
+                _write_config(run_dir, config)
+            write_config_record(run_dir, config)   # the config it continues with
+        except OSError as err:
+            if storage_cause(err) is None:
+                raise
+            raise StorageError(f"storage error while writing {run_dir}/config.yaml: "
+                               f"{describe_os_error(err)}; the run is as it was; resume with "
+                               f"python -m jaxmarket.train --resume {run_dir}") from None
         print((f"resuming {run_dir} from iteration {start}" if start else
                f"no checkpoint in {run_dir}: starting it from iteration 0")
               + _placement_note(trainer))

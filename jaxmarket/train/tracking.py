@@ -23,11 +23,16 @@ class CsvMetrics:
         """Drop rows past ``iteration`` (work lost with an interrupted chunk)."""
         if not self.path.exists():
             return
-        with self.path.open() as f:
-            rows = list(csv.reader(f))
+        with self.path.open(newline="") as f:
+            raw = f.read()
+        # a row cut by a crash mid-append lies after the last checkpoint: dropped too
+        text = raw if raw.endswith("\n") else raw[:raw.rfind("\n") + 1]
+        rows = list(csv.reader(text.splitlines()))
         if not rows:
+            if text != raw:
+                self.path.write_text(text)
             return
-        keep = [rows[0]] + [r for r in rows[1:] if int(r[0]) <= iteration]
+        keep = [rows[0]] + [r for r in rows[1:] if r and int(r[0]) <= iteration]
         tmp = self.path.with_suffix(".tmp")
         with tmp.open("w", newline="") as f:
             csv.writer(f).writerows(keep)

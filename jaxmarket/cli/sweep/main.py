@@ -34,6 +34,7 @@ from jaxmarket.cli.sweep.validation import check_metric, validate
 from jaxmarket.cli.train import DEFAULT_CONFIG, split_positional
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.train.run import require_new_dir
+from jaxmarket.train.rundir import lock_dir
 
 SWEEP_FILE = "sweep.yaml"   # the sweep's own spec, read back by --resume
 CACHE_DIR = "jax_cache"     # default persistent compilation cache, inside the sweep directory
@@ -62,17 +63,21 @@ def run_sweep(sweep: Sweep | None, run_dir: str | Path | None, resume: bool = Fa
     metric = check_metric(metric, cells)
     if backend == "ray":
         import_ray()   # before anything is written
-    todo = [c for c in cells if not (run_dir / "cells" / str(c.index) / "summary.json").is_file()]
-    (run_dir / "cells").mkdir(parents=True, exist_ok=True)
-    if not resume:
-        (run_dir / SWEEP_FILE).write_text(yaml.safe_dump(sweep.to_yaml(), sort_keys=False))
-    print(f"sweep directory: {run_dir} ({len(cells)} cells, {len(todo)} to run)", flush=True)
-    cache = None if compile_cache is None else str((run_dir / compile_cache).absolute())
-    if backend == "ray":
-        run_ray(sweep, cells, run_dir, todo, cache, address)
-    else:
-        run_local(sweep, cells, run_dir, todo, cache)
-    summary = write_results(sweep, cells, run_dir, metric)
+    with lock_dir(run_dir, "sweep directory"):   # one writer: a second sweep stops here
+        if not resume:   # another sweep may have started it since the check above
+            require_new_dir(run_dir, "that sweep: python -m jaxmarket.sweep --resume")
+        todo = [c for c in cells
+                if not (run_dir / "cells" / str(c.index) / "summary.json").is_file()]
+        (run_dir / "cells").mkdir(parents=True, exist_ok=True)
+        if not resume:
+            (run_dir / SWEEP_FILE).write_text(yaml.safe_dump(sweep.to_yaml(), sort_keys=False))
+        print(f"sweep directory: {run_dir} ({len(cells)} cells, {len(todo)} to run)", flush=True)
+        cache = None if compile_cache is None else str((run_dir / compile_cache).absolute())
+        if backend == "ray":
+            run_ray(sweep, cells, run_dir, todo, cache, address)
+        else:
+            run_local(sweep, cells, run_dir, todo, cache)
+        summary = write_results(sweep, cells, run_dir, metric)
     return {**summary, "run_dir": str(run_dir), "ran": [c.index for c in todo]}
 
 
