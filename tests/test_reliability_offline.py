@@ -92,13 +92,13 @@ def refused(d, *parts, **kw):
 
 
 def test_an_intact_dataset_loads_exactly_what_was_written(written):
-    for group in META:
+    for group, meta in META.items():
         ds = load_dataset(written, group)
         assert sorted(ds.fields) == sorted(DATA[group])
         for name, value in DATA[group].items():
             np.testing.assert_array_equal(np.asarray(ds[name]), value)   # NaN == NaN here
             assert ds[name].dtype == value.dtype
-        assert ds.meta == {**META[group]}
+        assert ds.meta == meta
     assert load_dataset(written).meta["group"] == "seller"   # the primary group
     m = read_manifest(written)
     assert m["version"] == 2 and m["groups"]["seller"]["rows"] == CHUNKS * ROWS
