@@ -92,6 +92,8 @@ def main(argv: list[str]) -> int:
     p = make_parser("python -m jaxmarket.offline", __doc__)
     p.add_argument("--dataset", default=None, help="dataset directory or D4RL .hdf5 file")
     p.add_argument("--group", default=None, help="the dataset's group (default: its primary)")
+    p.add_argument("--allow-nonfinite", action="store_true",
+                   help="accept NaN/inf in the dataset (refused by default)")
     p.add_argument("--algo", default=None, help="bc, cql, iql, td3_bc, dm or dr")
     p.add_argument("--run-dir", default=None, help="output directory (default runs/offline-ALGO)")
     p.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue a run")
@@ -134,6 +136,7 @@ def main(argv: list[str]) -> int:
             raise ConfigError("--run-dir", str(run_dir), "a new or empty directory (to continue "
                               f"it: python -m jaxmarket.offline --resume {run_dir})")
         info = {"dataset": str(Path(args.dataset).absolute()), "group": args.group,
+                "allow_nonfinite": args.allow_nonfinite,
                 "algo": args.algo, "hyper": parse_hyper(args.hyper),
                 "batch_size": args.batch_size, "chunk": args.chunk, "seed": args.seed,
                 "eval": [e for e in args.eval.split(",") if e],
@@ -146,7 +149,8 @@ def main(argv: list[str]) -> int:
                          "target": args.target, "mode": args.mode}}
     if args.export_onnx and not args.export_onnx.endswith(".onnx"):
         raise ConfigError("--export-onnx", args.export_onnx, "a file name ending in .onnx")
-    ds = load_dataset(info["dataset"], info["group"])
+    ds = load_dataset(info["dataset"], info["group"],
+                      allow_nonfinite=info.get("allow_nonfinite", False))   # older offline.json: no key
     algo = make_algo(info["algo"], ds, **info["hyper"])
     if args.export_onnx:
         policy_key(algo)   # exportable? (before training)
