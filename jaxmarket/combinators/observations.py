@@ -7,6 +7,11 @@ becomes one function returning ``[n, sum d]`` (``[n, 0]`` for an empty list: a b
       - {kind: own_price}
       - {kind: competitor_prices, summary: [min, mean]}
       - {kind: history, k: 1}
+
+Every component is finite for finite inputs: means over many values near float32's
+largest (prices saturate at ``PRICE_MAX`` = 1e38) fall back to a mean of scaled values
+where the plain sum overflowed, and the time phase to ``t mod period`` where
+``t / period`` overflowed (bit for bit the plain formula elsewhere).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import jax.numpy as jnp
 
+from jaxmarket.combinators.saturate import finite_mean
 from jaxmarket.combinators.view import GroupView
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.fields import Field, check_mapping, lookup_kind
@@ -78,7 +84,7 @@ def _competitor_prices(s) -> ObsFn:
         prices, me = v.all_prices, v.self_index
         S = prices.shape[0]
         if of_consumer:
-            stats = {"min": prices.min(0), "mean": prices.mean(0), "max": prices.max(0)}
+            stats = {"min": prices.min(0), "mean": finite_mean(prices, 0), "max": prices.max(0)}
             row = (prices.reshape(-1) if summary == "all"
                    else jnp.concatenate([stats[x] for x in summary]))
             return jnp.broadcast_to(row, (me.shape[0],) + row.shape)
@@ -93,7 +99,10 @@ def _competitor_prices(s) -> ObsFn:
         parts = []
         for stat in summary:
             if stat == "mean":
-                parts.append((prices.sum(0)[None] - own) / (S - 1))
+                mean = (prices.sum(0)[None] - own) / (S - 1)
+                # the sum overflowed (prices near PRICE_MAX): sum the prices / (S - 1)
+                safe = (prices / (S - 1)).sum(0)[None] - own / (S - 1)
+                parts.append(jnp.where(jnp.isfinite(mean), mean, safe))
             else:
                 sign = 1.0 if stat == "max" else -1.0
                 top2, arg = jax.lax.top_k((sign * prices).T, 2)  # [P, 2]
@@ -110,7 +119,7 @@ def _budgets(s) -> ObsFn:
 
     def obs(v: GroupView):
         n = v.action.shape[0]
-        b = v.budgets.reshape(-1) if s["summary"] == "all" else v.budgets.mean(0)
+        b = v.budgets.reshape(-1) if s["summary"] == "all" else finite_mean(v.budgets, 0)
         return jnp.broadcast_to(b, (n,) + b.shape)
 
     return obs
@@ -126,6 +135,9 @@ def _time(s) -> ObsFn:
         feats = [t / jnp.maximum(v.episode_length.astype(jnp.float32), 1.0)]
         if s["period"] is not None:
             angle = 2 * jnp.pi * t / s["period"]
+            # t / period overflowed (a tiny period): the same phase from t mod period
+            safe = 2 * jnp.pi * (jnp.mod(t, s["period"]) / s["period"])
+            angle = jnp.where(jnp.isfinite(angle), angle, safe)
             feats += [jnp.sin(angle), jnp.cos(angle)]
         return jnp.broadcast_to(jnp.stack(feats), (n, len(feats)))
 

@@ -10,6 +10,12 @@ A group's ``reward:`` config is a list applied in order to a running reward ``r`
 
 Each component is ``fn(r [n], view: GroupView) -> r' [n]``; :func:`build_reward` turns
 the validated list into one such function.
+
+Every money amount saturates (:mod:`jaxmarket.combinators.saturate`): a cost or value
+``x traffic`` at ``MONEY_MAX`` like the fees, each term's sum over products into
+``[-MONEY_MAX, MONEY_MAX]``, and the running reward after every component, so extreme
+inputs give a saturated finite reward, never ``inf`` or ``NaN``; values inside the
+bounds are untouched (bit for bit the plain formula).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxmarket.combinators.saturate import money, saturating_sum, signed_money
 from jaxmarket.combinators.view import GroupView
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.fields import Field, check_mapping, lookup_kind
@@ -49,29 +56,29 @@ def _additive(kind: str, fn: Callable[[GroupView], jax.Array],
 
 def revenue(v: GroupView) -> jax.Array:
     """revenue_i = sum_p fees_ip  (= sum_p price_ip * traffic_ip for posted prices)."""
-    return jnp.sum(v.fees, axis=-1)
+    return saturating_sum(v.fees)
 
 
 def profit(v: GroupView) -> jax.Array:
     """profit_i = sum_p (fees_ip - cost_ip * traffic_ip)."""
-    return jnp.sum(v.fees - v.cost * v.traffic, axis=-1)
+    return saturating_sum(v.fees - money(v.cost * v.traffic))
 
 
 def traffic(v: GroupView) -> jax.Array:
     """traffic_i = sum_p traffic_ip (queries served; for consumers: sent - unserved)."""
-    return jnp.sum(v.traffic, axis=-1)
+    return saturating_sum(v.traffic)
 
 
 def surplus(v: GroupView) -> jax.Array:
     """surplus_i = sum_p (value_ip * traffic_ip - fees_ip): an auction bidder's gain."""
-    return jnp.sum(v.value * v.traffic - v.fees, axis=-1)
+    return saturating_sum(money(v.value * v.traffic) - v.fees)
 
 
 def regret_ratio(v: GroupView) -> jax.Array:
     """regret_i = sum_p spend_ip / sum_p budget_ip * sent_ip (0 when nothing was sent):
     the share of its budget a paying consumer actually spent."""
-    denom = jnp.sum(v.budget * v.sent, axis=-1)
-    return jnp.where(denom > 0, jnp.sum(v.fees, axis=-1) / jnp.where(denom > 0, denom, 1.0), 0.0)
+    denom = saturating_sum(money(v.budget * v.sent))
+    return jnp.where(denom > 0, saturating_sum(v.fees) / jnp.where(denom > 0, denom, 1.0), 0.0)
 
 
 REWARDS.register(_additive("revenue", revenue, ("seller",)))
@@ -94,7 +101,10 @@ def _build_team(s: Mapping[str, Any], n: int, where: str) -> RewardFn:
     def team(r, v):
         totals = jax.ops.segment_sum(r, ids, num_segments=k)
         counts = jax.ops.segment_sum(jnp.ones_like(r), ids, num_segments=k)
-        return (totals / counts)[ids]
+        mean = totals / counts
+        # a team sum that overflowed (> ~340 members near MONEY_MAX): mean of r / count
+        safe = jax.ops.segment_sum(r / counts[ids], ids, num_segments=k)
+        return jnp.where(jnp.isfinite(mean), mean, safe)[ids]
 
     return team
 
@@ -122,7 +132,7 @@ def _build_sum(s, n, where) -> RewardFn:
     fns = [_term(t, n, f"{where}.terms[{i}]", s["_side"]) for i, t in enumerate(terms)]
 
     def total(r, v):
-        return r + sum(w * f(v) for w, f in zip(weights, fns))
+        return r + sum(signed_money(w * f(v)) for w, f in zip(weights, fns))
 
     return total
 
@@ -169,7 +179,7 @@ def build_reward(config: Sequence[Mapping[str, Any]], n_agents: int, where: str,
     def reward(view: GroupView) -> jax.Array:
         r = jnp.zeros(view.action.shape[0], jnp.float32)
         for fn in fns:  # static chain over config entries, not over agents
-            r = fn(r, view)
+            r = signed_money(fn(r, view))
         return r
 
     return reward

@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping
 import jax
 import jax.numpy as jnp
 
+from jaxmarket.combinators.saturate import QUERY_MAX
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.fields import Field
 from jaxmarket.config.registry import Registry
@@ -72,9 +73,11 @@ def shocks_init(params, shape):
 def shocks_step(key, t, state, params, base):
     """Random shocks to the group's demand level m (m_0 = 1):
     m_{t+1} = 1 + persistence * (m_t - 1) + B_t * size, B_t ~ Bernoulli(rate);
-    queries_t = base * max(m_{t+1}, 0)."""
+    queries_t = base * max(m_{t+1}, 0). The level saturates in ``[-1e35, 1e35]``
+    (QUERY_MAX), so shocks of size 1e30 that pile up never overflow the state."""
     hit = jax.random.bernoulli(key, params["rate"]).astype(jnp.float32)
     m = 1.0 + params["persistence"] * (state - 1.0) + hit * params["size"]
+    m = jnp.clip(m, -QUERY_MAX, QUERY_MAX)
     return base * jnp.maximum(m, 0.0), m
 
 

@@ -23,6 +23,7 @@ from gymnax.environments import spaces
 
 from jaxmarket.combinators.observations import build_observation
 from jaxmarket.combinators.rewards import build_reward
+from jaxmarket.combinators.saturate import MONEY_MAX, PRICE_MAX, money
 from jaxmarket.combinators.view import GroupView
 from jaxmarket.market.demand import DEMANDS
 from jaxmarket.market.distributors import DISTRIBUTORS, Allocation, Quotes
@@ -137,11 +138,12 @@ class MarketEnv:
         )
 
     def _quoted_prices(self, state: MarketState, params: MarketParams) -> jax.Array:
-        """[S, P] quoted prices (multipliers x the first consumer's base price)."""
+        """[S, P] quoted prices (multipliers x the first consumer's base price), saturated
+        at PRICE_MAX like the distributors' (a multiplier of 1e30 x a base of 1e30)."""
         base = params.consumers[self.spec.consumers[0].name].base_price[0]
-        return jnp.concatenate([
+        return jnp.minimum(jnp.concatenate([
             self._seller_action(state, g) * (base if g.action == "multiplier" else 1.0)
-            for g in self.spec.sellers], axis=0)
+            for g in self.spec.sellers], axis=0), PRICE_MAX)
 
     def apply_actions(self, state: MarketState, actions: dict, params: MarketParams) -> MarketState:
         """Actions -> prices / multipliers / quantities / budgets, clipped to the group's
@@ -250,11 +252,14 @@ class MarketEnv:
 
     def _market_price(self, state: MarketState) -> jax.Array:
         """[P] sum_c spend / sum_c (sent - unserved) over every consumer; 0 where nothing
-        was served."""
+        was served. Saturating: the sums at MONEY_MAX (overflow only past ~340 consumers
+        near it), the ratio at PRICE_MAX (a saturated spend over a tiny served count)."""
         cons = self.spec.consumers
-        spend = sum(state.spend[c.name].sum(0) for c in cons)
-        served = sum((state.queries[c.name] - state.unserved[c.name]).sum(0) for c in cons)
-        return jnp.where(served > 0, spend / jnp.where(served > 0, served, 1.0), 0.0)
+        spend = money(sum(state.spend[c.name].sum(0) for c in cons))
+        served = jnp.minimum(sum((state.queries[c.name] - state.unserved[c.name]).sum(0)
+                                 for c in cons), MONEY_MAX)
+        price = jnp.where(served > 0, spend / jnp.where(served > 0, served, 1.0), 0.0)
+        return jnp.minimum(price, PRICE_MAX)
 
     def get_obs(self, state: MarketState, params: MarketParams,
                 quoted: jax.Array | None = None) -> dict:

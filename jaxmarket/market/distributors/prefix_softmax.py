@@ -68,14 +68,21 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxmarket.combinators.saturate import (  # noqa: F401 - re-exported to the distributors
+    LOG_MONEY_MAX,
+    MONEY_MAX,
+    PRICE_MAX,
+    QUERY_MAX,
+    money,
+)
 from jaxmarket.config.fields import REQUIRED, Field, check_mapping
 from jaxmarket.market.distributors.base import Allocation
 
-PRICE_MAX = 1e38     # prices (and budgets) are clipped into [0, PRICE_MAX]; NaN -> PRICE_MAX
-QUERY_MAX = 1e35     # queries are clipped into [0, QUERY_MAX]
+# PRICE_MAX: prices (and budgets) are clipped into [0, PRICE_MAX], NaN -> PRICE_MAX;
+# QUERY_MAX: queries are clipped into [0, QUERY_MAX]; MONEY_MAX: fees and spend saturate
+# there (q * p can exceed float32's range) -- jaxmarket.combinators.saturate, where the
+# rewards and observations saturate at the same bounds
 UTILITY_MAX = 1e30   # utilities are clipped into [-UTILITY_MAX, UTILITY_MAX]
-MONEY_MAX = 1e36     # fees and spend saturate here (q * p can exceed float32's range)
-LOG_MONEY_MAX = 82.89  # log(MONEY_MAX) rounded down
 
 NO_ELIGIBLE = Field(
     kind="choice", choices=("unserved", "withhold"), default="unserved",
@@ -146,11 +153,6 @@ def safe_exp_diff(a, b) -> jax.Array:
     """exp(a - b), 0 where a = -inf (``b`` finite or -inf: -inf - -inf gives 0, not NaN)."""
     ok = a > -jnp.inf
     return jnp.where(ok, jnp.exp(jnp.where(ok, a - jnp.where(ok, b, 0.0), -jnp.inf)), 0.0)
-
-
-def money(x) -> jax.Array:
-    """Saturate a nonnegative money amount at MONEY_MAX (inf -> MONEY_MAX)."""
-    return jnp.minimum(x, MONEY_MAX)
 
 
 DENSE_MAX_PAIRS = 1024  # C * S at or below which the [C, S] mask path is used
