@@ -1,9 +1,13 @@
 """python -m jaxmarket.check [CONFIG] [key=value ...]: print the resolved scenario
 (groups, shapes, kinds, parameters, the train settings and each learner with its
 defaults filled in) or the configuration error on one line (exit code 2). Without
-CONFIG it checks the shipped default, configs/legacy_default.yaml."""
+CONFIG it checks the shipped default, configs/legacy_default.yaml. The last line is the
+memory the run needs against the device's (a run that cannot fit is a configuration
+error naming the setting to lower); --json prints that estimate as JSON instead."""
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 
@@ -25,10 +29,11 @@ def _fmt(x) -> str:
     return np.array2string(a, precision=4, separator=", ").replace("\n", " ")
 
 
-def describe(config: dict) -> str:
+def describe(config: dict, plan: RunPlan | None = None) -> str:
     """The resolved scenario as text: the run's :class:`~jaxmarket.train.plan.RunPlan`
     (a market-only file: its market and train settings)."""
-    plan = resolve(config) if "learners" in config else None
+    if plan is None and "learners" in config:
+        plan = resolve(config, validate_only=True)
     if plan is not None:
         spec, params = plan.env.spec, plan.params
     else:
@@ -66,7 +71,9 @@ def describe(config: dict) -> str:
 def describe_training(config: dict, plan: RunPlan | None) -> list[str]:
     """The ``train:`` settings and each group's learner with every default filled in
     (validated, the early-stop metric included), or a note for a market-only file."""
-    tcfg, seed = (plan.train, plan.seed) if plan is not None else resolve_train_section(config)
+    # a probe plan (a large run validated only) holds the probe's train: print the run's
+    tcfg, seed = (plan.train, plan.seed) if plan is not None and not plan.probe \
+        else resolve_train_section(config)
     lines = ["train: " + ", ".join(f"{k}={getattr(tcfg, k)}" for k in TRAIN_FIELDS),
              f"seed: {seed}"]
     if plan is None:
@@ -94,6 +101,8 @@ def describe_training(config: dict, plan: RunPlan | None) -> list[str]:
                 lines.append("  poi: " + ", ".join(f"{k}={v}" for k, v in model.poi))
             if model.poi_obs is not None:
                 lines.append("  poi_obs: " + ", ".join(f"{k}={v}" for k, v in model.poi_obs))
+    if plan.memory is not None:
+        lines.append(plan.memory.line())
     return lines
 
 
@@ -103,9 +112,18 @@ def main(argv: list[str]) -> int:
                         help="scenario YAML (default: the shipped configs/legacy_default.yaml)")
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="optional dotted overrides, e.g. 'market.sellers[0].count=3'")
+    parser.add_argument("--json", action="store_true",
+                        help="print the memory estimate as JSON (its terms, bytes, the "
+                             "setting sizing each, the device's memory)")
     args = parser.parse_intermixed_args(argv)
     positional, overrides = split_positional(([args.config] if args.config else [])
                                              + args.overrides)
     config = load_config(positional or DEFAULT_CONFIG, overrides)
+    if args.json:
+        if "learners" not in config:
+            print(describe(config))
+            return 0
+        print(json.dumps(resolve(config, validate_only=True).memory.as_dict(), indent=1))
+        return 0
     print(describe(config))
     return 0

@@ -18,6 +18,15 @@ from jaxmarket.config.errors import ConfigError
 
 REQUIRED = object()
 
+# Sane upper bounds every value obeys (docs/reliability.md, "Every bad config is a config
+# error"): an "int" field without its own ``high`` fits int32 (jax's default integer),
+# every number fits float32 (the arrays' dtype: a larger value would be inf there), and
+# an entity array ([count, num_products] of one group) has at most MAX_ENTITY_VALUES
+# entries (64 MiB of float32 per field; the market state holds a dozen such arrays).
+INT32_MAX = 2**31 - 1
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+MAX_ENTITY_VALUES = 2**24
+
 
 @dataclass(frozen=True)
 class Field:
@@ -76,8 +85,16 @@ def _is_number(x: Any) -> bool:
     return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
 
 
+def _as_float(x: Any) -> float:
+    """``float(x)``, or ``inf`` for an integer too large for a float (10**400)."""
+    try:
+        return float(x)
+    except OverflowError:
+        return math.inf
+
+
 def _in_bounds(field: Field, x: float) -> bool:
-    if not math.isfinite(x):
+    if not math.isfinite(x) or abs(x) > FLOAT32_MAX:
         return False
     if field.low is not None and (x <= field.low if field.low_open else x < field.low):
         return False
@@ -118,13 +135,16 @@ def check_value(field: Field, value: Any, where: str) -> Any:
             raise ConfigError(where, value, field.describe())
         return value
     if kind == "float":
-        if not _is_number(value) or not _in_bounds(field, float(value)):
+        if not _is_number(value) or not _in_bounds(field, _as_float(value)):
             raise ConfigError(where, value, field.describe())
         return float(value)
     if kind == "int":
-        ok = _is_number(value) and float(value) == int(value) and _in_bounds(field, float(value))
+        ok = (_is_number(value) and _in_bounds(field, _as_float(value))
+              and float(value) == int(value))
         if not ok:
             raise ConfigError(where, value, field.describe())
+        if field.high is None and abs(int(value)) > INT32_MAX:
+            raise ConfigError(where, value, field.describe() + f" and <= {INT32_MAX} (int32)")
         return int(value)
     if kind in ("floats", "ints"):
         items = value if isinstance(value, (list, tuple)) else None
@@ -155,12 +175,18 @@ def resolve_entity_array(field: Field, value: Any, where: str, count: int, num_p
     allowed = (f"a number, a list of {num_products} numbers (one per product) or a "
                f"[{count}, {num_products}] array (or a [{count}, 1] column)"
                + _bounds_text(field))
+    if count * num_products > MAX_ENTITY_VALUES:
+        raise ConfigError(where.rsplit(".", 1)[0] + ".count", count,
+                          f"count x num_products <= {MAX_ENTITY_VALUES} per group (got "
+                          f"{count} x {num_products}; jaxmarket.config.fields.MAX_ENTITY_VALUES)")
     if _is_number(value):
+        if not _in_bounds(field, _as_float(value)):
+            raise ConfigError(where, value, allowed)
         arr = np.full((count, num_products), float(value))
     elif isinstance(value, (list, tuple, np.ndarray)):
         try:
             arr = np.asarray(value, dtype=np.float64)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError, RecursionError):
             raise ConfigError(where, value, allowed) from None
         if arr.dtype == object or arr.ndim not in (1, 2):
             raise ConfigError(where, value, allowed)
@@ -174,10 +200,21 @@ def resolve_entity_array(field: Field, value: Any, where: str, count: int, num_p
             raise ConfigError(where, value, allowed + f" (got shape {list(arr.shape)})")
     else:
         raise ConfigError(where, value, allowed)
-    for x in arr.ravel():
-        if not _in_bounds(field, float(x)):
-            raise ConfigError(where, value, allowed)
+    if not _all_in_bounds(field, arr):
+        raise ConfigError(where, value, allowed)
     return np.array(arr, dtype=np.float32)
+
+
+def _all_in_bounds(field: Field, arr: np.ndarray) -> bool:
+    """:func:`_in_bounds` of every entry, vectorised (an array of a million entries is
+    checked in milliseconds)."""
+    x = np.asarray(arr, np.float64)
+    ok = np.isfinite(x) & (np.abs(x) <= FLOAT32_MAX)
+    if field.low is not None:
+        ok &= (x > field.low) if field.low_open else (x >= field.low)
+    if field.high is not None:
+        ok &= x <= field.high
+    return bool(np.all(ok))
 
 
 def _bounds_text(field: Field) -> str:
@@ -233,6 +270,6 @@ def lookup_kind(raw: Any, registry: Mapping[str, Any], where: str,
     if not isinstance(raw, Mapping) or "kind" not in raw:
         raise ConfigError(where, raw, what)
     kind = raw["kind"]
-    if kind not in registry:
+    if not isinstance(kind, str) or kind not in registry:
         raise ConfigError(f"{where}.kind", kind, "one of " + ", ".join(sorted(registry)))
     return kind, registry[kind]

@@ -46,7 +46,7 @@ def apply_override(config: dict, override: str) -> dict:
     path, text = override.split("=", 1)
     try:
         value = yaml.safe_load(text) if text.strip() else None
-    except yaml.YAMLError:
+    except (yaml.YAMLError, RecursionError):
         value = text
     parts = _split_path(path.strip())
     node: Any = config
@@ -85,6 +85,36 @@ def yaml_error(path: Path, err: yaml.YAMLError) -> ConfigError:
     return ConfigError(where, text, "valid YAML")
 
 
+# a scenario file is a few kilobytes; anything past this is not one (and would only make
+# the parser slow): refused before it is read
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def read_yaml(path: Path) -> Any:
+    """The YAML document in ``path``; a file that is not UTF-8 text (binary, Latin-1),
+    not YAML, nested past Python's recursion limit or over ``MAX_CONFIG_BYTES`` is a
+    :class:`ConfigError` naming the file."""
+    size = path.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(str(path), f"{size} bytes", f"a YAML file of at most "
+                          f"{MAX_CONFIG_BYTES} bytes")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(str(path), f"byte {data[err.start]:#04x} at offset {err.start}",
+                          "a UTF-8 text file (YAML)") from None
+    if "\x00" in text:
+        raise ConfigError(str(path), "a NUL byte", "a UTF-8 text file (YAML)")
+    try:
+        return yaml.safe_load(text) or {}
+    except yaml.YAMLError as err:
+        raise yaml_error(path, err) from None
+    except RecursionError:
+        raise ConfigError(str(path), "nesting deeper than Python's recursion limit",
+                          "valid YAML of reasonable depth") from None
+
+
 def shipped_path(source: str | Path) -> Path:
     """``source`` as a path; a relative ``configs/NAME.yaml`` that does not exist from
     the working directory (outside a checkout: an installed wheel, a notebook) is the
@@ -108,10 +138,7 @@ def load_config(source: str | Path | Mapping[str, Any], overrides: Sequence[str]
         path = shipped_path(source)
         if not path.is_file():
             raise ConfigError("config", str(source), "an existing YAML file")
-        try:
-            config = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as err:
-            raise yaml_error(path, err) from None
+        config = read_yaml(path)
     if not isinstance(config, dict):
         raise ConfigError("config", config, "a YAML mapping with a market: section")
     for item in overrides:

@@ -70,7 +70,12 @@ class Registry(Mapping[str, T], Generic[T]):
         return self._table[kind]
 
     def __getitem__(self, kind: str) -> T:
+        if not isinstance(kind, str):   # a list or a mapping as a kind: unknown, not a TypeError
+            raise KeyError(kind)
         return self._table[kind]
+
+    def __contains__(self, kind: object) -> bool:
+        return isinstance(kind, str) and kind in self._table
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._table)

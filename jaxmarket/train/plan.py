@@ -25,6 +25,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from jaxmarket.config.errors import ConfigError
+from jaxmarket.config.fields import INT32_MAX
 from jaxmarket.config.loader import load_config
 from jaxmarket.learners.base import Learner, LearnerSpec
 from jaxmarket.learners.controller import build_controller, group_learner_spec, resolve_learner
@@ -35,6 +36,7 @@ from jaxmarket.market.spec import MarketParams, resolve_market, to_device
 from jaxmarket.models.config import ModelConfig, poi_obs_spec, resolve_group_models
 from jaxmarket.train.config import ScheduleEntry, TrainConfig, resolve_schedule, resolve_train
 from jaxmarket.train.loop import metric_columns
+from jaxmarket.train.memory import MemoryEstimate, check_memory, estimate, lcm, probe_dims
 from jaxmarket.train.pbt import PbtConfig, resolve_pbt, strip_pbt
 from jaxmarket.train.slots import tile_spec
 
@@ -60,6 +62,12 @@ class RunPlan:
     learners: Mapping[str, Learner]
     # group -> (kind, settings with every default filled in), as the learner was built
     learner_settings: Mapping[str, tuple[str, dict]] = dataclasses.field(default_factory=dict)
+    # the memory the run needs (jaxmarket.train.memory), checked against the device's
+    memory: MemoryEstimate | None = dataclasses.field(default=None, compare=False)
+    # a validate-only plan of a large run (resolve(validate_only=True)): the probe's plan
+    # (a few markets: its train, specs, learners, populations are the probe's; memory is
+    # the run's); it must not train
+    probe: bool = False
 
     @property
     def groups(self) -> tuple[str, ...]:
@@ -88,10 +96,20 @@ def learners_template(env: MarketEnv) -> str:
     return "\n".join(lines)
 
 
-def resolve(config: Mapping[str, Any] | str, overrides: tuple[str, ...] | list[str] = ()
-            ) -> RunPlan:
+# Above this many agent slots (all groups, seeds x markets x agents) the plan's learners
+# are not built to size the run: a probe of PROBE_SEEDS x PROBE_ENVS markets is (the
+# learners' builders do per-slot work in Python), and its shapes are scaled
+PROBE_SLOTS = 4096
+PROBE_SEEDS, PROBE_ENVS = 11, 13
+
+
+def resolve(config: Mapping[str, Any] | str, overrides: tuple[str, ...] | list[str] = (),
+            *, validate_only: bool = False) -> RunPlan:
     """The :class:`RunPlan` of a config (a loaded mapping, or a YAML path with dotted
-    overrides); every config error is raised here."""
+    overrides); every config error is raised here, a run that cannot fit in the
+    device's memory included (``plan.memory``). ``validate_only`` (``check``): a run
+    above ``PROBE_SLOTS`` slots keeps its probe's specs and learners (``plan.probe``), so
+    validating it does no work that grows with its size."""
     raw = load_config(config, overrides)
     config = strip_pbt(raw)   # the pbt blocks: resolve_pbt below
     tcfg, seed = resolve_train_section(config)
@@ -107,21 +125,71 @@ def resolve(config: Mapping[str, Any] | str, overrides: tuple[str, ...] | list[s
     learner_config = config["learners"]
     base = group_specs(env, params, learner_config)
     build_controller(env, params, learner_config, specs=base)   # names, kinds, settings first
+    check_sizes(base, tcfg)
     schedule = resolve_schedule(config, tcfg, (spec, params))
     populations = resolve_populations(env, params, config, tcfg)
     pbt = resolve_pbt(raw, populations)
     models = resolve_group_models(env, params, learner_config, populations)
-    specs = {g: tile_spec(s, tcfg.num_envs, tcfg.num_seeds, populations.get(g))
-             for g, s in base.items()}
-    learners = build_controller(env, params, learner_config, specs=specs)
-    settings = {g: resolve_learner(learner_config[g], f"learners.{g}") for g in env.agent_groups}
-    plan = RunPlan(raw, env, params, tcfg, seed, learner_config, schedule, populations,
-                   {g: c for g, c in pbt.items() if c is not None}, models, specs, learners,
-                   settings)
+    parts = (raw, env, params, seed, learner_config, schedule,
+             {g: c for g, c in pbt.items() if c is not None}, models, base)
+    slots = sum(s.num_agents for s in base.values()) * tcfg.num_envs * tcfg.num_seeds
+    probe = _probe(parts, config, tcfg) if slots > PROBE_SLOTS else None
+    if probe is None:
+        plan = _assemble(parts, tcfg, populations)
+        plan = dataclasses.replace(plan, memory=estimate(plan, detail=validate_only))
+    else:
+        memory = estimate(probe, tcfg, probe_dims(probe, tcfg.num_envs, tcfg.num_seeds),
+                          detail=validate_only)
+        check_memory(memory)
+        plan = dataclasses.replace(probe if validate_only else
+                                   _assemble(parts, tcfg, populations), memory=memory,
+                                   probe=validate_only)
+    check_memory(plan.memory)
     if tcfg.early_stop is not None and tcfg.early_stop["metric"] not in plan.metric_columns:
         raise ConfigError("train.early_stop.metric", tcfg.early_stop["metric"],
                           "one of the metrics: " + ", ".join(plan.metric_columns))
     return plan
+
+
+def _assemble(parts: tuple, tcfg: TrainConfig, populations: Mapping) -> RunPlan:
+    """The plan at ``tcfg``'s size: the tiled specs and the learners built on them."""
+    raw, env, params, seed, learner_config, schedule, pbt, models, base = parts
+    specs = {g: tile_spec(s, tcfg.num_envs, tcfg.num_seeds, populations.get(g))
+             for g, s in base.items()}
+    learners = build_controller(env, params, learner_config, specs=specs)
+    settings = {g: resolve_learner(learner_config[g], f"learners.{g}") for g in env.agent_groups}
+    return RunPlan(raw, env, params, tcfg, seed, learner_config, schedule, populations,
+                   pbt, models, specs, learners, settings)
+
+
+def _probe(parts: tuple, config: Mapping, tcfg: TrainConfig) -> RunPlan:
+    """The run at the probe's size: ``PROBE_SEEDS`` seeds of ``PROBE_ENVS x L`` markets
+    (``L``: the least common multiple of the population sizes, so every population still
+    divides the markets); a mapping tied to the run's markets (a table) keeps them."""
+    env, params = parts[1], parts[2]
+    sizes = [p.size for p in resolve_populations(env, params, config, tcfg).values()
+             if p is not None]
+    for envs in (PROBE_ENVS * lcm(sizes), tcfg.num_envs):
+        small = dataclasses.replace(tcfg, num_envs=envs, num_seeds=PROBE_SEEDS)
+        try:
+            return _assemble(parts, small, resolve_populations(env, params, config, small))
+        except ConfigError:
+            if envs == tcfg.num_envs:
+                raise
+    raise AssertionError("unreachable")
+
+
+def check_sizes(base: Mapping[str, LearnerSpec], tcfg: TrainConfig) -> None:
+    """Every slot, policy and market index of the run fits int32 (jax's integers)."""
+    S, E = tcfg.num_seeds, tcfg.num_envs
+    if S * E > INT32_MAX:
+        raise ConfigError("train.num_envs", E, f"train.num_seeds x train.num_envs <= "
+                          f"{INT32_MAX} (int32 market indices; num_seeds is {S})")
+    for g, spec in base.items():
+        if S * E * spec.num_agents > INT32_MAX:
+            raise ConfigError("train.num_envs", E, f"train.num_seeds x train.num_envs x agents "
+                              f"<= {INT32_MAX} (int32 slot indices; group {g} has "
+                              f"{spec.num_agents} agents per market, num_seeds is {S})")
 
 
 def resolve_train_section(config: Mapping) -> tuple[TrainConfig, int]:

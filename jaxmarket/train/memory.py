@@ -1,0 +1,267 @@
+"""How much memory a run needs, estimated before anything compiles, and the refusal of a
+run that cannot fit (docs/reliability.md, "Memory is checked before allocating").
+
+The state a run keeps is read from the training program's *shapes*, never its values:
+``jax.eval_shape`` of the runner's ``init`` (market state x markets x seeds, every
+learner's state: Q tables, PPO parameters and buffers, the components' state) and, where
+it could matter, of one iteration (the metrics one chunk stacks). What lives only inside
+an iteration (the rollout's transitions) comes from the learners' specs. A plan too large
+to build cheaply (:data:`jaxmarket.train.plan.PROBE_SLOTS`) is sized from a *probe*, the
+same scenario with ``PROBE_SEEDS`` seeds of ``PROBE_ENVS x L`` markets (``L``: the
+population sizes' least common multiple): every axis of the probe's shapes that is one of
+its size-dependent lengths (markets, slots, policies, seeds, markets per seed) is scaled
+to the run's length, so nothing the estimate does grows with the run's size.
+
+The estimate (``total``) is::
+
+    2 x (runner state)                   the state, and its host copy at each checkpoint
+  + 2 x (market state) + rollout         one iteration's temporaries: the stepped and the
+                                         reset market (auto-reset computes both), the
+                                         rollout's transitions [T, slots, 2 D + P + 3]
+  + 2 x (metrics of one chunk)           stacked on the device, then copied to the host
+
+and a run is refused (a :class:`ConfigError` on the setting that sizes its biggest term)
+when it exceeds the memory of the device: host RAM on CPU
+(``SC_PHYS_PAGES x SC_PAGE_SIZE``), ``bytes_limit`` of ``memory_stats()`` on an
+accelerator, or ``JAXMARKET_MEMORY_BYTES`` when set (a test, a shared machine).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import jax
+from jax.extend import core as jcore
+import numpy as np
+
+from jaxmarket.config.errors import ConfigError
+from jaxmarket.train.loop import make_train
+
+MEMORY_ENV = "JAXMARKET_MEMORY_BYTES"
+# the metrics of one chunk are traced only when they could matter: this many bytes per
+# seed and iteration is more than any scenario's metrics (4096 float32 columns)
+METRIC_BOUND = 4096 * 4
+
+
+@dataclass(frozen=True)
+class Term:
+    """One part of the estimate: ``what`` needs ``bytes``; ``field`` is the setting
+    that sizes it (what to lower), ``value`` that setting's value."""
+
+    what: str
+    bytes: int
+    field: str
+    value: Any
+    lower: str = ""     # what to lower, when not the field itself
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    terms: tuple[Term, ...]
+    available: int | None     # bytes of the device's memory (None: unknown)
+    device: str
+    probed: bool = False      # sized from a probe (the plan was too large to build)
+
+    @property
+    def total(self) -> int:
+        return sum(t.bytes for t in self.terms)
+
+    @property
+    def biggest(self) -> Term:
+        return max(self.terms, key=lambda t: t.bytes)
+
+    def line(self) -> str:
+        """``memory: 1.2 GiB estimated of 23.0 GiB (cpu host RAM); biggest: ...``."""
+        avail = "unknown" if self.available is None else gib(self.available)
+        b = self.biggest
+        return (f"memory: {gib(self.total)} estimated of {avail} ({self.device}); biggest: "
+                f"{b.what} {gib(b.bytes)} ({b.field}={b.value})")
+
+    def as_dict(self) -> dict:
+        return {"total_bytes": self.total, "available_bytes": self.available,
+                "device": self.device, "probed": self.probed,
+                "terms": [{"what": t.what, "bytes": t.bytes, "field": t.field,
+                           "value": t.value} for t in self.terms]}
+
+
+def gib(n: float) -> str:
+    if n < 2**27:
+        return f"{n / 2**20:.3g} MiB"
+    return f"{n / 2**30:.3g} GiB" if n < 100 * 2**30 else f"{n / 2**30:.0f} GiB"
+
+
+def available_memory() -> tuple[int | None, str]:
+    """``(bytes, what)`` of the memory a run may use on the default device."""
+    if os.environ.get(MEMORY_ENV):
+        return int(os.environ[MEMORY_ENV]), MEMORY_ENV
+    device = jax.devices()[0]
+    if device.platform != "cpu":
+        try:
+            stats = device.memory_stats() or {}
+        except Exception:   # noqa: BLE001 -- a backend without memory_stats
+            stats = {}
+        if "bytes_limit" in stats:
+            return int(stats["bytes_limit"]), f"{device.platform} device memory"
+        return None, f"{device.platform} (memory unknown)"
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "cpu host RAM"
+    except (ValueError, OSError, AttributeError):
+        return None, "cpu (memory unknown)"
+
+
+def _nbytes(leaf: Any, dims: Mapping[int, int]) -> int:
+    n = _itemsize(getattr(leaf, "dtype", np.float32))
+    for d in getattr(leaf, "shape", ()):
+        n *= dims.get(d, d)
+    return n
+
+
+def _itemsize(dtype: Any) -> int:
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):   # typed keys: their key data
+        return 4 * int(np.prod(jax.eval_shape(jax.random.key_data,
+                                              jax.ShapeDtypeStruct((), dtype)).shape))
+    return np.dtype(dtype).itemsize
+
+
+def _tree_bytes(tree: Any, dims: Mapping[int, int]) -> int:
+    return sum(_nbytes(x, dims) for x in jax.tree_util.tree_leaves(tree))
+
+
+def probe_dims(probe, num_envs: int, num_seeds: int) -> dict[int, int]:
+    """Each size-dependent length of the probe plan's shapes -> the run's length."""
+    S0, E0 = probe.train.num_seeds, probe.train.num_envs
+    dims = {}
+    for g, spec in probe.specs.items():
+        per_market = spec.num_agents // (S0 * E0)
+        dims.setdefault(spec.num_agents, num_seeds * num_envs * per_market)   # slots
+        dims.setdefault(spec.policies, num_seeds * (spec.policies // S0))     # policies
+        dims.setdefault(E0 * per_market, num_envs * per_market)               # a seed's slots
+    for a in {probe.env.num_agents(g) for g in probe.groups}:
+        dims.setdefault(S0 * E0 * a, num_seeds * num_envs * a)
+    dims.setdefault(S0 * E0, num_seeds * num_envs)                            # markets
+    dims.setdefault(E0, num_envs)
+    dims.setdefault(S0, num_seeds)
+    return {k: v for k, v in dims.items() if k != v}
+
+
+def estimate(plan, train=None, dims: Mapping[int, int] | None = None,
+             detail: bool = True) -> MemoryEstimate:
+    """The memory ``plan`` needs; with ``dims`` (:func:`probe_dims`) ``plan`` is a probe
+    and ``train`` the run's :class:`~jaxmarket.train.config.TrainConfig`. ``detail``:
+    trace one iteration for its temporaries and metrics even when the state is far from
+    the memory (a run within 1/64 of it always is)."""
+    dims = dict(dims or {})
+    train = plan.train if train is None else train
+    S, E = train.num_seeds, train.num_envs
+    init, run_chunk = make_train(plan)
+    runner = jax.eval_shape(init, jax.random.key(0))
+    market = _tree_bytes((runner.env_state, runner.obs), dims)
+    terms = [Term("market state", 2 * market, "train.num_envs", E)]
+    for g in plan.groups:
+        state = _tree_bytes(runner.learners[g], dims)
+        # what to lower: the markets when the state grows with the slots, else the
+        # learner's own size settings (a Q table's grid and memory, a network's width)
+        if _grows_with(runner.learners[g], plan, dims, train):
+            terms.append(Term(f"learner state {g}", 2 * state, "train.num_envs", E))
+        else:
+            kind = plan.learner_settings.get(g, ("?",))[0]
+            terms.append(Term(f"learner state {g} ({kind}, per policy x {S} seeds)",
+                              2 * state, f"learners.{g}", kind,
+                              "settings with a smaller state per policy, or train.num_seeds"))
+    rest = (runner.key, runner.iteration, runner.assignment, runner.episodes, runner.pbt,
+            runner.league, runner.params, runner.models)
+    terms.append(Term("components' state", 2 * _tree_bytes(rest, dims), "train.num_envs", E))
+    avail, device = available_memory()
+    state = sum(t.bytes for t in terms) // 2
+    if detail or avail is None or 64 * state > avail:
+        # one iteration, traced: its temporaries' peak and the metrics it stacks
+        jaxpr, (_, metrics) = jax.make_jaxpr(lambda r: run_chunk(r, 1), return_shape=True)(
+            runner)
+        terms.append(Term("one iteration's temporaries", peak_live_bytes(jaxpr.jaxpr, dims),
+                          "train.num_envs", E))
+        terms.append(Term("metrics of one chunk", 2 * train.chunk_size
+                          * _tree_bytes(metrics, dims), "train.chunk_size", train.chunk_size))
+    else:
+        # a run far from the memory: the rollout's transitions and a bound on the metrics
+        rollout = 0
+        for g in plan.groups:
+            spec = plan.specs[g]
+            slots = dims.get(spec.num_agents, spec.num_agents)
+            rollout += 4 * train.rollout_length * slots * (2 * spec.obs_dim
+                                                           + spec.num_products + 3)
+        terms.append(Term("one iteration's temporaries", 2 * market + rollout,
+                          "train.num_envs", E))
+        terms.append(Term("metrics of one chunk", 2 * METRIC_BOUND * S * train.chunk_size,
+                          "train.chunk_size", train.chunk_size))
+    return MemoryEstimate(tuple(terms), avail, device, probed=bool(dims))
+
+
+def _grows_with(tree: Any, plan, dims: Mapping[int, int], train) -> bool:
+    """Whether most of ``tree``'s bytes grow with the markets per seed: its size at the
+    run's markets against one market per seed (the plan's lengths scaled as a probe's)."""
+    one = probe_dims(plan, 1, train.num_seeds)
+    return _tree_bytes(tree, dims) > 2 * _tree_bytes(tree, one)
+
+
+def peak_live_bytes(jaxpr: Any, dims: Mapping[int, int]) -> int:
+    """The most bytes of intermediate values alive at once when ``jaxpr``'s equations
+    run in program order, each freed after its last use (a sub-program, the body of a
+    scan or a cond's branch, adds its own peak while it runs). XLA fuses and reuses
+    buffers, so this is an upper estimate of its temporaries."""
+    last = {}
+    for i, eqn in enumerate(jaxpr.eqns):
+        for v in eqn.invars:
+            if isinstance(v, jcore.Var):
+                last[v] = i
+    keep = {v for v in jaxpr.outvars if isinstance(v, jcore.Var)}
+    live, peak = 0, 0
+    dying: dict[int, list] = {}
+    for v, i in last.items():
+        dying.setdefault(i, []).append(v)
+    sizes: dict = {}
+    for i, eqn in enumerate(jaxpr.eqns):
+        inner = max((peak_live_bytes(j, dims) for j in _sub_jaxprs(eqn)), default=0)
+        out = 0
+        for v in eqn.outvars:
+            if isinstance(v, jcore.Var) and not isinstance(v, jcore.DropVar):
+                sizes[v] = _nbytes(v.aval, dims)
+                out += sizes[v]
+        peak = max(peak, live + inner + out)
+        live += out
+        for v in dying.get(i, ()):
+            if v in sizes and v not in keep:
+                live -= sizes.pop(v)
+    return peak
+
+
+def _sub_jaxprs(eqn: Any):
+    for value in eqn.params.values():
+        for item in value if isinstance(value, (tuple, list)) else (value,):
+            if isinstance(item, jcore.ClosedJaxpr):
+                yield item.jaxpr
+            elif isinstance(item, jcore.Jaxpr):
+                yield item
+
+
+def check_memory(est: MemoryEstimate) -> None:
+    """A :class:`ConfigError` on the biggest term's setting when the run cannot fit."""
+    if est.available is None or est.total <= est.available:
+        return
+    b = est.biggest
+    raise ConfigError(b.field, b.value, f"a run that fits in memory: it needs about "
+                      f"{gib(est.total)}, the device has {gib(est.available)} ({est.device}); "
+                      f"the biggest part is {b.what} ({gib(b.bytes)}): lower {b.lower or b.field}")
+
+
+def lcm(values) -> int:
+    out = 1
+    for v in values:
+        out = out * v // math.gcd(out, v)
+    return out
+
+
+__all__ = ["MemoryEstimate", "Term", "available_memory", "check_memory", "estimate",
+           "probe_dims", "MEMORY_ENV"]

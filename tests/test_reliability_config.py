@@ -1,0 +1,294 @@
+"""Every bad config is a config error, sizes and memory are checked before anything
+compiles (docs/reliability.md): each guarantee against values worked out here (the
+field's rule, int32 / float32 limits, bytes counted from shapes written out by hand, the
+peak memory a real run reaches)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from jaxmarket.cli import run_cli
+from jaxmarket.cli.check import main as check_main
+from jaxmarket.config.errors import ConfigError
+from jaxmarket.config.fields import (INT32_MAX, MAX_ENTITY_VALUES, Field, check_value,
+                                     resolve_entity_array)
+from jaxmarket.config.loader import load_config
+from jaxmarket.train import memory
+from jaxmarket.train.plan import PROBE_SLOTS, resolve
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+HISTORY2 = "market.sellers[0].observation=[{kind: history, k: 2}]"
+BAD_NUMBERS = [math.inf, -math.inf, math.nan, 10**100, -10**100, 10**400, 1e39, True,
+               "inf", "nan", "1e400", [1.0], {"a": 1}, "abc"]
+
+
+# ---------------------------------------------------------------- fields
+
+
+@pytest.mark.parametrize("value", BAD_NUMBERS, ids=repr)
+@pytest.mark.parametrize("kind", ["float", "int"])
+def test_a_non_finite_huge_or_non_number_value_is_a_config_error_naming_it(kind, value):
+    with pytest.raises(ConfigError) as err:
+        check_value(Field(kind, 1), value, "x.y")
+    assert err.value.field == "x.y" and "allowed: " in str(err.value)
+    assert err.value.allowed.startswith("a finite number" if kind == "float" else "an integer")
+
+
+def test_int_fields_fit_int32_and_float_fields_float32_the_edges_pass():
+    assert check_value(Field("int", 1), INT32_MAX, "n") == INT32_MAX
+    with pytest.raises(ConfigError, match=r"<= 2147483647 \(int32\)"):
+        check_value(Field("int", 1), INT32_MAX + 1, "n")
+    assert check_value(Field("float", 1.0), 3.0e38, "f") == 3.0e38    # float32 max 3.40e38
+    with pytest.raises(ConfigError):
+        check_value(Field("float", 1.0), 3.5e38, "f")
+    with pytest.raises(ConfigError):                                   # a list of numbers too
+        check_value(Field("floats", (1.0,)), [1.0, math.nan], "fs")
+
+
+@pytest.mark.parametrize("value", [10**400, math.inf, [1.0, math.nan], [[1.0, 2.0]], "x",
+                                   [10**400, 1.0]], ids=repr)
+def test_an_entity_array_with_a_huge_or_non_finite_entry_is_a_config_error(value):
+    with pytest.raises(ConfigError) as err:
+        resolve_entity_array(Field("entity", 1.0), value, "market.sellers[0].cost", 3, 2)
+    assert err.value.field == "market.sellers[0].cost"
+
+
+def test_an_entity_array_too_large_is_refused_on_the_count_before_allocating():
+    t = time.perf_counter()
+    with pytest.raises(ConfigError) as err:
+        resolve_entity_array(Field("entity", 1.0), 1.0, "market.sellers[0].cost",
+                             MAX_ENTITY_VALUES + 1, 1)
+    assert err.value.field == "market.sellers[0].count"
+    assert time.perf_counter() - t < 0.1
+    ok = resolve_entity_array(Field("entity", 1.0, low=0.0), [0.0, 2.0], "c", 2, 2)
+    assert ok.tolist() == [[0.0, 2.0], [0.0, 2.0]]
+
+
+# ---------------------------------------------------------------- check, one line
+
+
+def check(capsys, *argv) -> tuple[int, str, str, float]:
+    t = time.perf_counter()
+    rc = run_cli(check_main, list(argv))
+    out = capsys.readouterr()
+    return rc, out.out, out.err, time.perf_counter() - t
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe\x00binary\x00", "market: {num_products: 1}\n"
+                                     "name: caf\xe9\n".encode("latin-1"), b"\x00" * 64,
+                                     b"[" * 5000 + b"]" * 5000, b"market: [unclosed",
+                                     b"- just\n- a list\n"], ids=range(6))
+def test_a_binary_non_utf8_deep_or_broken_yaml_file_is_one_line(tmp_path, capsys, content):
+    path = tmp_path / "bad.yaml"
+    path.write_bytes(content)
+    rc, out, err, _ = check(capsys, str(path))
+    assert rc == 2 and out == "" and err.startswith("config error: ") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("where,value", [
+    ("market.distributor.kind", "[1, 2]"), ("market.distributor.kind", "3"),
+    ("market.distributor.kind", "{a: 1}"), ("learners.sellers.kind", "[ppo]"),
+    ("learners.sellers.kind", "{kind: ppo}"), ("learners.sellers.kind", "7"),
+    ("market.sellers[0].reward", "[{kind: [profit]}]"),
+    ("market.consumers[0].demand", "{kind: {a: 1}}")])
+def test_a_kind_of_the_wrong_type_is_a_config_error(capsys, where, value):
+    rc, _, err, _ = check(capsys, "configs/calvano.yaml", f"{where}={value}")
+    assert rc == 2 and err.startswith("config error: ") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("override,rc_want", [
+    ("train.num_envs=1000000", 0), ("train.num_envs=3000000", 0),
+    ("train.num_seeds=1000000", 2), ("train.num_envs=2147483648", 2),
+    ("train.num_envs=1073741824", 2), ("market.sellers[0].count=100000000", 2),
+    ("market.num_products=100000000", 2), ("train.chunk_size=2000000000", 2)])
+def test_check_of_a_huge_size_answers_in_under_5_seconds(capsys, override, rc_want):
+    """Before: num_envs=1e6 86 s, 3e6 178 s, num_seeds=1e6 67 s (per-slot Python in the
+    learners' builders); now nothing check does grows with the size."""
+    check(capsys, "configs/calvano.yaml")   # imports, first traces: not the size's cost
+    rc, out, err, seconds = check(capsys, "configs/calvano.yaml", override)
+    assert rc == rc_want, err
+    assert seconds < 5.0
+    if rc == 2:
+        assert err.count("\n") == 1
+    else:
+        assert out.splitlines()[-1].startswith("memory: ")
+
+
+def test_slots_must_fit_int32():
+    with pytest.raises(ConfigError) as err:   # 2 sellers x 8 seeds x 2**27 markets = 2**31
+        resolve("configs/calvano.yaml", ["train.num_envs=134217728"], validate_only=True)
+    assert err.value.field == "train.num_envs" and "int32" in err.value.allowed
+
+
+# ---------------------------------------------------------------- memory
+
+
+def test_a_run_over_the_device_memory_is_refused_naming_the_biggest_term(monkeypatch):
+    monkeypatch.setenv(memory.MEMORY_ENV, str(2**30))
+    with pytest.raises(ConfigError) as err:   # bench_b: 32 sellers' PPO buffers per market
+        resolve("configs/bench_b.yaml", ["train.num_envs=20000"], validate_only=True)
+    assert err.value.field == "train.num_envs" and err.value.value == 20000
+    assert "learner state sellers" in err.value.allowed
+    q60 = ["learners.sellers.grid_size=60", "learners.sellers.memory=2", HISTORY2]
+    with pytest.raises(ConfigError) as err:   # 16 Q tables of 60**4 states: per policy
+        resolve("configs/calvano.yaml", q60, validate_only=True)
+    assert err.value.field == "learners.sellers" and err.value.value == "q_learning"
+    monkeypatch.setenv(memory.MEMORY_ENV, str(2**40))
+    resolve("configs/calvano.yaml", q60, validate_only=True)
+
+
+def test_the_q_table_term_is_the_bytes_counted_by_hand():
+    """calvano: 2 sellers x 8 seeds = 16 Q tables of (15**2 states) x (15 actions + the
+    greedy column) float32; x2 (the state and its checkpoint copy)."""
+    plan = resolve("configs/calvano.yaml")
+    term = next(t for t in plan.memory.terms if t.what.startswith("learner state"))
+    table = 16 * 15**2 * 16 * 4
+    assert table <= term.bytes / 2 <= table + 16 * 15**2 * 64   # + per-row counters
+
+
+@pytest.mark.parametrize("name,overrides", [
+    ("bench_b", ["train.num_envs=200"]), ("calvano", ["train.num_envs=300"]),
+    ("population_sync", ["train.num_envs=2048"])])
+def test_the_probe_estimate_equals_the_exact_one(name, overrides):
+    """Above PROBE_SLOTS the estimate is scaled from a probe's shapes; the built plan's
+    exact shapes give the same bytes, term by term."""
+    plan = resolve(f"configs/{name}.yaml", overrides)
+    slots = sum(s.num_agents for s in plan.specs.values())
+    assert slots > PROBE_SLOTS and plan.memory.probed
+    exact = memory.estimate(plan)
+    assert [(t.what, t.bytes) for t in plan.memory.terms] == \
+        [(t.what, t.bytes) for t in exact.terms]
+
+
+def test_check_json_prints_the_estimate(capsys):
+    rc, out, _, _ = check(capsys, "configs/bench_b.yaml", "--json")
+    est = json.loads(out)
+    assert rc == 0 and est["total_bytes"] == sum(t["bytes"] for t in est["terms"])
+    assert {t["field"] for t in est["terms"]} >= {"train.num_envs", "train.chunk_size"}
+
+
+MEASURE = """
+import json, os, resource, sys, tempfile
+from jaxmarket.cli import run_cli
+from jaxmarket.cli.train import main
+from jaxmarket.train.plan import resolve
+cfg, runs = sys.argv[1], json.loads(sys.argv[2])
+short = ["train.num_iterations=1", "train.chunk_size=1"]
+out = []
+with tempfile.TemporaryDirectory() as d:
+    for i, ov in enumerate(runs):
+        est = resolve(cfg, ov + short, validate_only=True).memory.total
+        assert run_cli(main, [cfg, "--run-dir", os.path.join(d, str(i)), "--compile-cache",
+                              "none", *ov, *short]) == 0
+        out.append((est, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("name,small,big", [
+    ("bench_b", ["train.num_envs=64"], ["train.num_envs=2000"]),
+    ("calvano", ["learners.sellers.q_init=zero", "learners.sellers.grid_size=30",
+                 "train.num_seeds=2"],      # Q tables of 30**2 states, then of 30**4
+     ["learners.sellers.q_init=zero", "learners.sellers.grid_size=30",
+      "learners.sellers.memory=2", HISTORY2, "train.num_seeds=2"]),
+    ("multi_product", ["train.num_envs=16"], ["train.num_envs=8000"])])
+def test_the_estimate_is_within_a_factor_2_of_the_measured_peak(tmp_path, name, small, big):
+    """One subprocess trains the small run, then the big one; the growth of its peak RSS
+    (ru_maxrss) is what the big run's state added, the small run's peak holding the
+    Python / JAX / compiler baseline."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    res = subprocess.run([sys.executable, "-c", MEASURE, f"configs/{name}.yaml",
+                          json.dumps([small, big])], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    (e1, p1), (e2, p2) = json.loads(res.stdout.strip().splitlines()[-1])
+    estimated, measured = e2 - e1, p2 - p1
+    print(f"{name}: estimated {estimated / 2**20:.0f} MiB, measured {measured / 2**20:.0f} MiB")
+    assert measured > 2**27    # the state dominates the baseline's noise (> 128 MiB)
+    assert measured / 2 <= estimated <= 2 * measured
+
+
+# ---------------------------------------------------------------- fuzz
+
+MUTANTS = [None, True, False, 0, -1, 1, 2**31, 10**100, -10**100, math.inf, -math.inf,
+           math.nan, 1e308, -1e-300, "", "abc", "inf", "1e400", [], [1, 2], [[1.0]], {},
+           {"kind": [1]}, {"kind": "nope"}, [{"kind": 3}]]
+
+
+def leaves(node, path=()):
+    yield path
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from leaves(v, path + (k,))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from leaves(v, path + (i,))
+
+
+BASES = {p.stem: load_config(p) for p in CONFIGS}
+PATHS = {k: [p for p in leaves(c) if p] for k, c in BASES.items()}
+OUTCOMES: Counter = Counter()
+
+
+@st.composite
+def mutated(draw):
+    name = draw(st.sampled_from(sorted(BASES)))
+    config = copy.deepcopy(BASES[name])
+    path = draw(st.sampled_from(PATHS[name]))
+    node = config
+    for part in path[:-1]:
+        node = node[part]
+    old = node[path[-1]]
+    how = draw(st.sampled_from(["delete", "value", "swap"]))
+    if how == "delete":
+        del node[path[-1]]
+    elif how == "value":
+        node[path[-1]] = draw(st.sampled_from(MUTANTS))
+    else:
+        node[path[-1]] = draw(st.sampled_from([str(old), [old], {"kind": old}, -old
+                                               if isinstance(old, (int, float)) else 0]))
+    for _ in range(draw(st.integers(0, 1))):   # sometimes a second mutation: a size
+        config.setdefault("train", {})["num_envs"] = draw(st.sampled_from(
+            [10**6, 2**31, 10**100, 0, 1.5]))
+    return name, path, how, config
+
+
+@settings(max_examples=40, derandomize=True, deadline=None, database=None,
+          suppress_health_check=list(HealthCheck))
+@given(mutated())
+def fuzz_one(case):
+    name, path, how, config = case
+    t = time.perf_counter()
+    try:
+        resolve(config, validate_only=True)
+        OUTCOMES["clean"] += 1
+    except ConfigError as err:
+        # one line (the missing-learners error appends a ready-to-paste template)
+        assert "\n" not in str(err) or err.field == "learners", str(err)
+        OUTCOMES["config error"] += 1
+    seconds = time.perf_counter() - t
+    assert seconds < 5.0, (name, path, how, seconds)
+
+
+def test_fuzz_any_mutation_of_a_shipped_config_resolves_or_is_a_config_error():
+    """Hypothesis mutates the shipped configs (type swaps, extremes, inf/nan, huge
+    integers, strings, lists, deletions, absurd sizes): every outcome is a plan or a
+    ConfigError (any other exception fails the test), each under 5 s."""
+    OUTCOMES.clear()
+    t = time.perf_counter()
+    fuzz_one()
+    print(f"fuzz outcomes: {dict(OUTCOMES)} in {time.perf_counter() - t:.0f} s")
+    assert OUTCOMES["clean"] > 0 and OUTCOMES["config error"] > 0
