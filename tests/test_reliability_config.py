@@ -152,11 +152,11 @@ def test_a_run_over_the_device_memory_is_refused_naming_the_biggest_term(monkeyp
 
 def test_the_q_table_term_is_the_bytes_counted_by_hand():
     """calvano: 2 sellers x 8 seeds = 16 Q tables of (15**2 states) x (15 actions + the
-    greedy column) float32; x2 (the state and its checkpoint copy)."""
+    greedy column) float32, plus a few numbers per policy and slot."""
     plan = resolve("configs/calvano.yaml")
     term = next(t for t in plan.memory.terms if t.what.startswith("learner state"))
     table = 16 * 15**2 * 16 * 4
-    assert table <= term.bytes / 2 <= table + 16 * 15**2 * 64   # + per-row counters
+    assert table <= term.bytes <= table + 16 * 64   # + per-policy counters, hypers
 
 
 @pytest.mark.parametrize("name,overrides", [
@@ -168,9 +168,10 @@ def test_the_probe_estimate_equals_the_exact_one(name, overrides):
     plan = resolve(f"configs/{name}.yaml", overrides)
     slots = sum(s.num_agents for s in plan.specs.values())
     assert slots > PROBE_SLOTS and plan.memory.probed
-    exact = memory.estimate(plan)
-    assert [(t.what, t.bytes) for t in plan.memory.terms] == \
-        [(t.what, t.bytes) for t in exact.terms]
+    terms = lambda est: [(t.what, t.bytes, t.field) for t in est.terms]  # noqa: E731
+    assert terms(plan.memory) == terms(memory.estimate(plan, detail=False))   # train's
+    checked = resolve(f"configs/{name}.yaml", overrides, validate_only=True)  # check's
+    assert checked.probe and terms(checked.memory) == terms(memory.estimate(plan))
 
 
 def test_check_json_prints_the_estimate(capsys):
@@ -204,7 +205,7 @@ print(json.dumps(out))
                  "train.num_seeds=2"],      # Q tables of 30**2 states, then of 30**4
      ["learners.sellers.q_init=zero", "learners.sellers.grid_size=30",
       "learners.sellers.memory=2", HISTORY2, "train.num_seeds=2"]),
-    ("multi_product", ["train.num_envs=16"], ["train.num_envs=8000"])])
+    ("auction", ["train.num_envs=32"], ["train.num_envs=80000"])])
 def test_the_estimate_is_within_a_factor_2_of_the_measured_peak(tmp_path, name, small, big):
     """One subprocess trains the small run, then the big one; the growth of its peak RSS
     (ru_maxrss) is what the big run's state added, the small run's peak holding the
@@ -266,7 +267,7 @@ def mutated(draw):
     return name, path, how, config
 
 
-@settings(max_examples=40, derandomize=True, deadline=None, database=None,
+@settings(max_examples=100, derandomize=True, deadline=None, database=None,
           suppress_health_check=list(HealthCheck))
 @given(mutated())
 def fuzz_one(case):

@@ -14,11 +14,12 @@ to the run's length, so nothing the estimate does grows with the run's size.
 
 The estimate (``total``) is::
 
-    2 x (runner state)                   the state, and its host copy at each checkpoint
-  + 2 x (market state) + rollout         one iteration's temporaries: the stepped and the
-                                         reset market (auto-reset computes both), the
-                                         rollout's transitions [T, slots, 2 D + P + 3]
-  + 2 x (metrics of one chunk)           stacked on the device, then copied to the host
+    runner state                  market state x markets, every learner's state, the
+                                  components' (a checkpoint's host copy of it is a
+                                  zero-copy view on CPU, and host RAM on an accelerator)
+  + the largest intermediate      of one iteration (XLA fuses the rest): an updated copy
+                                  of a table, a stacked rollout
+  + the metrics of one chunk      [chunk_size, ...] stacked by the scan
 
 and a run is refused (a :class:`ConfigError` on the setting that sizes its biggest term)
 when it exceeds the memory of the device: host RAM on CPU
@@ -159,30 +160,30 @@ def estimate(plan, train=None, dims: Mapping[int, int] | None = None,
     init, run_chunk = make_train(plan)
     runner = jax.eval_shape(init, jax.random.key(0))
     market = _tree_bytes((runner.env_state, runner.obs), dims)
-    terms = [Term("market state", 2 * market, "train.num_envs", E)]
+    terms = [Term("market state", market, "train.num_envs", E)]
     for g in plan.groups:
         state = _tree_bytes(runner.learners[g], dims)
         # what to lower: the markets when the state grows with the slots, else the
         # learner's own size settings (a Q table's grid and memory, a network's width)
         if _grows_with(runner.learners[g], plan, dims, train):
-            terms.append(Term(f"learner state {g}", 2 * state, "train.num_envs", E))
+            terms.append(Term(f"learner state {g}", state, "train.num_envs", E))
         else:
             kind = plan.learner_settings.get(g, ("?",))[0]
             terms.append(Term(f"learner state {g} ({kind}, per policy x {S} seeds)",
-                              2 * state, f"learners.{g}", kind,
+                              state, f"learners.{g}", kind,
                               "settings with a smaller state per policy, or train.num_seeds"))
     rest = (runner.key, runner.iteration, runner.assignment, runner.episodes, runner.pbt,
             runner.league, runner.params, runner.models)
-    terms.append(Term("components' state", 2 * _tree_bytes(rest, dims), "train.num_envs", E))
+    terms.append(Term("components' state", _tree_bytes(rest, dims), "train.num_envs", E))
     avail, device = available_memory()
-    state = sum(t.bytes for t in terms) // 2
+    state = sum(t.bytes for t in terms)
     if detail or avail is None or 64 * state > avail:
         # one iteration, traced: its temporaries' peak and the metrics it stacks
         jaxpr, (_, metrics) = jax.make_jaxpr(lambda r: run_chunk(r, 1), return_shape=True)(
             runner)
-        terms.append(Term("one iteration's temporaries", peak_live_bytes(jaxpr.jaxpr, dims),
+        terms.append(Term("one iteration's temporaries", largest_value(jaxpr.jaxpr, dims),
                           "train.num_envs", E))
-        terms.append(Term("metrics of one chunk", 2 * train.chunk_size
+        terms.append(Term("metrics of one chunk", train.chunk_size
                           * _tree_bytes(metrics, dims), "train.chunk_size", train.chunk_size))
     else:
         # a run far from the memory: the rollout's transitions and a bound on the metrics
@@ -192,9 +193,9 @@ def estimate(plan, train=None, dims: Mapping[int, int] | None = None,
             slots = dims.get(spec.num_agents, spec.num_agents)
             rollout += 4 * train.rollout_length * slots * (2 * spec.obs_dim
                                                            + spec.num_products + 3)
-        terms.append(Term("one iteration's temporaries", 2 * market + rollout,
+        terms.append(Term("one iteration's temporaries", max(market, rollout),
                           "train.num_envs", E))
-        terms.append(Term("metrics of one chunk", 2 * METRIC_BOUND * S * train.chunk_size,
+        terms.append(Term("metrics of one chunk", METRIC_BOUND * S * train.chunk_size,
                           "train.chunk_size", train.chunk_size))
     return MemoryEstimate(tuple(terms), avail, device, probed=bool(dims))
 
@@ -206,35 +207,18 @@ def _grows_with(tree: Any, plan, dims: Mapping[int, int], train) -> bool:
     return _tree_bytes(tree, dims) > 2 * _tree_bytes(tree, one)
 
 
-def peak_live_bytes(jaxpr: Any, dims: Mapping[int, int]) -> int:
-    """The most bytes of intermediate values alive at once when ``jaxpr``'s equations
-    run in program order, each freed after its last use (a sub-program, the body of a
-    scan or a cond's branch, adds its own peak while it runs). XLA fuses and reuses
-    buffers, so this is an upper estimate of its temporaries."""
-    last = {}
-    for i, eqn in enumerate(jaxpr.eqns):
-        for v in eqn.invars:
-            if isinstance(v, jcore.Var):
-                last[v] = i
-    keep = {v for v in jaxpr.outvars if isinstance(v, jcore.Var)}
-    live, peak = 0, 0
-    dying: dict[int, list] = {}
-    for v, i in last.items():
-        dying.setdefault(i, []).append(v)
-    sizes: dict = {}
-    for i, eqn in enumerate(jaxpr.eqns):
-        inner = max((peak_live_bytes(j, dims) for j in _sub_jaxprs(eqn)), default=0)
-        out = 0
+def largest_value(jaxpr: Any, dims: Mapping[int, int]) -> int:
+    """The bytes of the largest intermediate value of ``jaxpr`` (sub-programs included):
+    the buffer that XLA, fusing everything else, still materialises (an updated copy of
+    a table, a stacked rollout)."""
+    best = 0
+    for eqn in jaxpr.eqns:
         for v in eqn.outvars:
             if isinstance(v, jcore.Var) and not isinstance(v, jcore.DropVar):
-                sizes[v] = _nbytes(v.aval, dims)
-                out += sizes[v]
-        peak = max(peak, live + inner + out)
-        live += out
-        for v in dying.get(i, ()):
-            if v in sizes and v not in keep:
-                live -= sizes.pop(v)
-    return peak
+                best = max(best, _nbytes(v.aval, dims))
+        for j in _sub_jaxprs(eqn):
+            best = max(best, largest_value(j, dims))
+    return best
 
 
 def _sub_jaxprs(eqn: Any):
