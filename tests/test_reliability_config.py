@@ -80,11 +80,17 @@ def test_an_entity_array_too_large_is_refused_on_the_count_before_allocating():
 # ---------------------------------------------------------------- check, one line
 
 
+def cpu_seconds() -> float:
+    """This process's CPU time: the bound holds on a shared machine whose load would
+    stretch the wall clock (the work is single-threaded Python and tracing)."""
+    return time.process_time()
+
+
 def check(capsys, *argv) -> tuple[int, str, str, float]:
-    t = time.perf_counter()
+    t = cpu_seconds()
     rc = run_cli(check_main, list(argv))
     out = capsys.readouterr()
-    return rc, out.out, out.err, time.perf_counter() - t
+    return rc, out.out, out.err, cpu_seconds() - t
 
 
 @pytest.mark.parametrize("content", [b"\xff\xfe\x00binary\x00", "market: {num_products: 1}\n"
@@ -262,7 +268,9 @@ def mutated(draw):
         node[path[-1]] = draw(st.sampled_from([str(old), [old], {"kind": old}, -old
                                                if isinstance(old, (int, float)) else 0]))
     for _ in range(draw(st.integers(0, 1))):   # sometimes a second mutation: a size
-        config.setdefault("train", {})["num_envs"] = draw(st.sampled_from(
+        if not isinstance(config.get("train"), dict):
+            config["train"] = {}
+        config["train"]["num_envs"] = draw(st.sampled_from(
             [10**6, 2**31, 10**100, 0, 1.5]))
     return name, path, how, config
 
@@ -272,7 +280,7 @@ def mutated(draw):
 @given(mutated())
 def fuzz_one(case):
     name, path, how, config = case
-    t = time.perf_counter()
+    t = cpu_seconds()
     try:
         resolve(config, validate_only=True)
         OUTCOMES["clean"] += 1
@@ -280,14 +288,14 @@ def fuzz_one(case):
         # one line (the missing-learners error appends a ready-to-paste template)
         assert "\n" not in str(err) or err.field == "learners", str(err)
         OUTCOMES["config error"] += 1
-    seconds = time.perf_counter() - t
+    seconds = cpu_seconds() - t
     assert seconds < 5.0, (name, path, how, seconds)
 
 
 def test_fuzz_any_mutation_of_a_shipped_config_resolves_or_is_a_config_error():
     """Hypothesis mutates the shipped configs (type swaps, extremes, inf/nan, huge
     integers, strings, lists, deletions, absurd sizes): every outcome is a plan or a
-    ConfigError (any other exception fails the test), each under 5 s."""
+    ConfigError (any other exception fails the test), each under 5 s of CPU."""
     OUTCOMES.clear()
     t = time.perf_counter()
     fuzz_one()
