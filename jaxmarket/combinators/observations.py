@@ -8,10 +8,11 @@ becomes one function returning ``[n, sum d]`` (``[n, 0]`` for an empty list: a b
       - {kind: competitor_prices, summary: [min, mean]}
       - {kind: history, k: 1}
 
-Every component is finite for finite inputs: means over many values near float32's
-largest (prices saturate at ``PRICE_MAX`` = 1e38) fall back to a mean of scaled values
-where the plain sum overflowed, and the time phase to ``t mod period`` where
-``t / period`` overflowed (bit for bit the plain formula elsewhere).
+Every component is finite for finite inputs: quoted prices saturate (the env caps them
+at ``PRICE_MAX / S``, so sums over the sellers stay finite), the mean budget falls back
+to a mean of scaled values where the plain sum overflowed (budgets near float32's
+largest), and the time phase to ``t mod period`` where ``t / period`` overflowed --
+bit for bit the plain formula elsewhere.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def _competitor_prices(s) -> ObsFn:
         prices, me = v.all_prices, v.self_index
         S = prices.shape[0]
         if of_consumer:
-            stats = {"min": prices.min(0), "mean": finite_mean(prices, 0), "max": prices.max(0)}
+            stats = {"min": prices.min(0), "mean": prices.mean(0), "max": prices.max(0)}
             row = (prices.reshape(-1) if summary == "all"
                    else jnp.concatenate([stats[x] for x in summary]))
             return jnp.broadcast_to(row, (me.shape[0],) + row.shape)
@@ -99,10 +100,7 @@ def _competitor_prices(s) -> ObsFn:
         parts = []
         for stat in summary:
             if stat == "mean":
-                mean = (prices.sum(0)[None] - own) / (S - 1)
-                # the sum overflowed (prices near PRICE_MAX): sum the prices / (S - 1)
-                safe = (prices / (S - 1)).sum(0)[None] - own / (S - 1)
-                parts.append(jnp.where(jnp.isfinite(mean), mean, safe))
+                parts.append((prices.sum(0)[None] - own) / (S - 1))
             else:
                 sign = 1.0 if stat == "max" else -1.0
                 top2, arg = jax.lax.top_k((sign * prices).T, 2)  # [P, 2]

@@ -11,15 +11,19 @@ A group's ``reward:`` config is a list applied in order to a running reward ``r`
 Each component is ``fn(r [n], view: GroupView) -> r' [n]``; :func:`build_reward` turns
 the validated list into one such function.
 
-Every money amount saturates (:mod:`jaxmarket.combinators.saturate`): a cost or value
-``x traffic`` at ``MONEY_MAX`` like the fees, each term's sum over products into
-``[-MONEY_MAX, MONEY_MAX]``, and the running reward after every component, so extreme
-inputs give a saturated finite reward, never ``inf`` or ``NaN``; values inside the
-bounds are untouched (bit for bit the plain formula).
+Every money amount saturates (:mod:`jaxmarket.combinators.saturate`), so extreme inputs
+give a saturated finite reward, never ``inf`` or ``NaN``. Each term is its plain formula
+wherever that lies within ``+-MONEY_MAX`` (``within``), else a saturating version: a
+cost, value or budget ``x traffic`` capped at ``MONEY_MAX`` like the fees (on the
+operand: ``cap``), each of the ``P`` per-product amounts at ``MONEY_MAX / P``.
+``scale`` and the weights of ``sum`` cap their operand at ``MONEY_MAX / |factor|``; a
+team whose sum overflowed averages ``r / count``. Values inside the bounds are
+untouched (bit for bit the plain formula).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -27,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmarket.combinators.saturate import money, saturating_sum, signed_money
+from jaxmarket.combinators.saturate import MONEY_MAX, cap, per_term, within
 from jaxmarket.combinators.view import GroupView
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.fields import Field, check_mapping, lookup_kind
@@ -56,29 +60,48 @@ def _additive(kind: str, fn: Callable[[GroupView], jax.Array],
 
 def revenue(v: GroupView) -> jax.Array:
     """revenue_i = sum_p fees_ip  (= sum_p price_ip * traffic_ip for posted prices)."""
-    return saturating_sum(v.fees)
+    plain = jnp.sum(v.fees, axis=-1)
+    if _cannot_overflow(v.fees.shape[-1]):   # fees <= MONEY_MAX each: a finite sum
+        return plain
+    return within(plain, jnp.sum(per_term(v.fees, v.fees.shape[-1]), axis=-1))
 
 
 def profit(v: GroupView) -> jax.Array:
     """profit_i = sum_p (fees_ip - cost_ip * traffic_ip)."""
-    return saturating_sum(v.fees - money(v.cost * v.traffic))
+    P = v.fees.shape[-1]
+    plain = jnp.sum(v.fees - v.cost * v.traffic, axis=-1)
+    safe = jnp.sum(per_term(v.fees - cap(v.cost, v.traffic) * v.traffic, P), axis=-1)
+    return within(plain, safe)
 
 
 def traffic(v: GroupView) -> jax.Array:
     """traffic_i = sum_p traffic_ip (queries served; for consumers: sent - unserved)."""
-    return saturating_sum(v.traffic)
+    plain = jnp.sum(v.traffic, axis=-1)
+    if _cannot_overflow(v.traffic.shape[-1]):   # traffic <= QUERY_MAX each
+        return plain
+    return within(plain, jnp.sum(per_term(v.traffic, v.traffic.shape[-1]), axis=-1))
 
 
 def surplus(v: GroupView) -> jax.Array:
     """surplus_i = sum_p (value_ip * traffic_ip - fees_ip): an auction bidder's gain."""
-    return saturating_sum(money(v.value * v.traffic) - v.fees)
+    P = v.fees.shape[-1]
+    plain = jnp.sum(v.value * v.traffic - v.fees, axis=-1)
+    safe = jnp.sum(per_term(cap(v.value, v.traffic) * v.traffic - v.fees, P), axis=-1)
+    return within(plain, safe)
 
 
 def regret_ratio(v: GroupView) -> jax.Array:
     """regret_i = sum_p spend_ip / sum_p budget_ip * sent_ip (0 when nothing was sent):
     the share of its budget a paying consumer actually spent."""
-    denom = saturating_sum(money(v.budget * v.sent))
-    return jnp.where(denom > 0, saturating_sum(v.fees) / jnp.where(denom > 0, denom, 1.0), 0.0)
+    # saturating on the operands only (an op after the division moved shipped results):
+    # budget x sent capped like the spend it bounds, each spend at MONEY_MAX / P, and the
+    # denominator at least spend / MONEY_MAX (auctions charge bids above the budget), so
+    # the ratio stays within MONEY_MAX
+    P = v.fees.shape[-1]
+    denom = jnp.sum(cap(v.budget, v.sent, MONEY_MAX / P) * v.sent, axis=-1)
+    spent = jnp.sum(per_term(v.fees, P), axis=-1)
+    return jnp.where(denom > 0, spent / jnp.maximum(jnp.where(denom > 0, denom, 1.0),
+                                                    spent / MONEY_MAX), 0.0)
 
 
 REWARDS.register(_additive("revenue", revenue, ("seller",)))
@@ -86,6 +109,33 @@ REWARDS.register(_additive("profit", profit, ("seller",)))
 REWARDS.register(_additive("traffic", traffic))
 REWARDS.register(_additive("surplus", surplus, ("seller",)))
 REWARDS.register(_additive("regret_ratio", regret_ratio, ("consumer",)))
+
+
+F32_MAX = float(np.finfo(np.float32).max)
+TEAM_PLAIN_MAX = int(F32_MAX // (16 * MONEY_MAX))   # 21 agents
+
+
+def _cannot_overflow(n: int) -> bool:
+    """A sum of ``n`` terms each within MONEY_MAX stays finite in float32 (n <= 340):
+    the plain sum needs no guard, and none is added (an extra op after a reduction can
+    change how XLA fuses it, and shipped results with it)."""
+    return n * MONEY_MAX <= F32_MAX
+
+
+def _bound(w: float) -> float:
+    """MONEY_MAX / |w|: what ``x`` may be for ``w * x`` to stay within MONEY_MAX (inf
+    where that is beyond float32's range, or w = 0)."""
+    bound = MONEY_MAX / abs(w) if w else math.inf
+    return bound if bound <= F32_MAX else math.inf
+
+
+def _within(x, w: float):
+    """``x`` capped at MONEY_MAX / |w| where ``|w| > 1``, so that ``w * x`` stays within
+    MONEY_MAX (``|w| <= 1`` cannot overflow: ``x`` as it is)."""
+    if abs(w) <= 1.0:
+        return x
+    bound = _bound(w)
+    return jnp.clip(x, -bound, bound)
 
 
 def _build_team(s: Mapping[str, Any], n: int, where: str) -> RewardFn:
@@ -102,6 +152,8 @@ def _build_team(s: Mapping[str, Any], n: int, where: str) -> RewardFn:
         totals = jax.ops.segment_sum(r, ids, num_segments=k)
         counts = jax.ops.segment_sum(jnp.ones_like(r), ids, num_segments=k)
         mean = totals / counts
+        if n <= TEAM_PLAIN_MAX:     # |r| <~ 16 MONEY_MAX: a sum of n cannot overflow
+            return mean[ids]
         # a team sum that overflowed (> ~340 members near MONEY_MAX): mean of r / count
         safe = jax.ops.segment_sum(r / counts[ids], ids, num_segments=k)
         return jnp.where(jnp.isfinite(mean), mean, safe)[ids]
@@ -110,8 +162,13 @@ def _build_team(s: Mapping[str, Any], n: int, where: str) -> RewardFn:
 
 
 def _build_scale(s, n, where) -> RewardFn:
-    """r <- factor * r."""
-    return lambda r, v: s["factor"] * r
+    """r <- factor * r (for |factor| > 1, r capped at MONEY_MAX / |factor| first: the
+    product saturates; a smaller factor cannot overflow and multiplies r as it is)."""
+    factor = s["factor"]
+    if abs(factor) <= 1.0:
+        return lambda r, v: factor * r
+    bound = _bound(factor)
+    return lambda r, v: factor * jnp.clip(r, -bound, bound)
 
 
 def _build_clip(s, n, where) -> RewardFn:
@@ -132,7 +189,7 @@ def _build_sum(s, n, where) -> RewardFn:
     fns = [_term(t, n, f"{where}.terms[{i}]", s["_side"]) for i, t in enumerate(terms)]
 
     def total(r, v):
-        return r + sum(signed_money(w * f(v)) for w, f in zip(weights, fns))
+        return r + sum(w * _within(f(v), w) for w, f in zip(weights, fns))
 
     return total
 
@@ -179,7 +236,7 @@ def build_reward(config: Sequence[Mapping[str, Any]], n_agents: int, where: str,
     def reward(view: GroupView) -> jax.Array:
         r = jnp.zeros(view.action.shape[0], jnp.float32)
         for fn in fns:  # static chain over config entries, not over agents
-            r = signed_money(fn(r, view))
+            r = fn(r, view)
         return r
 
     return reward

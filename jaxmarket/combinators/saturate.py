@@ -6,8 +6,9 @@ observations built from them -- saturates at :data:`MONEY_MAX`, quoted prices at
 finite value (3.4e38), so extreme but valid inputs (``cost: 1e30``, ``queries: 1e30``)
 give saturated, finite numbers instead of ``inf`` or ``NaN``. Each function is the
 identity on values inside the bounds (a ``minimum``/``clip`` that no normal value
-touches, or a fallback selected only where the plain formula overflowed), so results in
-the normal range are bit for bit those of the plain formula.
+touches, or a fallback selected only where the plain formula overflowed), and none sits
+between a multiply and the add that consumes it (see :func:`cap`), so results in the
+normal range are bit for bit those of the plain formula.
 """
 
 from __future__ import annotations
@@ -26,27 +27,33 @@ def money(x) -> jax.Array:
     return jnp.minimum(x, MONEY_MAX)
 
 
-def signed_money(x) -> jax.Array:
-    """Saturate a money amount of either sign into ``[-MONEY_MAX, MONEY_MAX]``."""
-    return jnp.clip(x, -MONEY_MAX, MONEY_MAX)
+def cap(a, b, bound: float = MONEY_MAX) -> jax.Array:
+    """``a`` (>= 0) capped so that the product ``cap(a, b) * b`` stays within ``bound``
+    (up to one rounding): ``min(a, bound / |b|)``; ``a`` itself where ``b = 0``.
+
+    The cap goes on an *operand*, not on the product: ``x - a * b`` and ``sum(a * b)``
+    keep their multiply feeding the add, which XLA's CPU backend may contract into one
+    fused multiply-add; a ``minimum`` between the two would round differently (one
+    rounding more) even where it changes nothing, and shipped results would move."""
+    return jnp.minimum(a, bound / jnp.abs(b))
 
 
-def saturating_sum(x, axis: int = -1, bound: float = MONEY_MAX) -> jax.Array:
-    """``sum(x, axis)`` saturated into ``[-bound, bound]``, for terms within ``+-bound``.
+def within(plain, safe, bound: float = MONEY_MAX) -> jax.Array:
+    """``plain`` where it lies within ``+-bound``, else ``safe`` (its saturating version;
+    NaN and inf are outside). The plain formula stays in the program exactly as it was
+    -- no op inserted inside it -- and is selected for every normal value."""
+    return jnp.where(jnp.abs(plain) <= bound, plain, safe)
 
-    Where the plain sum overflowed (more than ~340 terms near 1e36: ``inf``, or
-    ``inf - inf = NaN`` when terms of both signs overflow separately) it is recomputed as
-    ``n * sum(x / n)``, whose partial sums stay within ``+-bound``; elsewhere it is the
-    plain sum, bit for bit."""
-    total = jnp.sum(x, axis=axis)
-    n = x.shape[axis]
-    safe = jnp.sum(x / n, axis=axis) * n
-    return jnp.clip(jnp.where(jnp.isfinite(total), total, safe), -bound, bound)
+
+def per_term(x, n: int, bound: float = MONEY_MAX) -> jax.Array:
+    """``x`` clipped into ``[-bound / n, bound / n]``: a sum of ``n`` such terms stays
+    within ``+-bound`` (for a term that is not a product: see :func:`cap`)."""
+    return jnp.clip(x, -bound / n, bound / n)
 
 
 def finite_mean(x, axis: int = 0) -> jax.Array:
     """``mean(x, axis)``; where the sum overflowed (values near float32's largest), the
-    mean of ``x / n`` summed instead (finite for finite ``x``)."""
+    sum of ``x / n`` instead (finite for finite ``x``)."""
     mean = jnp.mean(x, axis=axis)
     safe = jnp.sum(x / x.shape[axis], axis=axis)
     return jnp.where(jnp.isfinite(mean), mean, safe)

@@ -23,7 +23,7 @@ from gymnax.environments import spaces
 
 from jaxmarket.combinators.observations import build_observation
 from jaxmarket.combinators.rewards import build_reward
-from jaxmarket.combinators.saturate import MONEY_MAX, PRICE_MAX, money
+from jaxmarket.combinators.saturate import MONEY_MAX, PRICE_MAX, cap, money
 from jaxmarket.combinators.view import GroupView
 from jaxmarket.market.demand import DEMANDS
 from jaxmarket.market.distributors import DISTRIBUTORS, Allocation, Quotes
@@ -139,11 +139,19 @@ class MarketEnv:
 
     def _quoted_prices(self, state: MarketState, params: MarketParams) -> jax.Array:
         """[S, P] quoted prices (multipliers x the first consumer's base price), saturated
-        at PRICE_MAX like the distributors' (a multiplier of 1e30 x a base of 1e30)."""
+        at PRICE_MAX / S (a multiplier of 1e30 x a base of 1e30; any sum over the
+        sellers stays finite). The cap is on the operands (``cap``: no op between the
+        multiply and what adds it up), so prices below it are bit for bit the products."""
         base = params.consumers[self.spec.consumers[0].name].base_price[0]
-        return jnp.minimum(jnp.concatenate([
-            self._seller_action(state, g) * (base if g.action == "multiplier" else 1.0)
-            for g in self.spec.sellers], axis=0), PRICE_MAX)
+        bound = PRICE_MAX / self.spec.num_sellers
+        quotes = []
+        for g in self.spec.sellers:
+            action = self._seller_action(state, g)
+            if g.action == "multiplier":
+                quotes.append(action * cap(base, action, bound))
+            else:
+                quotes.append(jnp.minimum(action, bound) * 1.0)
+        return jnp.concatenate(quotes, axis=0)
 
     def apply_actions(self, state: MarketState, actions: dict, params: MarketParams) -> MarketState:
         """Actions -> prices / multipliers / quantities / budgets, clipped to the group's
