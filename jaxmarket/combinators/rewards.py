@@ -12,13 +12,14 @@ Each component is ``fn(r [n], view: GroupView) -> r' [n]``; :func:`build_reward`
 the validated list into one such function.
 
 Every money amount saturates (:mod:`jaxmarket.combinators.saturate`), so extreme inputs
-give a saturated finite reward, never ``inf`` or ``NaN``. Each term is its plain formula
-wherever that lies within ``+-MONEY_MAX`` (``within``), else a saturating version: a
-cost, value or budget ``x traffic`` capped at ``MONEY_MAX`` like the fees (on the
-operand: ``cap``), each of the ``P`` per-product amounts at ``MONEY_MAX / P``.
-``scale`` and the weights of ``sum`` cap their operand at ``MONEY_MAX / |factor|``; a
-team whose sum overflowed averages ``r / count``. Values inside the bounds are
-untouched (bit for bit the plain formula).
+give a saturated finite reward, never ``inf`` or ``NaN``: a cost, value or budget ``x
+traffic`` is capped at ``MONEY_MAX`` like the fees (on the operand: ``cap``); a sum over
+more than 340 products, which could overflow, is its plain formula wherever that lies
+within ``+-MONEY_MAX`` (``within``) and else has each per-product amount clipped at
+``MONEY_MAX / P``. ``scale`` and the weights of ``sum`` beyond 1 in size cap their
+operand at ``MONEY_MAX / |factor|``; a team of more than 21 agents whose sum overflowed
+averages ``r / count``. Values inside the bounds are untouched, and no op is placed
+where it could change how XLA compiles a shipped formula (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -69,6 +70,8 @@ def revenue(v: GroupView) -> jax.Array:
 def profit(v: GroupView) -> jax.Array:
     """profit_i = sum_p (fees_ip - cost_ip * traffic_ip)."""
     P = v.fees.shape[-1]
+    if _cannot_overflow(P):     # fees and the capped costs are within MONEY_MAX each
+        return jnp.sum(v.fees - cap(v.cost, v.traffic) * v.traffic, axis=-1)
     plain = jnp.sum(v.fees - v.cost * v.traffic, axis=-1)
     safe = jnp.sum(per_term(v.fees - cap(v.cost, v.traffic) * v.traffic, P), axis=-1)
     return within(plain, safe)
@@ -85,6 +88,8 @@ def traffic(v: GroupView) -> jax.Array:
 def surplus(v: GroupView) -> jax.Array:
     """surplus_i = sum_p (value_ip * traffic_ip - fees_ip): an auction bidder's gain."""
     P = v.fees.shape[-1]
+    if _cannot_overflow(P):     # the capped values and the fees are within MONEY_MAX each
+        return jnp.sum(cap(v.value, v.traffic) * v.traffic - v.fees, axis=-1)
     plain = jnp.sum(v.value * v.traffic - v.fees, axis=-1)
     safe = jnp.sum(per_term(cap(v.value, v.traffic) * v.traffic - v.fees, P), axis=-1)
     return within(plain, safe)
