@@ -237,10 +237,10 @@ def test_early_stop_saves_the_state_where_it_stopped(tmp_path, capsys, rule, sto
         assert f"stopped at iteration {stops_at}: early stop" in out.stdout
 
 
-def test_non_finite_prices_stop_the_run_after_the_first_chunk_and_save_it(tmp_path, capsys):
-    # prices drawn around 2.9e38 (a different one in every market, so XLA cannot fold
-    # the mean of equal values) overflow float32 (max 3.4e38) when the metric sums them
-    # over the markets: the first row is already non-finite
+def test_prices_near_float32_max_saturate_and_the_run_completes(tmp_path, capsys):
+    # prices drawn around 2.9e38 used to overflow float32 (max 3.4e38) in the metrics'
+    # sums; quoted prices now saturate (docs/reliability.md, "Numerics"), so the run
+    # trains to its end with finite metrics (the non-finite stop itself: test_train.py)
     d = tmp_path / "r"
     out = run(capsys, "train", LEGACY, "--run-dir", str(d), *TINY,
               "market.sellers[0].high=3e38", "market.consumers[0].budget=3e38",
@@ -248,12 +248,12 @@ def test_non_finite_prices_stop_the_run_after_the_first_chunk_and_save_it(tmp_pa
               "initial_stddev: 1.0e36}")
     assert out.returncode == 0, out.stderr
     summary = json.loads((d / "summary.json").read_text())
-    m = re.fullmatch(r"non-finite metric (\S+) at iteration 1", summary["stopped"])
-    assert m, summary["stopped"]
+    assert summary["stopped"] is None
     header, data = read_metrics(d / "metrics.csv")
-    assert not np.isfinite(data[0, header.index(m.group(1))])
-    assert data.shape[0] == 10 and summary["iterations"] == 10   # the whole first chunk
-    assert checkpoints(d) == [10]
+    market = [i for i, h in enumerate(header) if h.split("/")[0] in ("price", "reward", "traffic")]
+    assert len(market) == 3 and np.all(np.isfinite(data[:, market]))
+    assert data[:, header.index("price/seller/p0")].max() > 1e36   # saturated, not clipped low
+    assert summary["iterations"] == data.shape[0] > 10
 
 
 def test_resume_without_a_checkpoint_starts_over_and_matches_a_fresh_run(tmp_path, capsys):
