@@ -36,9 +36,8 @@ MIXED_PARAMS = {
 }
 
 
-@partial(jax.jit, static_argnames=("second",))
-def _auction(quotes: Quotes, prm: Mapping[str, jax.Array], second: bool) -> Allocation:
-    reserve = jnp.maximum(f32(prm["reserve"]), 0.0)
+def _bids(quotes: Quotes, reserve: jax.Array):
+    """Eligible bids, the top bid per product and its winners (shared by every rule)."""
     bid = clean_price(quotes.quoted_price_shared())                    # [S, P]
     queries = clean_nonneg(quotes.queries, QUERY_MAX)                  # [C, P]
     eligible = bid >= reserve
@@ -48,11 +47,17 @@ def _auction(quotes: Quotes, prm: Mapping[str, jax.Array], second: bool) -> Allo
     winner = eligible & (bid == top[None, :])                          # [S, P]
     n_win = jnp.maximum(jnp.sum(winner, axis=0), 1).astype(bid.dtype)
     top = jnp.where(any_bid, top, 0.0)
-    if second:
-        runner_up = jnp.max(jnp.where(eligible & ~winner, bid, -jnp.inf), axis=0)
-        pay = jnp.where(n_win > 1, top, jnp.maximum(runner_up, reserve))
-    else:
-        pay = top
+    return bid, queries, eligible, winner, n_win, top, any_bid
+
+
+def _second_payment(bid, eligible, winner, n_win, top, reserve) -> jax.Array:
+    """[P] the second-price payment: the tied bid, else max(highest losing bid, reserve)."""
+    runner_up = jnp.max(jnp.where(eligible & ~winner, bid, -jnp.inf), axis=0)
+    return jnp.where(n_win > 1, top, jnp.maximum(runner_up, reserve))
+
+
+def _settle(queries, winner, n_win, any_bid, pay) -> Allocation:
+    """The winners split every query and each pays ``pay`` [P] per query."""
     pay = jnp.where(any_bid, pay, 0.0)                                 # [P] per query
     total = jnp.sum(queries, axis=0)                                   # [P]
     traffic = jnp.where(winner, (total / n_win)[None, :], 0.0)
@@ -60,31 +65,23 @@ def _auction(quotes: Quotes, prm: Mapping[str, jax.Array], second: bool) -> Allo
     spend = money(jnp.where(any_bid[None, :], queries * pay[None, :], 0.0))
     unserved = jnp.where(any_bid[None, :], 0.0, queries)
     return Allocation(traffic=traffic, fees=fees, unserved=unserved, spend=spend, sent=queries)
+
+
+@partial(jax.jit, static_argnames=("second",))
+def _auction(quotes: Quotes, prm: Mapping[str, jax.Array], second: bool) -> Allocation:
+    reserve = jnp.maximum(f32(prm["reserve"]), 0.0)
+    bid, queries, eligible, winner, n_win, top, any_bid = _bids(quotes, reserve)
+    pay = _second_payment(bid, eligible, winner, n_win, top, reserve) if second else top
+    return _settle(queries, winner, n_win, any_bid, pay)
 
 
 @jax.jit
 def _mixed_auction(quotes: Quotes, prm: Mapping[str, jax.Array]) -> Allocation:
     reserve = jnp.maximum(f32(prm["reserve"]), 0.0)
     a = f32(prm["a"])
-    bid = clean_price(quotes.quoted_price_shared())                    # [S, P]
-    queries = clean_nonneg(quotes.queries, QUERY_MAX)                  # [C, P]
-    eligible = bid >= reserve
-    masked = jnp.where(eligible, bid, -jnp.inf)
-    top = jnp.max(masked, axis=0)                                      # [P], -inf: no bid
-    any_bid = top > -jnp.inf
-    winner = eligible & (bid == top[None, :])                          # [S, P]
-    n_win = jnp.maximum(jnp.sum(winner, axis=0), 1).astype(bid.dtype)
-    top = jnp.where(any_bid, top, 0.0)
-    runner_up = jnp.max(jnp.where(eligible & ~winner, bid, -jnp.inf), axis=0)
-    second = jnp.where(n_win > 1, top, jnp.maximum(runner_up, reserve))
-    pay = (2.0 - a) * top + (a - 1.0) * second
-    pay = jnp.where(any_bid, pay, 0.0)                                 # [P] per query
-    total = jnp.sum(queries, axis=0)                                   # [P]
-    traffic = jnp.where(winner, (total / n_win)[None, :], 0.0)
-    fees = money(traffic * pay[None, :])
-    spend = money(jnp.where(any_bid[None, :], queries * pay[None, :], 0.0))
-    unserved = jnp.where(any_bid[None, :], 0.0, queries)
-    return Allocation(traffic=traffic, fees=fees, unserved=unserved, spend=spend, sent=queries)
+    bid, queries, eligible, winner, n_win, top, any_bid = _bids(quotes, reserve)
+    second = _second_payment(bid, eligible, winner, n_win, top, reserve)
+    return _settle(queries, winner, n_win, any_bid, (2.0 - a) * top + (a - 1.0) * second)
 
 
 def allocate_first_price(key: jax.Array, quotes: Quotes, params: Mapping[str, jax.Array],

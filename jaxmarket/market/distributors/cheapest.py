@@ -61,8 +61,8 @@ def allocate(key: jax.Array, quotes: Quotes, params: Mapping[str, jax.Array],
     return _allocate(quotes, withhold)
 
 
-@jax.jit
-def _allocate(quotes: Quotes, withhold) -> Allocation:
+def _lowest(quotes: Quotes, withhold):
+    """The lowest price per product, its sellers, who can afford it and what is sent."""
     price = clean_price(quotes.quoted_price_shared())            # [S, P]
     budget = clean_price(quotes.budget)                          # [C, P]
     queries = clean_nonneg(quotes.queries, QUERY_MAX)
@@ -71,6 +71,12 @@ def _allocate(quotes: Quotes, withhold) -> Allocation:
     n_win = jnp.sum(winner, axis=0).astype(price.dtype)            # [P] >= 1
     served = budget >= m[None, :]                                # [C, P]
     sent = jnp.where(withhold & ~served, 0.0, queries)
+    return budget, m, winner, n_win, served, sent
+
+
+@jax.jit
+def _allocate(quotes: Quotes, withhold) -> Allocation:
+    budget, m, winner, n_win, served, sent = _lowest(quotes, withhold)
     total = jnp.sum(jnp.where(served, sent, 0.0), axis=0)        # [P]
     traffic = jnp.where(winner, (total / n_win)[None, :], 0.0)
     fees = money(traffic * m[None, :])
@@ -81,14 +87,7 @@ def _allocate(quotes: Quotes, withhold) -> Allocation:
 
 @jax.jit
 def _allocate_linear(quotes: Quotes, withhold) -> Allocation:
-    price = clean_price(quotes.quoted_price_shared())            # [S, P]
-    budget = clean_price(quotes.budget)                          # [C, P]
-    queries = clean_nonneg(quotes.queries, QUERY_MAX)
-    m = jnp.min(price, axis=0)                                   # [P]
-    winner = price == m[None, :]                                 # [S, P]
-    n_win = jnp.sum(winner, axis=0).astype(price.dtype)          # [P] >= 1
-    served = budget >= m[None, :]                                # [C, P]
-    sent = jnp.where(withhold & ~served, 0.0, queries)
+    budget, m, winner, n_win, served, sent = _lowest(quotes, withhold)
     positive = budget > 0
     frac = 1.0 - m[None, :] / jnp.where(positive, budget, 1.0)
     frac = jnp.where(positive, jnp.clip(frac, 0.0, 1.0), 0.0)    # [C, P]
