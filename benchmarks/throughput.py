@@ -60,8 +60,8 @@ SWEEP_KINDS = ("logit", "cheapest", "proportional")
 
 # --------------------------------------------------------------------------- helpers
 
-MINIMAL_SCRIPT = (Path(__file__).resolve().parents[2] / "shared" / "bench"
-                  / "minimal_market_step.py")
+#: the hand-written yardstick (a plain JAX step of the bench_b market), in this directory
+MINIMAL_SCRIPT = Path(__file__).resolve().parent / "minimal_step.py"
 
 
 def run_minimal(script: str, num_envs: int, steps: int, seconds: float = 5.0) -> float:
@@ -78,6 +78,9 @@ def run_minimal(script: str, num_envs: int, steps: int, seconds: float = 5.0) ->
     try:
         with contextlib.redirect_stdout(out):
             runpy.run_path(script, run_name="__main__")
+    except SystemExit as done:           # the script's own exit; only a failure stops here
+        if done.code not in (None, 0):
+            raise
     finally:
         sys.argv = argv
     return float(json.loads(out.getvalue().strip().splitlines()[-1])["env_steps_per_s"])
