@@ -2,8 +2,7 @@
 
 Each scenario trains its config with ``jaxmarket.train.run.start_run`` (into a temporary
 directory) and compares the learned price or bid with the number theory gives
-(``jaxmarket.economics``, computed from the config's own parameters; ground-truths.md
-sections 1, 2 and 4):
+(``jaxmarket.economics``, computed from the config's own parameters; docs/ground_truths.md):
 
 * ``legacy_budget``  -- legacy default market (``configs/legacy_default.yaml``; learner
   settings overridden, see ``LEGACY``), PPO bandit: p* = budget;

@@ -2,7 +2,7 @@
 
 Each test derives its reference here (finite differences, brute-force grids), not from
 the module under test. Tolerances:
-  * prices: the published 4-decimal values (ground-truths.md section 2) within 5e-5
+  * prices: the published 4-decimal values (docs/ground_truths.md) within 5e-5
     (half a unit in the last place);
   * first-order conditions: central differences with h = 1e-5, |d profit/dp| < 1e-8;
   * grid searches: the optimum lies within one grid step (1e-5) of the closed form, and

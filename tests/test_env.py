@@ -19,7 +19,7 @@ def random_actions(env, params, key):
 
 
 def logit_profit(prices, quality, cost, a0, mu):
-    """Closed-form multinomial-logit profits (ground-truths.md, section 2)."""
+    """Closed-form multinomial-logit profits (docs/ground_truths.md)."""
     e = np.exp((quality - prices) / mu)
     return (prices - cost) * e / (e.sum() + np.exp(a0 / mu))
 

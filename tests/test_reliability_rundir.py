@@ -1,4 +1,4 @@
-"""The run directory's guarantees (docs/reliability_rundir.md): one writer per directory,
+"""The run directory's guarantees (docs/reliability.md): one writer per directory,
 storage faults as one line, integrity checks on --resume, corrupt checkpoints fall back.
 Every run is the tiny legacy scenario (40 iterations in chunks of 10)."""
 
