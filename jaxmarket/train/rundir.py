@@ -204,9 +204,12 @@ def check_config_record(run_dir: Path, config: dict, extendable: tuple[str, ...]
 
 # ------------------------------------------------------------------ metrics rows
 
-def check_rows(path: Path, iteration: int, per_iteration: int, run_dir: Path) -> None:
+def check_rows(path: Path, iteration: int, per_iteration: int, run_dir: Path,
+               every: int = 1) -> None:
     """``path`` (metrics.csv: one row per iteration; seeds.csv: one per seed) must hold
-    every row of iterations 1 .. ``iteration`` (the checkpoint restored), and only rows
+    every row of iterations 1 .. ``iteration`` (the checkpoint restored) that are
+    multiples of ``every`` (``train.log_every``; other rows, a segment's last iteration,
+    are allowed), and only rows
     of numbers; an unterminated last line (a crash mid-append, after that checkpoint) is
     allowed: the trainer drops it with the other rows past the checkpoint."""
     restart = f"start the run again: python -m jaxmarket.train {run_dir / 'config.yaml'} " \
@@ -247,12 +250,12 @@ def check_rows(path: Path, iteration: int, per_iteration: int, run_dir: Path) ->
             raise RunDirError(f"run directory error: {path} line {n} is damaged ({bad}); "
                               f"restore the file, or {restart}")
         it = int(values[0])
-        if it <= iteration:
-            if it != seen // per_iteration + 1:
+        if it <= iteration and it % every == 0:
+            if it != (seen // per_iteration + 1) * every:
                 break
             seen += 1
-    if seen != iteration * per_iteration:
-        have = seen // per_iteration
+    if seen != iteration // every * per_iteration:
+        have = seen // per_iteration * every
         raise RunDirError(f"run directory error: {path} holds rows up to iteration {have} "
                           f"only, but the checkpoint restored is at iteration {iteration}: rows "
                           f"are missing, so the summary would be wrong (restore the file, or "
