@@ -9,12 +9,16 @@ Trains the learners of a scenario; with no arguments, the shipped default
 with brackets: 'market.sellers[0].count=3'). --resume continues an interrupted run from
 its last checkpoint, or extends a finished one with train.num_iterations=N.
 Ctrl-C finishes the running chunk, checkpoints it and says how to resume.
+On a terminal a progress bar; otherwise (a log) plain lines: when a chunk program is
+compiled, then every --progress-every seconds the iteration, rate and ETA.
 --devices shards the seeds x markets over N local devices; --distributed joins a
 multi-process run (every process runs the same command; docs/scaling.md)."""
 
 from __future__ import annotations
 
 import json
+import math
+import shlex
 
 import jax
 
@@ -39,6 +43,17 @@ def split_positional(items: list[str]) -> tuple[str | None, list[str]]:
             raise ConfigError("overrides", item, "KEY=VALUE settings after the scenario file, "
                               "e.g. train.num_seeds=8")
     return None, items
+
+
+def check_progress_every(value: str) -> float:
+    """``--progress-every`` as a number of seconds > 0 (a ConfigError otherwise)."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ConfigError("--progress-every", value, "a number of seconds > 0")
+    return seconds
 
 
 def main(argv: list[str]) -> int:
@@ -69,6 +84,9 @@ def main(argv: list[str]) -> int:
                         help="--distributed: number of processes")
     parser.add_argument("--process-id", type=int, default=None, metavar="I",
                         help="--distributed: this process's index, 0 .. N-1")
+    parser.add_argument("--progress-every", default="30", metavar="SECONDS",
+                        help="when stdout is not a terminal: seconds between plain progress "
+                             "lines (iteration, rate, ETA; default 30)")
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="dotted overrides, e.g. seed=3 'market.sellers[0].count=3'")
     args = parser.parse_intermixed_args(argv)
@@ -80,6 +98,8 @@ def main(argv: list[str]) -> int:
                           "only with --distributed")
     if args.devices is not None and args.devices < 1:
         raise ConfigError("--devices", args.devices, "a positive integer")
+    args.progress_every = check_progress_every(args.progress_every)
+    args.command = "python -m jaxmarket.train " + shlex.join(argv)
     if args.distributed:   # before anything compiles
         initialize(*address_flags)
     with compilation_cache(resolve(args.compile_cache)):
@@ -96,12 +116,14 @@ def _run(args, positional: str | None, overrides: list[str]) -> dict:
             raise ConfigError("--resume", args.resume, "no scenario file with --resume: the run "
                               "directory's own config.yaml is used")
         summary = resume_run(args.resume, args.tracker, args.mongo_url, overrides,
-                             devices=args.devices)
+                             devices=args.devices, command=args.command,
+                             progress_every=args.progress_every)
     else:
         if args.config and positional:
             raise ConfigError("config", positional, f"one scenario file (--config {args.config} "
                               "was given too)")
         config = args.config or positional or str(DEFAULT_CONFIG)
         summary = start_run(config, overrides, args.run_dir, args.tracker, args.mongo_url,
-                            devices=args.devices)
+                            devices=args.devices, command=args.command,
+                            progress_every=args.progress_every)
     return summary

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from jaxmarket.config.errors import ConfigError
-from jaxmarket.config.fields import Field, check_mapping
+from jaxmarket.config.fields import INT32_MAX, Field, check_mapping
 from jaxmarket.config.loader import _split_path
 from jaxmarket.market.demand import DEMANDS
 from jaxmarket.market.distributors import DISTRIBUTORS
@@ -28,7 +30,18 @@ TRAIN_FIELDS = {
     "schedule": Field("any", None, optional=True,
                       doc="market changes during training: a list of {at: ITERATION, "
                           "set: {dotted.market.key: value}} (docs/poi.md)"),
+    "log_every": Field("any", "auto",
+                       doc="iterations between rows of metrics.csv and the per-seed file "
+                           "(and the run's last iteration): an integer >= 1, or 'auto' "
+                           "(1 up to 10,000 iterations, then a power of ten; docs/runs.md)"),
+    "seeds_format": Field("choice", "csv", choices=("csv", "parquet"),
+                          doc="the per-seed rows: seeds.csv, or seeds.parquet/ (a directory "
+                              "of Parquet parts, one per chunk; needs pyarrow)"),
 }
+
+# log_every "auto": at most this many rows in metrics.csv, and iterations x seeds rows in
+# the per-seed file
+AUTO_MAX_ROWS, AUTO_MAX_SEED_ROWS = 10_000, 100_000
 
 
 @dataclass(frozen=True)
@@ -44,6 +57,34 @@ class TrainConfig:
     # train.schedule as given (its shape validated); resolved against the market by
     # resolve_schedule into the plan's ScheduleEntry tuple (jaxmarket.train.plan)
     schedule: Any = None
+    # the row interval, resolved ("auto" -> auto_log_every), and the per-seed format
+    log_every: int = 1
+    seeds_format: str = "csv"
+
+
+def auto_log_every(num_iterations: int, num_seeds: int) -> int:
+    """``train.log_every: auto``: the smallest power of ten ``10^k`` that keeps
+    ``metrics.csv`` at most :data:`AUTO_MAX_ROWS` rows and the per-seed file at most
+    :data:`AUTO_MAX_SEED_ROWS` rows (iterations / interval x seeds): 1 for every run up
+    to 10,000 iterations of up to 10 seeds (every shipped config at the lengths its
+    tests run), 1000 for 2.5M iterations of 8 seeds. Powers of ten nest, so a run
+    extended on ``--resume`` (a larger interval) still has a row at every multiple of
+    the new one."""
+    every = 1
+    while (math.ceil(num_iterations / every) > AUTO_MAX_ROWS
+           or math.ceil(num_iterations / every) * num_seeds > AUTO_MAX_SEED_ROWS):
+        every *= 10
+    return every
+
+
+def _log_every(value: Any, tcfg: dict, where: str) -> int:
+    if value == "auto":
+        return auto_log_every(tcfg["num_iterations"], tcfg["num_seeds"])
+    ok = isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= INT32_MAX
+    if not ok:
+        raise ConfigError(f"{where}.log_every", value, "'auto' or an integer >= 1 (iterations "
+                          "between rows of metrics.csv and the per-seed file)")
+    return value
 
 
 def resolve_train(raw: Any, where: str = "train") -> TrainConfig:
@@ -57,6 +98,10 @@ def resolve_train(raw: Any, where: str = "train") -> TrainConfig:
                               "{metric: NAME, above: NUMBER} or {metric: NAME, below: NUMBER}")
     vals["schedule"] = check_schedule(vals["schedule"], vals["num_iterations"],
                                       f"{where}.schedule")
+    vals["log_every"] = _log_every(vals["log_every"], vals, where)
+    if vals["seeds_format"] == "parquet" and importlib.util.find_spec("pyarrow") is None:
+        raise ConfigError(f"{where}.seeds_format", "parquet", "csv, or parquet with pyarrow "
+                          "installed (pip install 'jaxmarket[parquet]')")
     return TrainConfig(**vals)
 
 

@@ -11,15 +11,17 @@ whatever axis they report; components add theirs (``reward/<g>/m<k>``, ``model/<
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 PER_SEED = "per_seed/"   # prefix of the per-seed copies of the market metrics
 
 
-def flatten_metrics(metrics: dict[str, np.ndarray], start: int) -> list[dict[str, float]]:
-    """[chunk, ...] arrays (already means over seeds, markets and agents) -> one row per
-    iteration; per-product vectors expand to name/p{j}, the POI observation's ``k``
-    values (``poi/<g>/obs``) to name/k{j}."""
+def metric_table(metrics: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The ``metrics.csv`` columns of a chunk's metrics (``per_seed/`` left out): one
+    ``[chunk]`` float64 array per column, per-product vectors expanded to name/p{j}, the
+    POI observation's ``k`` values (``poi/<g>/obs``) to name/k{j}."""
     columns: dict[str, np.ndarray] = {}
     for name, value in metrics.items():
         if name.startswith(PER_SEED):
@@ -31,14 +33,35 @@ def flatten_metrics(metrics: dict[str, np.ndarray], start: int) -> list[dict[str
             axis = "k" if name.startswith("poi/") and name.endswith("/obs") else "p"
             for j in range(v.shape[1]):
                 columns[f"{name}/{axis}{j}"] = v[:, j]
+    return columns
+
+
+def flatten_metrics(metrics: dict[str, np.ndarray], start: int,
+                    keep: Sequence[int] | None = None) -> list[dict[str, float]]:
+    """[chunk, ...] arrays (already means over seeds, markets and agents) -> one row per
+    iteration (:func:`metric_table`'s columns); ``keep``: only the rows of these chunk
+    indices (``train.log_every``), in that order."""
+    columns = metric_table(metrics)
     n = next(iter(columns.values())).shape[0]
     return [{"iteration": start + i + 1, **{k: float(c[i]) for k, c in columns.items()}}
-            for i in range(n)]
+            for i in (range(n) if keep is None else keep)]
 
 
-def seed_rows(metrics: dict[str, np.ndarray], start: int) -> list[dict[str, float]]:
+def logged(start: int, length: int, every: int, last: bool) -> list[int]:
+    """The chunk indices (iterations ``start + 1 .. start + length``) that get a row:
+    every multiple of ``every``, and the chunk's last iteration when ``last`` (the run's
+    end, or a stop)."""
+    keep = list(range((every - (start + 1) % every) % every, length, every))
+    if last and (not keep or keep[-1] != length - 1):
+        keep.append(length - 1)
+    return keep
+
+
+def seed_rows(metrics: dict[str, np.ndarray], start: int,
+              keep: Sequence[int] | None = None) -> list[dict[str, float]]:
     """The ``per_seed/`` metrics ``[chunk, S(, P)]`` -> one ``seeds.csv`` row per
-    iteration and seed (``iteration, seed, reward/<g>, price/<g>/p<j>, ...``)."""
+    iteration and seed (``iteration, seed, reward/<g>, price/<g>/p<j>, ...``); ``keep``
+    as in :func:`flatten_metrics`."""
     per_seed = {k[len(PER_SEED):]: np.asarray(v) for k, v in metrics.items()
                 if k.startswith(PER_SEED)}
     if not per_seed:
@@ -46,7 +69,7 @@ def seed_rows(metrics: dict[str, np.ndarray], start: int) -> list[dict[str, floa
     num_seeds = next(iter(per_seed.values())).shape[1]
     rows = []
     for s in range(num_seeds):
-        rows_s = flatten_metrics({k: v[:, s] for k, v in per_seed.items()}, start)
+        rows_s = flatten_metrics({k: v[:, s] for k, v in per_seed.items()}, start, keep)
         rows.append([{"iteration": r["iteration"], "seed": s,
                       **{k: v for k, v in r.items() if k != "iteration"}} for r in rows_s])
     return [row for it_rows in zip(*rows) for row in it_rows]   # iteration-major

@@ -1,16 +1,32 @@
 """``summary.json``: final prices, rewards and traffic per agent group, over seeds and
-for each seed."""
+for each seed; the seeds as a distribution (mean, standard deviation, standard error,
+IQM and 95% bootstrap intervals), per agent from the final state, and each seed's
+convergence where the learner has a rule.
+
+Cheap for long runs: ``metrics.csv`` and the per-seed rows are read from their end
+(only the last 10% of the rows are parsed; the whole ``metrics.csv`` only for a run with
+external models, whose error curves need it). Sections are separate functions that
+:func:`write_summary` merges, so a new one is one more line there."""
 
 from __future__ import annotations
 
 import json
+import math
+import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from scipy.stats import bootstrap, trim_mean
 
 from jaxmarket.market.env import MarketEnv
+from jaxmarket.market.state import current_actions
 from jaxmarket.models.metrics import asymptotic, auc
-from jaxmarket.train.tracking import read_metrics
+from jaxmarket.train.devices import to_host
+from jaxmarket.train.tracking import count_rows, read_last_rows, read_metrics, read_seed_rows
+
+# the 95% percentile-bootstrap intervals over seeds: resamples and the generator's seed
+BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED = 2000, 0
 
 
 def _final(header: list[str], tail: np.ndarray, group: str, num_products: int) -> dict:
@@ -37,12 +53,10 @@ def _members(header: list[str], tail: np.ndarray, group: str, num_products: int)
            "mean_price": [[float(tail[:, col[f"price/{group}/m{k}/p{j}"]].mean())
                            for j in range(num_products)] for k in range(K)]}
     if f"crossplay/{group}/m0/m0" in col:
-        with np.errstate(all="ignore"):
-            import warnings
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)   # all-NaN: never met
-                matrix = [[np.nanmean(tail[:, col[f"crossplay/{group}/m{i}/m{j}"]])
-                           for j in range(K)] for i in range(K)]
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)   # all-NaN: never met
+            matrix = [[np.nanmean(tail[:, col[f"crossplay/{group}/m{i}/m{j}"]])
+                       for j in range(K)] for i in range(K)]
         out["crossplay"] = [[None if np.isnan(v) else float(v) for v in row] for row in matrix]
     return out
 
@@ -62,37 +76,167 @@ def _models(header: list[str], data: np.ndarray) -> dict:
     return out
 
 
-def write_summary(run_dir: Path, env: MarketEnv, stopped: str | None, iterations: int) -> dict:
+# ------------------------------------------------------------------ seeds as a distribution
+
+def _json(x: np.ndarray) -> Any:
+    """An array as nested lists of floats, ``None`` where not finite."""
+    x = np.asarray(x, np.float64)
+    if x.ndim == 0:
+        return float(x) if math.isfinite(x) else None
+    return [_json(v) for v in x]
+
+
+def seed_stats(values: Any) -> dict:
+    """Statistics over seeds of ``values [S, ...]`` (axis 0: the seeds), each of the
+    trailing shape: ``mean``, ``std`` (sample standard deviation, ddof 1), ``se``
+    (``std / sqrt(S)``), ``iqm`` (the interquartile mean: scipy's ``trim_mean(x, 0.25)``,
+    the mean of the middle 50%), and the 95% percentile-bootstrap interval of the mean
+    ``ci95_low``/``ci95_high`` (scipy.stats.bootstrap, :data:`BOOTSTRAP_RESAMPLES`
+    resamples of the seeds, a fixed generator: the same run gives the same interval).
+    One seed: ``std``, ``se`` and the interval are ``None``; values equal across seeds:
+    the interval is that value. Non-finite entries come out as ``None``."""
+    x = np.asarray(values, np.float64)
+    S = x.shape[0]
+    out = {"mean": x.mean(0), "iqm": trim_mean(x, 0.25, axis=0)}
+    if S < 2:
+        none = np.full(x.shape[1:], np.nan)
+        out.update(std=none, se=none, ci95_low=none, ci95_high=none)
+    else:
+        std = x.std(0, ddof=1)
+        flat = x.reshape(S, -1)
+        low, high = np.array(flat.mean(0)), np.array(flat.mean(0))
+        varies = np.isfinite(flat).all(0) & (flat.max(0) > flat.min(0))
+        if varies.any():
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                res = bootstrap((flat[:, varies],), np.mean, axis=0, vectorized=True,
+                                n_resamples=BOOTSTRAP_RESAMPLES, confidence_level=0.95,
+                                method="percentile",
+                                rng=np.random.default_rng(BOOTSTRAP_SEED))
+            low[varies] = res.confidence_interval.low
+            high[varies] = res.confidence_interval.high
+        bad = ~np.isfinite(flat).all(0)
+        low[bad] = high[bad] = np.nan
+        out.update(std=std, se=std / np.sqrt(S), ci95_low=low.reshape(x.shape[1:]),
+                   ci95_high=high.reshape(x.shape[1:]))
+    order = ("mean", "std", "se", "iqm", "ci95_low", "ci95_high")
+    return {k: _json(out[k]) for k in order}
+
+
+def over_seeds(per_seed: dict) -> dict:
+    """``over_seeds[group][name]``: :func:`seed_stats` of ``per_seed[group][name]`` (the
+    per-seed window means of ``mean_price [P]``, ``mean_reward``, ``mean_traffic [P]``),
+    with ``num_seeds``."""
+    out = {}
+    for g, stats in per_seed.items():
+        out[g] = {"num_seeds": len(stats["mean_reward"])}
+        out[g].update({name: seed_stats(np.asarray(v, np.float64)) for name, v in stats.items()})
+    return out
+
+
+def final_state(plan: Any, runner: Any) -> dict:
+    """What the summary takes from the final training state (host arrays, gathered on
+    every process of a distributed run): per group and seed, each agent's action in
+    force (price, multiplier, budget or quantity), last reward and traffic, averaged over
+    the seed's markets (``[S, A, P]``, ``[S, A]``, ``[S, A, P]``); and the learners'
+    convergence state where they keep one (Q-learning: ``converged``,
+    ``stable_periods``, ``step``, ``[S]`` each)."""
+    env, S = plan.env, plan.train.num_seeds
+    state, actions = runner.env_state, current_actions(plan.env.spec, runner.env_state)
+    sellers = {g.name for g in env.spec.sellers}
+
+    def per_seed(x: Any) -> np.ndarray:   # markets are seed-major: [S * E, ...] -> [S, ...]
+        x = np.asarray(to_host(x), np.float64)
+        return x.reshape((S, -1) + x.shape[1:]).mean(1)
+
+    agents, convergence = {}, {}
+    for spec in env.spec.agent_groups:
+        g = spec.name
+        served = state.traffic[g] if g in sellers else state.queries[g] - state.unserved[g]
+        agents[g] = {"action": spec.action, "value": per_seed(actions[g]),
+                     "reward": per_seed(state.last_reward[g]), "traffic": per_seed(served)}
+        learner = runner.learners[g]
+        if all(hasattr(learner, k) for k in ("converged", "stable_periods", "step")):
+            convergence[g] = {k: np.broadcast_to(np.asarray(to_host(getattr(learner, k))), (S,))
+                              for k in ("converged", "stable_periods", "step")}
+    return {"agents": agents, "convergence": convergence}
+
+
+def _agents(final: dict) -> dict:
+    """``agents[group]``: per agent (and product) the final state's ``final_<action>``
+    (``final_price`` for price setters), ``final_reward``, ``final_traffic``: each its
+    ``per_seed`` values and :func:`seed_stats` over seeds."""
+    out = {}
+    for g, a in final["agents"].items():
+        out[g] = {"action": a["action"], "source": "final state (the last period, mean over "
+                  "each seed's markets)"}
+        for name, values in ((f"final_{a['action']}", a["value"]), ("final_reward", a["reward"]),
+                             ("final_traffic", a["traffic"])):
+            out[g][name] = {"per_seed": _json(values), **seed_stats(values)}
+    return out
+
+
+def _convergence(final: dict) -> dict:
+    """``convergence[group]`` (learners with a convergence rule): per seed ``converged``,
+    ``stable_periods`` (the counter), ``converged_at`` (the period of convergence, a
+    converged session's step; ``None`` if not converged) and ``share_converged``."""
+    out = {}
+    for g, c in final["convergence"].items():
+        conv = [bool(v) for v in c["converged"]]
+        out[g] = {"converged": conv, "stable_periods": [int(v) for v in c["stable_periods"]],
+                  "converged_at": [int(s) if k else None for s, k in zip(c["step"], conv)],
+                  "share_converged": float(np.mean(conv))}
+    return out
+
+
+# ------------------------------------------------------------------ the file
+
+def write_summary(run_dir: Path, env: MarketEnv, stopped: str | None, iterations: int,
+                  final: dict | None = None, log_every: int = 1,
+                  seeds_format: str = "csv") -> dict:
     """``final[group]`` = ``mean_price`` (list, one per product), ``mean_reward`` and
     ``mean_traffic`` (list per product), averaged over seeds, agents (already in the
-    metrics) and the last 10% of the iterations recorded, ``ceil(0.1 * rows)``.
-    ``per_seed[group]`` holds the same three for each seed (from ``seeds.csv``), as lists
-    indexed by seed. ``members[group]`` (groups with a population) holds each member's
+    metrics) and the last 10% of the rows recorded, ``ceil(0.1 * rows)``
+    (``averaged_over_last_rows``; ``averaged_over_last_iterations``: the iterations they
+    span, the same number with ``log_every: 1``).
+    ``per_seed[group]`` holds the same three for each seed (from the per-seed rows), as
+    lists indexed by seed, and ``over_seeds[group]`` their :func:`seed_stats`.
+    ``members[group]`` (groups with a population) holds each member's
     ``mean_reward``, ``mean_price`` and the cross-play matrix over the same window.
     ``models[group]`` (groups with an external model) holds the final, mean (AUC) and
-    asymptotic values of its ground-truth errors."""
-    header, data = read_metrics(run_dir / "metrics.csv")
-    n_tail = max(1, int(np.ceil(0.1 * len(data))))
-    tail = data[-n_tail:]
+    asymptotic values of its ground-truth errors. With ``final`` (:func:`final_state`):
+    ``agents[group]`` (per agent, from the final state) and ``convergence[group]``."""
+    path = run_dir / "metrics.csv"
+    rows = count_rows(path)
+    n_tail = max(1, int(np.ceil(0.1 * rows)))
+    header, tail = read_last_rows(path, n_tail)
     P = env.spec.num_products
-    final = {g: _final(header, tail, g, P) for g in env.agent_groups}
-    summary = {"final": final, "iterations": iterations, "stopped": stopped,
-               "averaged_over_last_iterations": int(len(tail))}
+    first, last = tail[0, 0], tail[-1, 0]
+    summary = {"final": {g: _final(header, tail, g, P) for g in env.agent_groups},
+               "iterations": iterations, "stopped": stopped,
+               "averaged_over_last_iterations": int(last - first + 1)}
     members = {g: _members(header, tail, g, P) for g in env.agent_groups}
     if any(members.values()):
         summary["members"] = {g: m for g, m in members.items() if m}
-    models = _models(header, data)
-    if models:
-        summary["models"] = models
-    if (run_dir / "seeds.csv").is_file():
-        s_header, s_data = read_metrics(run_dir / "seeds.csv")
-        seed_col, it_col = s_data[:, s_header.index("seed")], s_data[:, s_header.index("iteration")]
-        last = it_col >= data[-n_tail, 0]
-        seeds = np.unique(seed_col).astype(int)
-        per_seed = {g: [_final(s_header, s_data[last & (seed_col == s)], g, P) for s in seeds]
+    if any(h.startswith("model/") for h in header):
+        models = _models(*read_metrics(path))
+        if models:
+            summary["models"] = models
+    seeds = read_seed_rows(run_dir, seeds_format, first)
+    if seeds is not None:
+        s_header, s_data = seeds
+        seed_col = s_data[:, s_header.index("seed")]
+        ids = np.unique(seed_col).astype(int)
+        per_seed = {g: [_final(s_header, s_data[seed_col == s], g, P) for s in ids]
                     for g in env.agent_groups}
         summary["per_seed"] = {g: {k: [r[k] for r in rows] for k in rows[0]}
                                for g, rows in per_seed.items()}
+        summary["over_seeds"] = over_seeds(summary["per_seed"])
+    summary.update(averaged_over_last_rows=n_tail, log_every=log_every)
+    if final is not None:
+        summary["agents"] = _agents(final)
+        if final["convergence"]:
+            summary["convergence"] = _convergence(final)
     tmp = run_dir / "summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=2))
     tmp.replace(run_dir / "summary.json")

@@ -6,9 +6,13 @@ TensorBoard (tensorboardX event files in ``RUN_DIR/tensorboard``) or Weights & B
 from __future__ import annotations
 
 import csv
+import math
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+
+import numpy as np
 
 from jaxmarket.config.errors import ConfigError, Interrupted
 
@@ -51,11 +55,149 @@ class CsvMetrics:
 
 
 def read_metrics(path: Path) -> tuple[list[str], Any]:
-    import numpy as np
     with Path(path).open() as f:
         rows = list(csv.reader(f))
     header, data = rows[0], np.asarray(rows[1:], dtype=np.float64).reshape(-1, len(rows[0]))
     return header, data
+
+
+def count_rows(path: Path) -> int:
+    """Data rows of a metrics CSV (its lines but the header), counted without parsing."""
+    lines, last = 0, b"\n"
+    with Path(path).open("rb") as f:
+        while block := f.read(1 << 24):
+            lines += block.count(b"\n")
+            last = block[-1:]
+    return lines + (last != b"\n") - 1
+
+
+def _tail_lines(path: Path, enough: Callable[[list[bytes]], bool]) -> tuple[bytes, list[bytes]]:
+    """The header line and the last complete data lines of a CSV, read backwards in
+    growing blocks until ``enough(lines)`` (or the whole file is read)."""
+    with Path(path).open("rb") as f:
+        header = f.readline()
+        begin = f.tell()
+        pos, buf, block, lines = f.seek(0, 2), b"", 1 << 16, []
+        while pos > begin:
+            step = min(block, pos - begin)
+            pos -= step
+            f.seek(pos)
+            buf = f.read(step) + buf
+            parts = buf.split(b"\n")
+            lines = [x for x in (parts[1:] if pos > begin else parts) if x.strip()]
+            if enough(lines):
+                break
+            block *= 2
+    return header, lines
+
+
+def _parse(header: bytes, lines: list[bytes]) -> tuple[list[str], np.ndarray]:
+    """As :func:`read_metrics` parses (csv, then NumPy's float64 of the text)."""
+    head = next(csv.reader([header.decode()]))
+    rows = list(csv.reader(x.decode() for x in lines))
+    return head, np.asarray(rows, dtype=np.float64).reshape(-1, len(head))
+
+
+def read_last_rows(path: Path, n: int) -> tuple[list[str], np.ndarray]:
+    """The header and the last ``n`` rows of a metrics CSV, parsed as :func:`read_metrics`
+    parses them, reading only the end of the file."""
+    header, lines = _tail_lines(path, lambda lines: len(lines) >= n)
+    return _parse(header, lines[-n:] if n else [])
+
+
+def read_rows_since(path: Path, iteration: float) -> tuple[list[str], np.ndarray]:
+    """The header and the rows of iterations ``>= iteration`` of a metrics CSV (rows in
+    iteration order, ``iteration`` the first column), reading only the end of the file."""
+    def enough(lines):
+        return bool(lines) and float(lines[0].split(b",", 1)[0]) < iteration
+    header, lines = _tail_lines(path, enough)
+    head, data = _parse(header, lines)
+    return head, data[data[:, 0] >= iteration]
+
+
+class ParquetRows:
+    """The per-seed rows as Parquet (``train.seeds_format: parquet``): a directory
+    ``seeds.parquet/`` of parts, one per appended chunk, each written under a temporary
+    name and renamed (a crash leaves whole parts only), named by their first and last
+    iteration so that sorting the names sorts the rows. Columns as ``seeds.csv``:
+    ``iteration`` and ``seed`` int64, the metrics float64. pandas and pyarrow read the
+    directory as one table (``pandas.read_parquet(RUN/seeds.parquet)``)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def parts(self) -> list[Path]:
+        return sorted(self.path.glob("part-*.parquet")) if self.path.is_dir() else []
+
+    @staticmethod
+    def _span(part: Path) -> tuple[int, int]:
+        _, first, last = part.stem.split("-")
+        return int(first), int(last)
+
+    def _write(self, table: Any) -> None:
+        import pyarrow.parquet as pq
+        it = table.column("iteration")
+        first, last = it[0].as_py(), it[len(it) - 1].as_py()
+        self.path.mkdir(parents=True, exist_ok=True)
+        final = self.path / f"part-{first:010d}-{last:010d}.parquet"
+        tmp = final.with_suffix(".tmp")
+        pq.write_table(table, tmp)
+        tmp.replace(final)
+
+    def append(self, rows: list[dict[str, float]]) -> None:
+        if not rows:
+            return
+        import pyarrow as pa
+        columns = {k: [r[k] for r in rows] for k in rows[0]}
+        self._write(pa.table({k: pa.array(v, pa.int64() if k in ("iteration", "seed")
+                                          else pa.float64()) for k, v in columns.items()}))
+
+    def truncate_after(self, iteration: int) -> None:
+        """Drop rows past ``iteration`` (parts after it removed, one across it cut)."""
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+        for tmp in self.path.glob("*.tmp") if self.path.is_dir() else []:
+            tmp.unlink()
+        for part in self.parts():
+            first, last = self._span(part)
+            if first > iteration:
+                part.unlink()
+            elif last > iteration:
+                table = pq.read_table(part)
+                part.unlink()
+                self._write(table.filter(pc.less_equal(table.column("iteration"), iteration)))
+
+    def read(self, since: float = -math.inf) -> tuple[list[str], np.ndarray] | None:
+        """``(header, rows)`` of iterations ``>= since`` (only the parts that hold them
+        are read); None without any part."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        parts = [p for p in self.parts() if self._span(p)[1] >= since]
+        if not parts:
+            return None
+        table = pa.concat_tables([pq.read_table(p) for p in parts])
+        data = np.column_stack([table.column(c).to_numpy().astype(np.float64)
+                                for c in table.column_names])
+        return list(table.column_names), data[data[:, 0] >= since]
+
+
+def seed_rows_file(run_dir: Path, seeds_format: str) -> CsvMetrics | ParquetRows:
+    """The writer of the per-seed rows: ``seeds.csv`` or ``seeds.parquet/``."""
+    if seeds_format == "parquet":
+        return ParquetRows(run_dir / "seeds.parquet")
+    return CsvMetrics(run_dir / "seeds.csv")
+
+
+def read_seed_rows(run_dir: Path, seeds_format: str = "csv", since: float = -math.inf
+                   ) -> tuple[list[str], np.ndarray] | None:
+    """The per-seed rows of iterations ``>= since`` (``seeds.csv`` or
+    ``seeds.parquet/``), read from the end; None when the run has none."""
+    if seeds_format == "parquet":
+        return ParquetRows(run_dir / "seeds.parquet").read(since)
+    path = run_dir / "seeds.csv"
+    if not path.is_file() or path.stat().st_size == 0:
+        return None
+    return read_rows_since(path, since)
 
 
 class Tracker:
