@@ -51,15 +51,15 @@ import jax.numpy as jnp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import ppo_cartpole  # noqa: E402
-from throughput import machine, measure  # noqa: E402
+import ppo_cartpole
+from throughput import machine, measure
 
-from jaxmarket.config.loader import load_config  # noqa: E402
-from jaxmarket.learners import ppo as ppo_module  # noqa: E402
-from jaxmarket.learners.base import Learner  # noqa: E402
-from jaxmarket.train import loop  # noqa: E402
-from jaxmarket.train.devices import Placement  # noqa: E402
-from jaxmarket.train.plan import resolve  # noqa: E402
+from jaxmarket.config.loader import load_config
+from jaxmarket.learners import ppo as ppo_module
+from jaxmarket.learners.base import Learner
+from jaxmarket.train import loop
+from jaxmarket.train.devices import Placement
+from jaxmarket.train.plan import resolve
 
 #: market PPO agent-steps/s / CartPole PPO agent-steps/s (issue 23, item 2)
 TARGET_RATIO = 0.8

@@ -1,0 +1,170 @@
+"""Roofline probes: what this machine's cores can do, measured with jitted JAX programs.
+
+Each probe is a function of its own returning ``{"value": ..., "unit": ..., "samples":
+[...], ...}``; :data:`PROBES` lists them (other benchmarks import a probe or add theirs).
+Every probe is compiled first, then timed ``--repeats`` times; the value is the median,
+``spread`` = (max - min) / median of the samples (the noise: the machine may be shared).
+
+* ``matmul_gflops``: ``[n, n] @ [n, n]`` float32 (``2 n^3`` flops), XLA:CPU's matmul
+  (Eigen, all cores): the peak a dense kernel reaches.
+* ``fma_gflops``: a chain of ``x = a * x + b`` on a float32 array that stays in L2
+  (``2`` flops per element per step), one XLA loop fusion: the peak for the
+  elementwise fusions that dominate a market step.
+* ``copy_gbs``: ``x = x * c`` in place over a float32 array far larger than the caches
+  (read + write: ``2 x`` its bytes moved).
+* ``reduce_gbs``: ``sum(x)`` over the same array (its bytes read once).
+
+    python benchmarks/roofline.py --json
+    python benchmarks/roofline.py --repeats 9 --mb 512
+
+With ``--json`` the last printed line is JSON: ``{probe: {value, unit, samples,
+spread, ...}, "machine": ...}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from throughput import machine
+
+
+def timed(fn: Callable, args: tuple, repeats: int, thread: bool = False) -> list[float]:
+    """Wall times of ``repeats`` calls of the jitted ``fn(*args)`` after one warm-up
+    call (which compiles it). ``thread``: ``fn`` returns its next (single) argument (a
+    donated buffer written in place: no fresh output pages to fault in per call)."""
+    out_ = jax.block_until_ready(fn(*args))
+    if thread:
+        args = (out_,)
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out_ = jax.block_until_ready(fn(*args))
+        out.append(time.perf_counter() - t0)
+        if thread:
+            args = (out_,)
+    return out
+
+
+def rate(work: float, times: list[float], unit: str, **extra) -> dict:
+    """``work / time`` per sample (in ``unit``'s scale: 1e9), median and spread."""
+    samples = [work / t / 1e9 for t in times]
+    med = statistics.median(samples)
+    return {"value": round(med, 2), "unit": unit, "best": round(max(samples), 2),
+            "samples": [round(s, 2) for s in samples],
+            "spread": round((max(samples) - min(samples)) / med, 3), **extra}
+
+
+def matmul_gflops(repeats: int = 7, n: int = 2048, **_) -> dict:
+    """Dense float32 matmul: ``2 n^3`` flops per call."""
+    k1, k2 = jax.random.split(jax.random.key(0))
+    a = jax.random.normal(k1, (n, n), jnp.float32)
+    b = jax.random.normal(k2, (n, n), jnp.float32)
+    fn = jax.jit(lambda a, b: a @ b)
+    return rate(2.0 * n**3, timed(fn, (a, b), repeats), "GFLOP/s", n=n)
+
+
+def fma_gflops(repeats: int = 7, size: int = 65536, steps: int = 256, chains: int = 8,
+               depth: int = 8, **_) -> dict:
+    """``x = a x + b`` on ``size`` float32 elements (256 KiB: in L2), ``chains``
+    independent chains of ``depth`` FMAs per element per loop step (out-of-order cores
+    need independent FMAs to fill their pipelines), combined by ``chains`` adds: one
+    XLA loop fusion per ``fori_loop`` step, ``size steps chains (2 depth + 1)`` flops
+    per call."""
+    a = jnp.full((size,), 0.999, jnp.float32)
+    b = jnp.full((size,), 1e-3, jnp.float32)
+    x0 = jnp.linspace(0.0, 1.0, size, dtype=jnp.float32)
+
+    @jax.jit
+    def fn(x, a, b):
+        def body(_, x):
+            ys = [x + (1e-3 * i) for i in range(chains)]
+            for _ in range(depth):
+                ys = [a * y + b for y in ys]
+            return sum(ys[1:], ys[0]) * (1.0 / chains)
+        return jax.lax.fori_loop(0, steps, body, x)
+
+    flops = float(size) * steps * chains * (2 * depth + 1)
+    return rate(flops, timed(fn, (x0, a, b), repeats), "GFLOP/s", size=size, steps=steps,
+                chains=chains, depth=depth)
+
+
+def _big(mb: int) -> jax.Array:
+    return jnp.linspace(0.0, 1.0, mb * 2**20 // 4, dtype=jnp.float32)
+
+
+def copy_gbs(repeats: int = 7, mb: int = 256, **_) -> dict:
+    """``x * c`` over ``mb`` MiB of float32, in place (the input donated): ``2 mb`` MiB
+    moved (read + write)."""
+    x = _big(mb)
+    nbytes = x.nbytes
+    fn = jax.jit(lambda x: x * 1.0001, donate_argnums=0)
+    return rate(2.0 * nbytes, timed(fn, (x,), repeats, thread=True), "GB/s", mb=mb)
+
+
+def reduce_gbs(repeats: int = 7, mb: int = 256, **_) -> dict:
+    """``sum(x)`` over ``mb`` MiB of float32: ``mb`` MiB read."""
+    x = _big(mb)
+    fn = jax.jit(jnp.sum)
+    return rate(float(x.nbytes), timed(fn, (x,), repeats), "GB/s", mb=mb)
+
+
+#: name -> probe(repeats=..., mb=...) -> result dict
+PROBES: dict[str, Callable[..., dict]] = {
+    "matmul_gflops": matmul_gflops,
+    "fma_gflops": fma_gflops,
+    "copy_gbs": copy_gbs,
+    "reduce_gbs": reduce_gbs,
+}
+
+
+def run(names=None, repeats: int = 7, mb: int = 256, rounds: int = 1) -> dict:
+    """Every probe (or ``names``), ``rounds`` times in turn in this process; with
+    several rounds a probe's samples are pooled."""
+    names = list(PROBES) if names is None else list(names)
+    out: dict = {}
+    for _ in range(rounds):
+        for name in names:
+            r = PROBES[name](repeats=repeats, mb=mb)
+            if name in out:
+                samples = out[name]["samples"] + r["samples"]
+                med = statistics.median(samples)
+                r.update(samples=samples, value=round(med, 2), best=round(max(samples), 2),
+                         spread=round((max(samples) - min(samples)) / med, 3))
+            out[name] = r
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=7, help="timed calls per probe and round")
+    ap.add_argument("--rounds", type=int, default=2, help="all probes in turn, this often")
+    ap.add_argument("--mb", type=int, default=256, help="array size of the bandwidth probes")
+    ap.add_argument("--probe", action="append", choices=sorted(PROBES), default=None)
+    ap.add_argument("--json", action="store_true", help="last line: JSON result")
+    args = ap.parse_args(argv)
+    info = machine()
+    out = run(args.probe, args.repeats, args.mb, args.rounds)
+    print(f"machine: {info['cpu']}, {info['nproc']} cores, load {info['load_avg']}, "
+          f"jax {info['jax']} ({info['backend']})")
+    for name, r in out.items():
+        print(f"  {name:<14} {r['value']:>9.2f} {r['unit']:<8} (best {r['best']:.2f}, "
+              f"spread {r['spread']:.0%} over {len(r['samples'])} calls)")
+    if args.json:
+        print(json.dumps({**out, "machine": {**info, "load_after": machine()["load_avg"]}}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
