@@ -130,6 +130,7 @@ def resolve(config: Mapping[str, Any] | str, overrides: tuple[str, ...] | list[s
     populations = resolve_populations(env, params, config, tcfg)
     pbt = resolve_pbt(raw, populations)
     models = resolve_group_models(env, params, learner_config, populations)
+    check_minibatches(base, populations, learner_config, tcfg)
     parts = (raw, env, params, seed, learner_config, schedule,
              {g: c for g, c in pbt.items() if c is not None}, models, base)
     slots = sum(s.num_agents for s in base.values()) * tcfg.num_envs * tcfg.num_seeds
@@ -177,6 +178,28 @@ def _probe(parts: tuple, config: Mapping, tcfg: TrainConfig) -> RunPlan:
             if envs == tcfg.num_envs:
                 raise
     raise AssertionError("unreachable")
+
+
+def check_minibatches(base: Mapping[str, LearnerSpec], populations: Mapping,
+                      learner_config: Mapping, tcfg: TrainConfig) -> None:
+    """A learner that splits each update's samples (``rollout_length`` x its slots) into
+    ``num_minibatches`` gets at least one sample per minibatch (before anything is
+    traced: the memory estimate traces the program)."""
+    for g, spec in base.items():
+        _, hyper = resolve_learner(learner_config[g], f"learners.{g}")
+        wanted = hyper.get("num_minibatches")
+        if wanted is None:
+            continue
+        pop = populations.get(g)
+        per_market = 1 if pop is not None and pop.live_seats_only else spec.num_agents
+        slots = per_market * tcfg.num_seeds * tcfg.num_envs
+        samples = tcfg.rollout_length * slots
+        if wanted > samples:
+            raise ConfigError(f"learners.{g}.num_minibatches", wanted,
+                              f"at most the {samples} samples of an update (train.rollout_length"
+                              f" {tcfg.rollout_length} x {slots} agent slots: train.num_seeds x "
+                              f"train.num_envs x the group's agents per market); raise "
+                              f"train.rollout_length or train.num_envs, or lower it")
 
 
 def check_sizes(base: Mapping[str, LearnerSpec], tcfg: TrainConfig) -> None:
