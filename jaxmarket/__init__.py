@@ -20,3 +20,16 @@ except PackageNotFoundError:              # a source tree that was never pip-ins
 __all__ = ["ConfigError", "MarketEnv", "MarketParams", "MarketSpec", "MarketState",
            "load_config", "make", "register_mapping", "resolve_market"]
 
+# runs back in Python (jaxmarket.train.runs, docs/runs.md): imported on first use, since
+# the training side (orbax, rich) added about 8% to `import jaxmarket` (4.7 s of 57 s,
+# -X importtime on a loaded 2-core machine)
+RUNS = ("load_run", "compare")
+__all__ += list(RUNS)
+
+
+def __getattr__(name: str):
+    if name in RUNS:
+        from jaxmarket.train import runs
+        return getattr(runs, name)
+    raise AttributeError(f"module 'jaxmarket' has no attribute {name!r}")
+

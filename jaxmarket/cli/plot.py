@@ -1,9 +1,13 @@
-"""python -m jaxmarket.plot RUN_DIR [--smooth N]: PNGs of prices (budgets for consumer
-agents), traffic and rewards over training, one figure per agent group with a line per
-product, written to RUN_DIR/plots/<group>.png. The lines are the mean over seeds from
-RUN_DIR/metrics.csv; when RUN_DIR/seeds.csv holds two or more seeds, a shaded band
-around each line spans the minimum to the maximum over seeds. --smooth N draws a
-trailing moving average over N iterations (1: the raw values)."""
+"""python -m jaxmarket.plot RUN_DIR [RUN_DIR ...] [--smooth N] [--seeds] [--compare]: PNGs
+of prices (budgets for consumer agents), traffic and rewards over training, one figure
+per agent group with a line per product, written to RUN_DIR/plots/<group>.png. The lines
+are the mean over seeds from RUN_DIR/metrics.csv; when the run's per-seed rows
+(seeds.csv or seeds.parquet/) hold two or more seeds, a shaded band around each line
+spans the minimum to the maximum over seeds. --seeds draws one thin line per seed
+instead, with the 95% bootstrap interval of the mean over seeds as the band. --smooth N
+draws a trailing moving average over N iterations (1: the raw values). --compare prints
+a table of the runs' summaries (mean over seeds and 95% interval per figure) instead of
+plotting."""
 
 from __future__ import annotations
 
@@ -19,7 +23,8 @@ import numpy as np
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.loader import load_config
 from jaxmarket.market.spec import resolve_market
-from jaxmarket.train.tracking import read_metrics
+from jaxmarket.train.runs import compare_rows
+from jaxmarket.train.tracking import ParquetRows, read_metrics
 
 PANELS = ("price", "traffic", "reward")
 TOP_LABELS = {"seller": "price", "consumer": "budget", None: "price / budget"}
@@ -90,14 +95,18 @@ def group_sides(run_dir: str | Path) -> dict[str, str]:
 
 
 def load_run(run_dir: str | Path) -> RunData:
-    """Read metrics.csv, seeds.csv (when present) and the groups' sides from config.yaml."""
+    """Read metrics.csv, the per-seed rows (seeds.csv or seeds.parquet/, when present) and
+    the groups' sides from config.yaml."""
     run_dir = Path(run_dir)
     if not (run_dir / "metrics.csv").is_file():
         raise ConfigError("RUN_DIR", str(run_dir), "a run directory holding metrics.csv")
     header, data = read_metrics(run_dir / "metrics.csv")
     seeds_header = seeds_data = None
     seeds = run_dir / "seeds.csv"
-    if seeds.is_file() and seeds.stat().st_size > 0:
+    parquet = ParquetRows(run_dir / "seeds.parquet")
+    if not seeds.is_file() and parquet.parts():
+        seeds_header, seeds_data = parquet.read()
+    elif seeds.is_file() and seeds.stat().st_size > 0:
         try:
             seeds_header, seeds_data = read_metrics(seeds)
         except ValueError as err:  # e.g. a row being written while we read
@@ -148,7 +157,24 @@ def _per_seed(run: RunData) -> tuple[np.ndarray, list[np.ndarray]] | None:
     return common, per_seed
 
 
-def series(run: RunData, group: str, smooth: int = 1) -> dict:
+# the --seeds band: resamples of the seeds (percentile bootstrap of the mean)
+BAND_RESAMPLES = 1000
+
+
+def mean_interval(stack: np.ndarray, resamples: int = BAND_RESAMPLES, seed: int = 0
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """The 95% percentile-bootstrap interval of the mean over seeds, at every iteration:
+    ``stack [S, T]`` -> ``(low [T], high [T])``. Each resample draws ``S`` seeds with
+    replacement (as multinomial counts, so a resample's mean is one matrix product)."""
+    S = stack.shape[0]
+    rng = np.random.default_rng(seed)
+    weights = rng.multinomial(S, np.full(S, 1.0 / S), size=resamples) / S   # [B, S]
+    means = weights @ stack                                                  # [B, T]
+    low, high = np.percentile(means, [2.5, 97.5], axis=0)
+    return low, high
+
+
+def series(run: RunData, group: str, smooth: int = 1, seeds: bool = False) -> dict:
     """What the figure of one group draws, as numbers.
 
     Returns ``{"group", "side" ("seller", "consumer" or None if unknown), "smooth",
@@ -158,6 +184,10 @@ def series(run: RunData, group: str, smooth: int = 1) -> dict:
     "bands": {column: (low, high)}}``. A band is the minimum and maximum over seeds of
     each seed's smoothed series (one seed's column in seeds.csv, restricted to
     ``band_x``); ``bands`` is empty without seeds.csv or with fewer than two seeds.
+    ``seeds=True``: each panel also has ``"seed_lines": {column: [S, len(band_x)]}``
+    (every seed's smoothed series) and the bands are :func:`mean_interval` of them (the
+    95% bootstrap interval of the mean over seeds; ``"band"``: ``"ci95"``, else
+    ``"minmax"``).
     """
     smooth = check_smooth(smooth)
     if group not in run_groups(run.header):
@@ -168,26 +198,34 @@ def series(run: RunData, group: str, smooth: int = 1) -> dict:
     order = np.argsort(x, kind="stable")
     x, data = x[order], run.data[order]
     side = run.sides.get(group)
-    seeds = _per_seed(run)
-    scol = {h: i for i, h in enumerate(run.seeds_header)} if seeds is not None else {}
+    per_seed = _per_seed(run)
+    scol = {h: i for i, h in enumerate(run.seeds_header)} if per_seed is not None else {}
     panels = {}
     for what in PANELS:
-        lines, bands = {}, {}
+        lines, bands, seed_lines = {}, {}, {}
         for name in _panel_columns(run.header, what, group):
             lines[name] = moving_average(data[:, col[name]], smooth)
-            if seeds is not None and name in scol:
-                stack = np.stack([moving_average(s[:, scol[name]], smooth) for s in seeds[1]])
-                bands[name] = (stack.min(axis=0), stack.max(axis=0))
+            if per_seed is not None and name in scol:
+                stack = np.stack([moving_average(s[:, scol[name]], smooth)
+                                  for s in per_seed[1]])
+                if seeds:
+                    seed_lines[name] = stack
+                    bands[name] = mean_interval(stack)
+                else:
+                    bands[name] = (stack.min(axis=0), stack.max(axis=0))
         panels[what] = {"ylabel": TOP_LABELS[side] if what == "price" else what,
                         "lines": lines, "bands": bands}
+        if seeds:
+            panels[what]["seed_lines"] = seed_lines
     return {"group": group, "side": side, "smooth": smooth,
-            "num_seeds": 0 if seeds is None else len(seeds[1]), "x": x,
-            "band_x": None if seeds is None else seeds[0], "panels": panels}
+            "num_seeds": 0 if per_seed is None else len(per_seed[1]), "x": x,
+            "band_x": None if per_seed is None else per_seed[0], "panels": panels,
+            "band": "ci95" if seeds else "minmax"}
 
 
-def plot_series(run_dir: str | Path, group: str, smooth: int = 1) -> dict:
+def plot_series(run_dir: str | Path, group: str, smooth: int = 1, seeds: bool = False) -> dict:
     """:func:`series` of one group of the run in ``run_dir``."""
-    return series(load_run(run_dir), group, smooth)
+    return series(load_run(run_dir), group, smooth, seeds)
 
 
 def make_figure(s: dict, title: str = ""):
@@ -203,6 +241,8 @@ def make_figure(s: dict, title: str = ""):
             # p<j>, or a population member's m<k> / m<k>/p<j>
             label = name.split("/", 2)[2] if name.count("/") >= 2 else "mean"
             (line,) = ax.plot(s["x"], y, label=label, lw=1)
+            for seed_line in panel.get("seed_lines", {}).get(name, ()):
+                ax.plot(s["band_x"], seed_line, color=line.get_color(), lw=0.5, alpha=0.45)
             if name in panel["bands"]:
                 low, high = panel["bands"][name]
                 ax.fill_between(s["band_x"], low, high, color=line.get_color(), alpha=0.2,
@@ -215,7 +255,10 @@ def make_figure(s: dict, title: str = ""):
     notes = []
     if s["smooth"] > 1:
         notes.append(f"moving average over {s['smooth']} iterations")
-    if s["num_seeds"]:
+    if s["num_seeds"] and s.get("band") == "ci95":
+        notes.append(f"each of {s['num_seeds']} seeds, their mean and its 95% bootstrap "
+                     "interval")
+    elif s["num_seeds"]:
         notes.append(f"mean and min-max over {s['num_seeds']} seeds")
     side = {"seller": " (sellers)", "consumer": " (consumer agents)"}.get(s["side"], "")
     fig.suptitle(f"{title}: group {s['group']}{side}" + (f"\n{'; '.join(notes)}" if notes else ""))
@@ -223,15 +266,16 @@ def make_figure(s: dict, title: str = ""):
     return fig
 
 
-def plot_run(run_dir: str | Path, smooth: int = 1) -> list[Path]:
-    """Write RUN_DIR/plots/<group>.png for every agent group; returns the paths."""
+def plot_run(run_dir: str | Path, smooth: int = 1, seeds: bool = False) -> list[Path]:
+    """Write RUN_DIR/plots/<group>.png for every agent group (``seeds``: a line per
+    seed and the interval band); returns the paths."""
     smooth = check_smooth(smooth)
     run = load_run(run_dir)
     out_dir = Path(run_dir) / "plots"
     out_dir.mkdir(exist_ok=True)
     written = []
     for g in run_groups(run.header):
-        fig = make_figure(series(run, g, smooth), run.name)
+        fig = make_figure(series(run, g, smooth, seeds), run.name)
         path = out_dir / f"{g}.png"
         fig.savefig(path, dpi=100)
         written.append(path)
@@ -319,12 +363,39 @@ def sweep_figure(data: dict, title: str = ""):
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m jaxmarket.plot", description=__doc__)
-    parser.add_argument("run_dir", metavar="RUN_DIR")
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     # a string checked by check_smooth, so a bad value is a ConfigError (exit code 2
     # with one line naming --smooth) rather than argparse's usage dump
     parser.add_argument("--smooth", default="1", metavar="N",
                         help="trailing moving average over N iterations (default 1: raw)")
+    parser.add_argument("--seeds", action="store_true",
+                        help="a line per seed, and the 95%% bootstrap interval of the mean "
+                             "as the band (default: the min-max band)")
+    parser.add_argument("--compare", action="store_true",
+                        help="print a table of the runs' summaries instead of plotting")
     args = parser.parse_args(argv)
-    for path in plot_run(args.run_dir, check_smooth(args.smooth)):
-        print(path)
+    if args.compare:
+        print(compare_table(compare_rows(args.run_dirs)))
+        return 0
+    for run_dir in args.run_dirs:
+        for path in plot_run(run_dir, check_smooth(args.smooth), args.seeds):
+            print(path)
     return 0
+
+
+def compare_table(rows: list[dict]) -> str:
+    """:func:`~jaxmarket.train.runs.compare_rows` as text: a row per figure, a column
+    per run (numbers to 4 significant digits, ``-`` where a run lacks the figure)."""
+    keys = [k for k in dict.fromkeys(k for r in rows for k in r) if k != "run"]
+    head = ["", *(Path(r["run"]).name or r["run"] for r in rows)]
+
+    def cell(v: Any) -> str:
+        if v is None:
+            return "-"
+        return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+    table = [head] + [[k, *(cell(r.get(k)) for r in rows)] for k in keys]
+    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                               for i, (c, w) in enumerate(zip(row, widths))).rstrip()
+                     for row in table)
