@@ -1,0 +1,540 @@
+"""Static (one-shot) equilibria of a market, computed on its own jitted reward.
+
+The game: every *player* agent group (the groups whose actions are solved for) chooses
+its actions ``[n, P]`` from an :class:`ActionSet` (a box ``[low, high]`` per agent and
+product, or a grid of values per agent and product); the payoff of a joint action is the
+reward :meth:`MarketEnv.step_env` gives each agent for **one period from the reset
+state** (``reset_env(key(0))``, ``time = 0``: demand processes at their period-0 level,
+price history at the initial prices), every other agent group at its reset action or at
+the ``fixed`` actions given for it. Alternating moves are evaluated as simultaneous (the
+static game). Where the period is random (a demand process or distributor that draws
+with its key, a fixed group that acts at random) the payoff is the **mean over a fixed
+set of** ``samples`` **keys** (:func:`sample_keys`; the same keys for every profile, so
+the game is deterministic and its equilibria exact for that sample).
+
+Two solutions per player group (:func:`solve`):
+
+* ``nash`` -- a pure Nash equilibrium of all player agents, by Gauss-Seidel
+  best-response iteration over the *cells* (agent, product): each cell in turn moves to
+  the value maximising its own agent's reward, the others held; a sweep visits every
+  cell; the iteration stops when a sweep moves no cell by more than ``tol`` of its
+  range (``converged``) or after ``max_sweeps``. A continuous cell's best response is a
+  vectorised (``vmap``) search over ``coarse`` evenly spaced values of its bounds plus
+  its current value, then ``levels - 1`` zooms, each ``coarse`` values spanning one
+  spacing either side of the best so far (the spacing shrinks ``(coarse - 1) / 2``-fold
+  per zoom; with the defaults to ~1.5e-8 of the range). Ties -- a flat maximum, a range
+  of payoff-equivalent bids -- go to the tied value nearest the middle of the tied
+  values, so a float32 plateau around a smooth optimum resolves to its centre. A cell
+  with several products' rewards coupled (budgets) is optimised product by product.
+* ``joint`` -- the group's joint optimum: its agents maximise the **sum of the group's
+  rewards** as one player, every other player agent best-responding (with one player
+  group: the plain maximum of the group's summed reward). From the Nash point, a
+  symmetric search first (one value per product for all the group's agents, clipped to
+  each agent's bounds), then coordinate ascent cell by cell on the sum (asymmetric
+  sellers, budgets, several products), each move only if the sum does not fall.
+
+Grids (every player cell on a grid, at most ``max_table`` joint profiles) are solved
+exactly on the table of every profile's rewards (``vmap`` over the step): every pure
+equilibrium (no agent gains more than ``rtol`` relative, 1e-6, from any change of its
+own grid actions), best-response iteration on the table (``nash``: the equilibrium it
+reaches from the reset actions snapped to the grids) and the exact joint optimum.
+Larger grids use the iteration with grid cells (no list of equilibria).
+
+    sets = {"sellers": ActionSet.box(low, high)}
+    result = solve(env, params, sets)
+    result["sellers"]["nash"]          # [[p_0], [p_1]]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxmarket.market.distributors import DISTRIBUTORS
+from jaxmarket.market.env import MarketEnv
+from jaxmarket.market.spec import MarketParams, thaw
+from jaxmarket.market.state import current_actions
+
+#: demand processes that do not draw with their key
+DETERMINISTIC_DEMANDS = ("constant", "cyclic", "regime")
+#: keys averaged over in a random period (unless ``samples`` is given)
+DEFAULT_SAMPLES = 256
+#: the relative rise of a group's summed reward a single cell's move must bring (the
+#: coordinate ascent of the joint optimum; ~4 float32 ulps)
+JOINT_MARGIN = 2.0 ** -22
+#: relative tolerance of "no agent gains" on a table of float32 rewards
+TABLE_RTOL = 1e-6
+
+
+@dataclass(frozen=True)
+class ActionSet:
+    """One player group's actions: bounds ``low``/``high`` ``[n, P]`` and, for a discrete
+    set, ``grid`` ``[n, P, G]`` (sorted values per agent and product)."""
+
+    low: np.ndarray
+    high: np.ndarray
+    grid: np.ndarray | None = None
+
+    @classmethod
+    def box(cls, low: Any, high: Any) -> ActionSet:
+        low, high = np.asarray(low, np.float32), np.asarray(high, np.float32)
+        if low.ndim != 2 or low.shape != high.shape:
+            raise ValueError(f"ActionSet.box: low and high must be [n, P]; got {low.shape} "
+                             f"and {high.shape}")
+        if not (np.all(np.isfinite(low)) and np.all(np.isfinite(high))):
+            raise ValueError("ActionSet.box: the bounds must be finite to search them")
+        return cls(low, high)
+
+    @classmethod
+    def from_grid(cls, grid: Any) -> ActionSet:
+        grid = np.sort(np.asarray(grid, np.float32), axis=-1)
+        if grid.ndim != 3 or grid.shape[-1] < 1:
+            raise ValueError(f"ActionSet.from_grid: grid must be [n, P, G]; got {grid.shape}")
+        return cls(grid[..., 0], grid[..., -1], grid)
+
+    @property
+    def discrete(self) -> bool:
+        return self.grid is not None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.low.shape)
+
+
+@dataclass(frozen=True)
+class Search:
+    """Settings of the search (see the module docstring)."""
+
+    coarse: int = 64          # values per level of a continuous best response
+    levels: int = 5           # the first search and levels - 1 zooms
+    max_sweeps: int = 200
+    tol: float = 1e-6         # converged: no cell moved by more than tol x its range
+    max_table: int = 1 << 16  # most joint grid profiles tabulated exactly
+
+
+DEFAULT_SEARCH = Search()
+
+
+def is_deterministic(env: MarketEnv) -> bool:
+    """Whether one period from the reset state is the same for every key (constant,
+    cyclic or regime demand and a distributor that does not draw)."""
+    spec = env.spec
+    if any(c.demand_kind not in DETERMINISTIC_DEMANDS for c in spec.consumers):
+        return False
+    options = dict(thaw(spec.distributor_options) or {})
+    return DISTRIBUTORS[spec.distributor].is_deterministic(options)
+
+
+def sample_keys(samples: int) -> jax.Array:
+    """The ``samples`` keys a period's payoff is averaged over (key 0 alone for one)."""
+    if samples == 1:
+        return jax.random.key(0)[None]
+    return jax.random.split(jax.random.key(0), samples)
+
+
+def simultaneous(env: MarketEnv) -> MarketEnv:
+    """The same market with every seller moving every period (the static game)."""
+    if getattr(env.spec, "move_order", "simultaneous") == "simultaneous":
+        return env
+    return MarketEnv(dataclasses.replace(env.spec, move_order="simultaneous"))
+
+
+@dataclass(frozen=True)
+class Structure:
+    """The static part of a game (hashable: a static argument of the compiled programs,
+    so games that differ only in parameters, bounds, grids or fixed actions share them)."""
+
+    env: MarketEnv
+    groups: tuple[str, ...]
+    shapes: tuple[tuple[int, int], ...]
+
+
+def payoff(structure: Structure, x: jax.Array, data: Any) -> jax.Array:
+    """Rewards ``[agents]`` of the player cells ``x [cells]`` for one period from the
+    reset state, the mean over the sample keys (``data = (state, params, keys, fixed)``)."""
+    env = structure.env
+    state, params, keys, fixed = data
+    acts, at = current_actions(env.spec, state), 0
+    for g, (n, P) in zip(structure.groups, structure.shapes):   # groups: static structure
+        acts[g] = x[at:at + n * P].reshape(n, P)
+        at += n * P
+
+    def one(key, others):
+        _, _, rewards, _, _ = env.step_env(key, state, {**acts, **others}, params)
+        return jnp.concatenate([rewards[g] for g in structure.groups])
+
+    if keys.shape[0] == 1:   # a deterministic period: no batch of keys to trace
+        return one(keys[0], jax.tree.map(lambda a: a[0], fixed))
+    return jax.vmap(one)(keys, fixed).mean(axis=0)
+
+
+@dataclass(frozen=True)
+class Game:
+    """The flattened game: cells (agent, product) of the player groups in order, their
+    agents, the structure and the data of :func:`payoff`."""
+
+    structure: Structure
+    data: Any
+    low: np.ndarray          # [N] float32
+    high: np.ndarray         # [N]
+    grid: np.ndarray         # [N, G] (a box cell: its bounds, the upper one repeated)
+    is_grid: np.ndarray      # [N] bool
+    cell_agent: np.ndarray   # [N] int: the agent (row of rewards) of each cell
+    cell_group: np.ndarray   # [N] int: the group of each cell
+    agent_group: np.ndarray  # [A] int
+    start: np.ndarray        # [N] the reset actions, clipped (snapped) into the sets
+
+    @property
+    def groups(self) -> tuple[str, ...]:
+        return self.structure.groups
+
+    @property
+    def cells(self) -> tuple[np.ndarray, ...]:
+        """What the compiled iteration reads of the cells."""
+        return self.low, self.high, self.grid, self.is_grid
+
+    def split(self, x: Any) -> dict[str, np.ndarray]:
+        x, out, at = np.asarray(x), {}, 0
+        for g, (n, P) in zip(self.groups, self.structure.shapes):
+            out[g] = x[at:at + n * P].reshape(n, P)
+            at += n * P
+        return out
+
+    def split_agents(self, r: Any) -> dict[str, np.ndarray]:
+        r, out, at = np.asarray(r), {}, 0
+        for g, (n, _) in zip(self.groups, self.structure.shapes):
+            out[g] = r[at:at + n]
+            at += n
+        return out
+
+
+def make_game(env: MarketEnv, params: MarketParams, action_sets: Mapping[str, ActionSet],
+              fixed: Mapping[str, Any] | None = None, samples: int = 1) -> Game:
+    """The one-shot game of ``action_sets``' groups (see the module docstring).
+    ``fixed``: actions of other agent groups, ``[n, P]`` or one per key
+    ``[samples, n, P]`` (the rest hold their reset actions)."""
+    env = simultaneous(env)
+    spec = env.spec
+    groups = tuple(action_sets)
+    for g in groups:
+        n, P = env.num_agents(g), spec.num_products
+        if action_sets[g].shape != (n, P):
+            raise ValueError(f"equilibrium: the action set of {g!r} is {action_sets[g].shape}; "
+                             f"the group's actions are [{n}, {P}]")
+    _, state = env.reset(jax.random.key(0), params)   # jitted: one program
+    held = current_actions(spec, state)
+    fixed_k = {g: jnp.broadcast_to(jnp.asarray(a, jnp.float32),
+                                   (samples,) + tuple(held[g].shape))
+               for g, a in (fixed or {}).items()}
+    shapes = tuple(action_sets[g].shape for g in groups)
+    sizes = [n * P for n, P in shapes]
+    G = max([s.grid.shape[-1] for s in action_sets.values() if s.discrete] or [2])
+    low = np.concatenate([action_sets[g].low.ravel() for g in groups]).astype(np.float32)
+    high = np.concatenate([action_sets[g].high.ravel() for g in groups]).astype(np.float32)
+    grid = np.concatenate([_padded_grid(action_sets[g], G) for g in groups]).astype(np.float32)
+    is_grid = np.concatenate([np.full(k, action_sets[g].discrete) for g, k in zip(groups, sizes)])
+    cell_agent = np.concatenate([np.repeat(np.arange(n), P) + sum(s[0] for s in shapes[:i])
+                                 for i, (n, P) in enumerate(shapes)])
+    cell_group = np.concatenate([np.full(k, i) for i, k in enumerate(sizes)])
+    agent_group = np.concatenate([np.full(n, i) for i, (n, _) in enumerate(shapes)])
+    start = np.concatenate([np.asarray(held[g], np.float32).ravel() for g in groups])
+    start = _snap(np.clip(start, low, high), grid, is_grid)
+    return Game(Structure(env, groups, shapes), (state, params, sample_keys(samples), fixed_k),
+                low, high, grid, is_grid, cell_agent, cell_group, agent_group, start)
+
+
+def _padded_grid(s: ActionSet, G: int) -> np.ndarray:
+    n, P = s.shape
+    if s.grid is None:
+        return np.concatenate([s.low.reshape(-1, 1), np.repeat(s.high.reshape(-1, 1), G - 1, 1)], 1)
+    grid = s.grid.reshape(n * P, -1)
+    return np.concatenate([grid, np.repeat(grid[:, -1:], G - grid.shape[1], 1)], 1)
+
+
+def _snap(x: np.ndarray, grid: np.ndarray, is_grid: np.ndarray) -> np.ndarray:
+    nearest = grid[np.arange(len(x)), np.argmin(np.abs(grid - x[:, None]), axis=1)]
+    return np.where(is_grid, nearest, x).astype(np.float32)
+
+
+# ----------------------------------------------------------------------- the iteration
+
+def _choose(values: jax.Array, obj: jax.Array) -> jax.Array:
+    """Index of the maximiser of ``obj`` nearest the middle of the tied maximisers'
+    values."""
+    best = jnp.max(obj)
+    tied = obj >= best
+    mid = 0.5 * (jnp.min(jnp.where(tied, values, jnp.inf))
+                 + jnp.max(jnp.where(tied, values, -jnp.inf)))
+    return jnp.argmin(jnp.where(tied, jnp.abs(values - mid), jnp.inf))
+
+
+def _coordinate(structure: Structure, search: Search, cells, carry, coord, data, margin):
+    """One coordinate's best response (a search over its values, then zooms): the
+    masked cells set to one value maximising ``weights . payoff``, unless that lowers
+    it. ``carry = (x, rewards at x, whether they are known)``."""
+    low, high, grid, is_grid = cells
+    x, r, known = carry
+    mask, w = coord
+    W = max(search.coarse, grid.shape[1]) + 1   # values per level (the last: the current)
+    index = jnp.arange(low.shape[0])
+    padded = jnp.concatenate([grid, jnp.repeat(grid[:, -1:], W - grid.shape[1], axis=1)], 1)
+    unit = jnp.linspace(-1.0, 1.0, W)           # W odd (even coarse): 0 included
+
+    def assign(v):
+        vals = jnp.clip(v, low, high)
+        snapped = grid[index, jnp.argmin(jnp.abs(grid - vals[:, None]), axis=1)]
+        return jnp.where(mask, jnp.where(is_grid, snapped, vals), x)
+
+    first = jnp.argmax(mask)
+    lo = jnp.min(jnp.where(mask, low, jnp.inf))
+    hi = jnp.max(jnp.where(mask, high, -jnp.inf))
+    on_grid = is_grid[first]
+    span = jnp.maximum(hi - lo, 1e-30)
+    start = jnp.where(on_grid, padded[first],
+                      jnp.concatenate([lo + span * jnp.linspace(0.0, 1.0, W - 1), x[first][None]]))
+    h0 = span / (W - 2)
+
+    def level(c, k):
+        v, o, rv, h = c
+        values = jnp.where(k == 0, start, jnp.clip(v + h * unit, lo, hi))
+
+        def search_level(_):
+            rewards = jax.vmap(lambda u: payoff(structure, assign(u), data))(values)
+            obj = rewards @ w
+            i = _choose(values, obj)
+            better = (k == 0) | (obj[i] >= o)
+            return (jnp.where(better, values[i], v), jnp.where(better, obj[i], o),
+                    jnp.where(better, rewards[i], rv))
+
+        v, o, rv = jax.lax.cond(on_grid & (k > 0), lambda _: (v, o, rv), search_level, None)
+        return (v, o, rv, jnp.where(k == 0, h0, 2.0 * h / (W - 1))), None
+
+    (v, o, rv, _), _ = jax.lax.scan(level, (x[first], -jnp.inf, r, h0), jnp.arange(search.levels))
+    now = jnp.where(known, w @ r, -jnp.inf)
+    # never lower the coordinate's objective (a block of unequal cells)
+    move = o >= now + margin * jnp.abs(now)
+    new = jnp.where(move, assign(v), x)
+    delta = jnp.max(jnp.abs(new - x) / jnp.maximum(high - low, 1e-30))
+    gain = jnp.where(known, jnp.maximum(o - now, 0.0), 0.0)
+    return (new, jnp.where(move, rv, r), jnp.bool_(True)), (delta, gain)
+
+
+@partial(jax.jit, static_argnums=(0, 1))
+def _run(structure: Structure, search: Search, x0, r0, known, masks, weights, cells, data,
+         margin=0.0):
+    """Gauss-Seidel sweeps over the coordinates (``masks [C, N]``: the cells each sets;
+    ``weights [C, A]``: its objective over the agents' rewards) until no coordinate
+    moves by more than ``tol`` of its range, or ``max_sweeps``: ``(x, rewards at x,
+    sweeps, delta, gain)`` (``r0``: the rewards at ``x0`` when ``known``; a coordinate
+    moves only where its objective rises by ``margin`` relative, or does not fall at
+    ``margin = 0``)."""
+
+    def cond(carry):
+        return (carry[3] < search.max_sweeps) & (carry[4] > search.tol)
+
+    def body(carry):
+        x, r, known, k, _, _ = carry
+        (x, r, known), (delta, gain) = jax.lax.scan(
+            lambda c, co: _coordinate(structure, search, cells, c, co, data, margin),
+            (x, r, known), (masks, weights))
+        return x, r, known, k + 1, jnp.max(delta), jnp.max(gain)
+
+    init = (jnp.asarray(x0, jnp.float32), jnp.asarray(r0, jnp.float32), jnp.asarray(known),
+            jnp.int32(0), jnp.float32(jnp.inf), jnp.float32(0.0))
+    x, r, _, k, delta, gain = jax.lax.while_loop(cond, body, init)
+    return x, r, k, delta, gain
+
+
+def _own_weights(game: Game) -> np.ndarray:
+    """Each cell's objective: its own agent's reward ``[N, A]``."""
+    w = np.zeros((len(game.low), len(game.agent_group)), np.float32)
+    w[np.arange(len(game.low)), game.cell_agent] = 1.0
+    return w
+
+
+def _cartel_weights(game: Game, group: int) -> np.ndarray:
+    """Cells of ``group``: the group's summed reward; every other cell its own agent's."""
+    w = _own_weights(game)
+    w[game.cell_group == group] = (game.agent_group == group).astype(np.float32)
+    return w
+
+
+def _iterate(game: Game, search: Search) -> dict[str, Any]:
+    N, A = len(game.low), len(game.agent_group)
+    cells = np.eye(N, dtype=bool)
+    run = partial(_run, game.structure, search, cells=game.cells, data=game.data)
+    x, r, sweeps, delta, gain = run(game.start, np.zeros(A, np.float32), False, cells,
+                                    _own_weights(game))
+    nash, nash_r = np.asarray(x), np.asarray(r)
+    out = {"nash": nash, "nash_reward": nash_r, "nash_sweeps": int(sweeps),
+           "nash_converged": bool(delta <= search.tol), "nash_gain": float(gain), "joint": {}}
+    product = np.concatenate([np.tile(np.arange(P), n) for n, P in game.structure.shapes])
+    for gi in range(len(game.groups)):
+        w = _cartel_weights(game, gi)
+        # symmetric: one value per product for the whole group (a cell's row of the mask)
+        blocks = cells | ((game.cell_group[:, None] == gi) & (game.cell_group[None] == gi)
+                          & (product[:, None] == product[None]))
+        xs, rs, s1, _, _ = run(nash, nash_r, True, blocks, w)
+        # then cell by cell, only where the sum rises beyond float32 rounding (a ridge
+        # of equal sums, a flat top, stays where the symmetric search left it)
+        xj, rj, s2, dj, _ = run(xs, rs, True, cells, w, margin=JOINT_MARGIN)
+        out["joint"][gi] = (np.asarray(xj), np.asarray(rj), int(s1) + int(s2),
+                            bool(dj <= search.tol))
+    return out
+
+
+# ------------------------------------------------------------------------- the table
+
+def _table(game: Game) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Rewards ``[G_1, ..., G_N, A]`` (float64) of every joint grid profile, and each
+    cell's grid values."""
+    values = [np.unique(game.grid[c]) for c in range(len(game.low))]
+    sizes = [len(v) for v in values]
+    profiles = np.array(list(itertools.product(*values)), np.float32).reshape(-1, len(sizes))
+    rewards = _tabulate(game.structure, profiles, game.data)
+    return np.asarray(rewards, np.float64).reshape(sizes + [-1]), values
+
+
+@partial(jax.jit, static_argnums=0)
+def _tabulate(structure: Structure, profiles: jax.Array, data: Any) -> jax.Array:
+    return jax.lax.map(lambda x: payoff(structure, x, data), profiles, batch_size=4096)
+
+
+def _stable(table: np.ndarray, axes: tuple[int, ...], objective: np.ndarray) -> np.ndarray:
+    """Profiles where ``objective`` cannot rise (beyond the tolerance) by changing the
+    cells ``axes`` together."""
+    best = objective.max(axis=axes, keepdims=True)
+    return objective >= best - TABLE_RTOL * np.maximum(1.0, np.abs(best))
+
+
+def _table_solve(game: Game, search: Search) -> dict[str, Any]:
+    table, values = _table(game)
+    N, A = len(game.low), len(game.agent_group)
+    axes_of = [tuple(np.flatnonzero(game.cell_agent == a)) for a in range(A)]
+    stable_agent = [_stable(table, axes_of[a], table[..., a]) for a in range(A)]
+    nash_mask = np.logical_and.reduce(stable_agent)
+    index = tuple(int(np.argmin(np.abs(values[c] - game.start[c]))) for c in range(N))
+    index, sweeps, _ = _table_iteration(table, axes_of, game.cell_agent, index,
+                                                search.max_sweeps)
+    equilibria = np.argwhere(nash_mask)
+    if not nash_mask[index] and len(equilibria):   # a cycle: the equilibrium nearest its end
+        index = tuple(equilibria[np.argmin(np.abs(equilibria - np.asarray(index)).sum(1))])
+    value = lambda idx: np.array([values[c][i] for c, i in enumerate(idx)], np.float32)
+    out = {"nash": value(index), "nash_reward": table[index], "nash_sweeps": sweeps,
+           "nash_converged": bool(nash_mask[index]), "nash_gain": 0.0, "joint": {},
+           "pure_equilibria": [value(e) for e in equilibria]}
+    for gi in range(len(game.groups)):
+        members = np.flatnonzero(game.agent_group == gi)
+        total = table[..., members].sum(-1)
+        cartel = _stable(table, tuple(np.flatnonzero(game.cell_group == gi)), total)
+        others = [stable_agent[a] for a in range(A) if game.agent_group[a] != gi]
+        ok = np.logical_and.reduce([cartel] + others)
+        if ok.any():   # the best total; ties: the most even split of it
+            top = np.where(ok, total, -np.inf)
+            tied = top >= top.max() - TABLE_RTOL * max(1.0, abs(top.max()))
+            spread = np.ptp(table[..., members], axis=-1)
+            best = np.unravel_index(np.argmin(np.where(tied, spread, np.inf)), total.shape)
+            out["joint"][gi] = (value(best), table[best], 0, True)
+        else:
+            out["joint"][gi] = (value(index), table[index], 0, False)
+    return out
+
+
+def _table_iteration(table, axes_of, cell_agent, index, max_sweeps):
+    """Gauss-Seidel best responses on the table, cell by cell (ties: the middle tied
+    index); ``(index, sweeps, converged)``."""
+    index = list(index)
+    for sweep in range(1, max_sweeps + 1):
+        moved = False
+        for c, a in enumerate(cell_agent):   # the cells of the (small) tabulated game
+            row = table[tuple(index[:c]) + (slice(None),) + tuple(index[c + 1:]) + (a,)]
+            best = row.max()
+            tied = np.flatnonzero(row >= best - TABLE_RTOL * max(1.0, abs(best)))
+            choice = int(tied[np.argmin(np.abs(tied - tied.mean()))])
+            moved |= choice != index[c]
+            index[c] = choice
+        if not moved:
+            return tuple(index), sweep, True
+    return tuple(index), max_sweeps, False
+
+
+# --------------------------------------------------------------------------- the API
+
+def solve(env: MarketEnv, params: MarketParams, action_sets: Mapping[str, ActionSet], *,
+          fixed: Mapping[str, Any] | None = None, samples: int | None = None,
+          search: Search = DEFAULT_SEARCH, continuous: bool = True) -> dict[str, dict[str, Any]]:
+    """Static Nash equilibrium and each group's joint optimum (module docstring) of the
+    groups of ``action_sets`` (``{group: ActionSet}``). ``fixed``: the actions of other
+    agent groups (``[n, P]`` or ``[samples, n, P]``; the rest hold their reset
+    actions); ``samples``: keys the payoff is averaged over (default 1 where the
+    period is deterministic, else :data:`DEFAULT_SAMPLES`).
+
+    Returns per group: ``nash`` and ``joint`` (``[n][P]`` lists), ``nash_reward`` and
+    ``joint_reward`` (``[n]``: each agent's reward there), ``converged`` (both), and
+    ``nash_converged``, ``joint_converged``, ``nash_sweeps``, ``joint_sweeps``,
+    ``nash_gain`` (the largest improvement a cell found in the last sweep), ``samples``,
+    ``action_set`` (``"grid"`` or ``"box"``); on a tabulated grid also
+    ``pure_equilibria`` (every pure equilibrium, ``[K][n][P]``: this group's part of
+    each) and ``num_pure_equilibria``. Where a group is on a grid and ``continuous``,
+    ``continuous`` holds the same solution (``nash``, ``joint``, their rewards,
+    ``converged``) of the game in which every grid is replaced by the interval it spans:
+    the continuous benchmarks of the literature (Calvano et al.'s ``p_N``, ``p_M``)."""
+    if samples is None:
+        samples = 1 if is_deterministic(env) else DEFAULT_SAMPLES
+    out = _solve(make_game(env, params, action_sets, fixed, samples), search)
+    if continuous and any(s.discrete for s in action_sets.values()):
+        boxes = {g: ActionSet(s.low, s.high) for g, s in action_sets.items()}
+        box = _solve(make_game(env, params, boxes, fixed, samples), search)
+        for g, s in action_sets.items():
+            if s.discrete:
+                out[g]["continuous"] = {k: box[g][k] for k in (
+                    "nash", "joint", "nash_reward", "joint_reward", "converged")}
+    for g, s in action_sets.items():
+        out[g].update(samples=samples, action_set="grid" if s.discrete else "box")
+    return out
+
+
+def _solve(game: Game, search: Search) -> dict[str, dict[str, Any]]:
+    profiles = np.prod([len(np.unique(game.grid[c])) for c in range(len(game.low))],
+                       dtype=np.float64)
+    tabulate = bool(np.all(game.is_grid)) and profiles <= search.max_table
+    found = _table_solve(game, search) if tabulate else _iterate(game, search)
+    nash_r = game.split_agents(found["nash_reward"])
+    nash = game.split(found["nash"])
+    out = {}
+    for gi, g in enumerate(game.groups):
+        xj, rj, sweeps, ok = found["joint"][gi]
+        res = {"nash": nash[g].tolist(), "joint": game.split(xj)[g].tolist(),
+               "converged": bool(found["nash_converged"] and ok),
+               "nash_reward": nash_r[g].tolist(),
+               "joint_reward": game.split_agents(rj)[g].tolist(),
+               "nash_converged": found["nash_converged"], "joint_converged": ok,
+               "nash_sweeps": found["nash_sweeps"], "joint_sweeps": sweeps,
+               "nash_gain": found["nash_gain"]}
+        if "pure_equilibria" in found:
+            res["pure_equilibria"] = [game.split(e)[g].tolist() for e in found["pure_equilibria"]]
+            res["num_pure_equilibria"] = len(found["pure_equilibria"])
+        out[g] = res
+    return out
+
+
+__all__ = [
+    "DEFAULT_SAMPLES",
+    "DEFAULT_SEARCH",
+    "ActionSet",
+    "Game",
+    "Search",
+    "is_deterministic",
+    "make_game",
+    "sample_keys",
+    "simultaneous",
+    "solve",
+]

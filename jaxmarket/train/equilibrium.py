@@ -1,0 +1,175 @@
+"""Equilibria of a run's scenario, on its learners' own action sets, and the profit gain.
+
+:func:`equilibrium` resolves a config (or takes a resolved
+:class:`~jaxmarket.train.plan.RunPlan`) and solves the static one-shot game of its
+*learning* groups with :func:`jaxmarket.market.equilibrium.solve`: each group's actions
+are what its learner can play --
+
+* ``q_learning``: its price grid (``grid_low``/``grid_high``/``grid_size`` or ``grid``);
+* ``epsilon_greedy``, ``ucb1``, ``thompson``, ``exp3``: their arms per agent and product;
+* every other learner (``ppo_bandit``, ``vpg_bandit``, ``rolling_ppo_bandit``, ``ppo``, a
+  registered kind): the box of the group's action bounds.
+
+Groups driven by a fixed policy (``constant``, ``schedule``, ``undercut``, ``random``) are
+part of the environment: they play what their policy plays at the reset state (its
+``act`` on the reset observation, one draw per sample key; a ``random`` group makes the
+period random, so the payoffs are averaged over
+:data:`~jaxmarket.market.equilibrium.DEFAULT_SAMPLES` keys). The period evaluated is the
+first one from the reset state (module docstring of :mod:`jaxmarket.market.equilibrium`).
+
+    eq = equilibrium("configs/logit_duopoly.yaml")
+    eq["sellers"]["nash"], eq["sellers"]["joint"]     # [[1.4729], [1.4729]], [[1.925], [1.925]]
+
+:func:`profit_gain` is Calvano et al.'s normalised profit gain of a group,
+``Delta = (pi - pi_N) / (pi_M - pi_N)`` with ``pi`` the group's mean reward per agent
+(a run summary's ``final[group]["mean_reward"]``), ``pi_N`` and ``pi_M`` the mean per agent
+of ``nash_reward`` and ``joint_reward``; :func:`summary_profit_gain` gives it for every
+group of a run's summary.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from functools import partial
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxmarket.learners.base import LEARNERS
+from jaxmarket.learners.controller import group_learner_spec
+from jaxmarket.learners.discrete_bandits import discrete_bandit_settings
+from jaxmarket.learners.qlearning import grid_of, qlearning_settings
+from jaxmarket.market.equilibrium import (
+    DEFAULT_SAMPLES,
+    DEFAULT_SEARCH,
+    ActionSet,
+    Search,
+    is_deterministic,
+    sample_keys,
+    solve,
+)
+from jaxmarket.train.plan import RunPlan, resolve
+
+#: learners that follow a fixed policy: their groups are part of the environment
+FIXED_KINDS = ("constant", "schedule", "undercut", "random")
+#: fixed policies that draw with their key
+RANDOM_KINDS = ("random",)
+#: learners over a grid of arms per agent and product
+BANDIT_GRID_KINDS = ("epsilon_greedy", "ucb1", "thompson", "exp3")
+
+
+def learning_groups(plan: RunPlan) -> tuple[str, ...]:
+    """The agent groups driven by a learner that learns (not a fixed policy)."""
+    return tuple(g for g in plan.groups if plan.learner_settings[g][0] not in FIXED_KINDS)
+
+
+def action_set(plan: RunPlan, group: str) -> ActionSet:
+    """What ``group``'s learner can play (module docstring)."""
+    kind, hyper = plan.learner_settings[group]
+    n = plan.env.num_agents(group)
+    if kind == "q_learning":
+        prices = np.asarray(grid_of(qlearning_settings(hyper, plan.specs[group])).prices)
+        return ActionSet.from_grid(np.broadcast_to(prices, (n, plan.env.spec.num_products,
+                                                            prices.size)))
+    if kind in BANDIT_GRID_KINDS:
+        grid = np.asarray(discrete_bandit_settings(kind, hyper, plan.specs[group]).grid)
+        return ActionSet.from_grid(grid[:n])
+    space = plan.env.action_space(group, plan.params)
+    return ActionSet.box(space.low, space.high)
+
+
+def fixed_actions(plan: RunPlan, samples: int) -> dict[str, np.ndarray]:
+    """``[samples, n, P]`` actions of every fixed-policy group: its ``act`` from its
+    initial state on the reset observation, with a key folded from each sample key."""
+    env, params = plan.env, plan.params
+    obs, _ = env.reset(jax.random.key(0), params)   # jitted: one program
+    keys = jax.vmap(lambda k: jax.random.fold_in(k, 1))(sample_keys(samples))
+    out = {}
+    for g in plan.groups:
+        kind, hyper = plan.learner_settings[g]
+        if kind not in FIXED_KINDS:
+            continue
+        spec = group_learner_spec(env, params, g)
+        learner = LEARNERS[kind].make(hyper, spec)
+        state = learner.init(jax.random.key(0), spec)
+        act = partial(learner.act, state, obs[g])
+        out[g] = np.asarray(jax.vmap(lambda k, act=act: act(k)[0])(keys))
+    return out
+
+
+def equilibrium(config_or_plan: RunPlan | Mapping[str, Any] | str,
+                overrides: list[str] | tuple[str, ...] | None = None, *,
+                samples: int | None = None, search: Search = DEFAULT_SEARCH
+                ) -> dict[str, dict]:
+    """The static Nash equilibrium and joint optimum of every learning group of a config
+    (a YAML path or a loaded mapping, with dotted ``overrides``) or of a resolved plan:
+    ``{group: {"nash", "joint", "converged", "nash_reward", "joint_reward", ...}}``
+    (:func:`jaxmarket.market.equilibrium.solve` lists the keys). ``samples``: keys a
+    random period is averaged over (default: 1 for a deterministic period, else
+    ``DEFAULT_SAMPLES``)."""
+    if isinstance(config_or_plan, RunPlan):
+        if overrides:
+            raise ValueError("equilibrium: overrides apply to a config, not to a resolved plan")
+        plan = config_or_plan
+    else:
+        plan = resolve(config_or_plan, tuple(overrides or ()), validate_only=True)
+    groups = learning_groups(plan)
+    if not groups:
+        return {}
+    if samples is None:
+        random = any(plan.learner_settings[g][0] in RANDOM_KINDS for g in plan.groups)
+        samples = 1 if is_deterministic(plan.env) and not random else DEFAULT_SAMPLES
+    sets = {g: action_set(plan, g) for g in groups}
+    return solve(plan.env, plan.params, sets, fixed=fixed_actions(plan, samples),
+                 samples=samples, search=search)
+
+
+def _per_agent_mean(values: Any) -> float | None:
+    if values is None:
+        return None
+    x = np.asarray(values, np.float64)
+    return float(x.mean()) if x.size and np.all(np.isfinite(x)) else None
+
+
+def profit_gain(final: Mapping[str, Any], eq: Mapping[str, Any]) -> float | list | None:
+    """``(pi - pi_N) / (pi_M - pi_N)`` of one group: ``pi`` = ``final["mean_reward"]`` (a
+    summary's ``final[group]``; a list, as in ``per_seed[group]``, gives a list),
+    ``pi_N``/``pi_M`` the mean over agents of ``eq["nash_reward"]``/``eq["joint_reward"]``
+    (one group of :func:`equilibrium`). None where a value is missing or not finite, or
+    where ``pi_M`` equals ``pi_N`` (to 1e-6 relative: a team reward, a monopolist)."""
+    pi_n, pi_m = _per_agent_mean(eq.get("nash_reward")), _per_agent_mean(eq.get("joint_reward"))
+    reward = final.get("mean_reward") if isinstance(final, Mapping) else None
+    if pi_n is None or pi_m is None or reward is None:
+        return None
+    if abs(pi_m - pi_n) <= 1e-6 * max(1.0, abs(pi_n), abs(pi_m)):
+        return None
+
+    def gain(pi: Any) -> float | None:
+        if pi is None or not math.isfinite(float(pi)):
+            return None
+        return (float(pi) - pi_n) / (pi_m - pi_n)
+
+    if isinstance(reward, (list, tuple)):
+        return [gain(r) for r in reward]
+    return gain(reward)
+
+
+def summary_profit_gain(plan: RunPlan, summary: Mapping[str, Any],
+                        equilibria: Mapping[str, Mapping] | None = None) -> dict[str, float]:
+    """``{group: Delta}`` for every learning group of ``summary["final"]`` (a run's
+    ``summary.json``) where :func:`profit_gain` is defined; ``equilibria``: the plan's
+    :func:`equilibrium` when already computed."""
+    eq = equilibrium(plan) if equilibria is None else equilibria
+    out = {}
+    for group, final in (summary.get("final") or {}).items():
+        if group in eq:
+            delta = profit_gain(final, eq[group])
+            if delta is not None:
+                out[group] = delta
+    return out
+
+
+__all__ = ["BANDIT_GRID_KINDS", "FIXED_KINDS", "action_set", "equilibrium", "fixed_actions",
+           "learning_groups", "profit_gain", "summary_profit_gain"]
