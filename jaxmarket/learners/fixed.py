@@ -57,8 +57,22 @@ def resolve_hyper(fields: Mapping[str, Field], hyper: Mapping[str, Any] | None,
 
 def entity_per_slot(field: Field, value: Any, where: str, spec: LearnerSpec) -> np.ndarray:
     """An ``entity`` hyper-parameter (number / per-product list / ``[A, P]``) as float32
-    ``[A, P]``."""
-    return resolve_entity_array(field, value, where, spec.num_agents, spec.num_products)
+    ``[A, P]``. In a spec the training loop tiled over several markets (slot ``m n + j``:
+    agent ``j`` of market ``m``, no population), a one-market ``[n, P]`` array (one row
+    per agent of the group, what a config can name) is every market's."""
+    n, A = spec.agents_per_market, spec.num_agents
+    if A != n and _one_market_rows(value, n) and np.array_equal(
+            np.asarray(spec.index()) % max(spec.policies // spec.num_sessions, 1),
+            np.arange(A) % n) and spec.policies == n * spec.num_sessions:
+        one = resolve_entity_array(field, value, where, n, spec.num_products)
+        return np.tile(one, (spec.num_markets, 1))
+    return resolve_entity_array(field, value, where, A, spec.num_products)
+
+
+def _one_market_rows(value: Any, n: int) -> bool:
+    """``value`` is a list of ``n`` rows (a ``[n, P]`` or ``[n]`` array)."""
+    return isinstance(value, (list, tuple)) and len(value) == n and all(
+        isinstance(v, (list, tuple)) for v in value)
 
 
 def entity_per_policy(field: Field, value: Any, where: str, spec: LearnerSpec) -> np.ndarray:

@@ -14,6 +14,7 @@ from jaxmarket.train.components.population import Populations  # isort: skip
 from jaxmarket.train.components.pbt import Pbt  # isort: skip
 from jaxmarket.train.components.league import League, snapshot_fields  # isort: skip
 from jaxmarket.train.components.models import Models  # isort: skip
+from jaxmarket.train.components.auction import Auction  # isort: skip
 
-__all__ = ["COMPONENTS", "Component", "League", "Models", "Pbt", "Populations", "Schedule", "Step",
-           "snapshot_fields"]
+__all__ = ["Auction", "COMPONENTS", "Component", "League", "Models", "Pbt", "Populations",
+           "Schedule", "Step", "snapshot_fields"]
