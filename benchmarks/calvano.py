@@ -446,6 +446,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--grid-beta", type=_float_list, default=None, metavar="B1,B2,..",
                         help="grid mode: these exploration decays (default: --beta)")
     parser.add_argument("--json", action="store_true", help="print a JSON summary last")
+    parser.add_argument("--save-strategies", metavar="DIR", default=None,
+                        help="save every session's final Q table, greedy strategy and last "
+                             "prices to DIR/strategies.npz (with the grid and the profit "
+                             "table) for jaxmarket.analysis.impulse_response(DIR, ...)")
     args = parser.parse_args(argv)
     grid_mode = args.grid_alpha is not None or args.grid_beta is not None
     sessions = args.sessions if args.sessions is not None else (32 if grid_mode else 1000)
@@ -460,8 +464,11 @@ def main(argv: list[str] | None = None) -> dict:
         if args.devices is not None and not 1 <= args.devices <= len(jax.devices()):
             raise ValueError(f"--devices: got {args.devices}; allowed: 1 .. "
                              f"{len(jax.devices())} (the XLA devices of this process)")
+        if args.save_strategies is not None and grid_mode:
+            raise ValueError("--save-strategies: one run only, not grid mode")
     except ValueError as error:
         parser.error(str(error))
+    final = _capture_final_state() if args.save_strategies is not None else None
     shared = {"window": args.window, "max_periods": args.max_periods, "chunk": args.chunk,
               "seed": args.seed, "devices": args.devices, "firms": args.firms}
     print(f"Calvano et al. (2020) reproduction: {args.firms} firms, {sessions} sessions"
@@ -486,9 +493,49 @@ def main(argv: list[str] | None = None) -> dict:
               else "mean convergence   n/a")
         print(f"periods simulated  {result['periods_simulated']:,d}")
         print(f"wall time          {result['wall_s']:.1f} s")
+    if final is not None:
+        print(f"strategies         {save_strategies(args.save_strategies, *final)}")
     if args.json:
         print(json.dumps(result))
     return result
+
+
+# ---------------------------------------------------------------- --save-strategies
+
+def _capture_final_state() -> list:
+    """``[setup, state, obs]`` of the run's final sessions, filled when ``run`` scores
+    them with :func:`greedy_cycle_profits` (wrapped here, so ``run`` is unchanged)."""
+    final: list = []
+    scored = globals()["greedy_cycle_profits"]
+
+    def capture(setup, state, obs):
+        final[:] = [setup, state, obs]
+        return scored(setup, state, obs)
+
+    globals()["greedy_cycle_profits"] = capture
+    return final
+
+
+def save_strategies(directory: str, setup: CalvanoSetup, state, obs) -> str:
+    """``DIR/strategies.npz``: per session ``q [S, n, m^n, m]``, ``greedy [S, n, m^n]``
+    (the greedy price index of each state), ``last [S, n]`` (the last period's price
+    indices: the state play continues from) and ``converged [S]``; the game: ``grid
+    [m]``, ``profit_table [m^n, n]`` (row: the mixed-radix price profile), ``memory``,
+    ``p_nash``, ``p_monopoly``, ``pi_nash``, ``pi_monopoly``. The file
+    ``jaxmarket.analysis.impulse_response`` reads."""
+    os.makedirs(directory, exist_ok=True)
+    grid = np.asarray(setup.grid, np.float64)
+    spacing = float(grid[1] - grid[0])
+    last_prices = np.asarray(obs, np.float64)[:, 0, :]                    # [S, n]
+    last = np.clip(np.round((last_prices - grid[0]) / spacing), 0, len(grid) - 1)
+    path = os.path.join(directory, "strategies.npz")
+    np.savez_compressed(
+        path, q=np.asarray(state.q, np.float32), greedy=np.asarray(state.greedy, np.int32),
+        last=last.astype(np.int32), converged=np.asarray(state.converged, bool), grid=grid,
+        profit_table=np.asarray(setup.profit_table, np.float64), memory=1,
+        p_nash=setup.p_nash, p_monopoly=setup.p_monopoly, pi_nash=setup.pi_nash,
+        pi_monopoly=setup.pi_monopoly)
+    return path
 
 
 if __name__ == "__main__":
