@@ -22,11 +22,12 @@ from scipy.stats import bootstrap, trim_mean
 from jaxmarket.market.env import MarketEnv
 from jaxmarket.market.state import current_actions
 from jaxmarket.models.metrics import asymptotic, auc
+from jaxmarket.train.components.auction import auction_summary
 from jaxmarket.train.devices import to_host
 from jaxmarket.train.tracking import count_rows, read_last_rows, read_metrics, read_seed_rows
 
 # the 95% percentile-bootstrap intervals over seeds: resamples and the generator's seed
-BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED = 2000, 0
+BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED = 10_000, 0
 
 
 def _final(header: list[str], tail: np.ndarray, group: str, num_products: int) -> dict:
@@ -233,6 +234,7 @@ def write_summary(run_dir: Path, env: MarketEnv, stopped: str | None, iterations
                                for g, rows in per_seed.items()}
         summary["over_seeds"] = over_seeds(summary["per_seed"])
     summary.update(averaged_over_last_rows=n_tail, log_every=log_every)
+    summary.update(auction_summary(header, tail, seeds))   # auction runs: components/auction.py
     if final is not None:
         summary["agents"] = _agents(final)
         if final["convergence"]:
