@@ -11,6 +11,7 @@ from jaxmarket.market.env import MarketEnv
 from jaxmarket.market.scenario import make
 from jaxmarket.market.spec import MarketParams, MarketSpec, resolve_market
 from jaxmarket.market.state import MarketState
+from jaxmarket.train.equilibrium import equilibrium
 
 try:
     __version__ = version("jaxmarket")     # pyproject's version, from the installed metadata
@@ -18,7 +19,7 @@ except PackageNotFoundError:              # a source tree that was never pip-ins
     __version__ = "unknown"
 
 __all__ = ["ConfigError", "MarketEnv", "MarketParams", "MarketSpec", "MarketState",
-           "load_config", "make", "register_mapping", "resolve_market"]
+           "equilibrium", "load_config", "make", "register_mapping", "resolve_market"]
 
 # runs back in Python (jaxmarket.train.runs, docs/runs.md): imported on first use, since
 # the training side (orbax, rich) added about 8% to `import jaxmarket` (4.7 s of 57 s,

@@ -3,7 +3,13 @@
 defaults filled in) or the configuration error on one line (exit code 2). Without
 CONFIG it checks the shipped default, configs/legacy_default.yaml. The last line is the
 memory the run needs against the device's (a run that cannot fit is a configuration
-error naming the setting to lower); --json prints that estimate as JSON instead."""
+error naming the setting to lower); --json prints that estimate as JSON instead.
+
+--equilibrium also solves the static one-shot game of every learning group on the
+market's own reward (jaxmarket.equilibrium, docs/equilibrium.md) and prints each group's
+Nash equilibrium and joint optimum; with --json the last line is that result as JSON,
+{"<group>": {"nash": [[...]], "joint": [[...]], "converged": ..., "nash_reward": [...],
+"joint_reward": [...], ...}}."""
 
 from __future__ import annotations
 
@@ -13,11 +19,15 @@ import numpy as np
 
 from jaxmarket.cli import parser as make_parser
 from jaxmarket.cli.train import DEFAULT_CONFIG, split_positional
+from jaxmarket.compile_cache import compilation_cache
+from jaxmarket.compile_cache import resolve as cache_dir
+from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.loader import load_config
 from jaxmarket.market.demand import DEMANDS
 from jaxmarket.market.distributors import DISTRIBUTORS
 from jaxmarket.market.spec import resolve_market, thaw
 from jaxmarket.train.config import TRAIN_FIELDS
+from jaxmarket.train.equilibrium import equilibrium
 from jaxmarket.train.pbt import split_pbt
 from jaxmarket.train.plan import RunPlan, resolve, resolve_train_section
 
@@ -106,6 +116,41 @@ def describe_training(config: dict, plan: RunPlan | None) -> list[str]:
     return lines
 
 
+def describe_equilibrium(result: dict) -> list[str]:
+    """Each group's equilibria as text, a line per solution."""
+    lines = []
+    for group, eq in result.items():
+        lines.append(f"equilibrium of {group} ({eq['action_set']}, "
+                     f"{'converged' if eq['converged'] else 'NOT converged'}, "
+                     f"{eq['samples']} sample key(s)):")
+        for what in ("nash", "joint"):
+            lines.append(f"  {what}: actions {_fmt(eq[what])}, reward {_fmt(eq[what + '_reward'])}")
+        if "pure_equilibria" in eq:
+            lines.append(f"  pure equilibria on the grid: {eq['num_pure_equilibria']}")
+        if "continuous" in eq:
+            c = eq["continuous"]
+            lines.append(f"  continuous (the grid's interval): nash {_fmt(c['nash'])}, "
+                         f"joint {_fmt(c['joint'])}")
+    return lines or ["equilibrium: no learning group (every group follows a fixed policy)"]
+
+
+def print_equilibrium(config: dict, as_json: bool) -> int:
+    """``--equilibrium``: the scenario, then its equilibria (``as_json``: only the
+    equilibria, as one JSON line)."""
+    if "learners" not in config:
+        raise ConfigError("learners", "<missing>", "a learners: section: --equilibrium solves "
+                          "the game of the learning groups' action sets")
+    plan = resolve(config, validate_only=True)
+    with compilation_cache(cache_dir(None)):
+        result = equilibrium(plan)
+    if as_json:
+        print(json.dumps(result))
+        return 0
+    print(describe(config, plan))
+    print("\n".join(describe_equilibrium(result)))
+    return 0
+
+
 def main(argv: list[str]) -> int:
     parser = make_parser("python -m jaxmarket.check", __doc__)
     parser.add_argument("config", nargs="?", default=None,
@@ -114,11 +159,17 @@ def main(argv: list[str]) -> int:
                         help="optional dotted overrides, e.g. 'market.sellers[0].count=3'")
     parser.add_argument("--json", action="store_true",
                         help="print the memory estimate as JSON (its terms, bytes, the "
-                             "setting sizing each, the device's memory)")
+                             "setting sizing each, the device's memory); with "
+                             "--equilibrium: the equilibria, as one JSON line")
+    parser.add_argument("--equilibrium", action="store_true",
+                        help="also solve every learning group's static Nash equilibrium and "
+                             "joint optimum on the market's own one-shot reward")
     args = parser.parse_intermixed_args(argv)
     positional, overrides = split_positional(([args.config] if args.config else [])
                                              + args.overrides)
     config = load_config(positional or DEFAULT_CONFIG, overrides)
+    if args.equilibrium:
+        return print_equilibrium(config, args.json)
     if args.json:
         if "learners" not in config:
             print(describe(config))

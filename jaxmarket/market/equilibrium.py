@@ -7,7 +7,7 @@ reward :meth:`MarketEnv.step_env` gives each agent for **one period from the res
 state** (``reset_env(key(0))``, ``time = 0``: demand processes at their period-0 level,
 price history at the initial prices), every other agent group at its reset action or at
 the ``fixed`` actions given for it. Alternating moves are evaluated as simultaneous (the
-static game). Where the period is random (a demand process or distributor that draws
+static game; :func:`static_game`). Where the period is random (a demand process or distributor that draws
 with its key, a fixed group that acts at random) the payoff is the **mean over a fixed
 set of** ``samples`` **keys** (:func:`sample_keys`; the same keys for every profile, so
 the game is deterministic and its equilibria exact for that sample).
@@ -140,11 +140,16 @@ def sample_keys(samples: int) -> jax.Array:
     return jax.random.split(jax.random.key(0), samples)
 
 
-def simultaneous(env: MarketEnv) -> MarketEnv:
-    """The same market with every seller moving every period (the static game)."""
-    if getattr(env.spec, "move_order", "simultaneous") == "simultaneous":
-        return env
-    return MarketEnv(dataclasses.replace(env.spec, move_order="simultaneous"))
+def static_game(env: MarketEnv) -> MarketEnv:
+    """The market whose one period is the static game: every seller moving every period
+    and no observations (the payoff never reads them; markets that differ only in
+    what their agents observe then share the compiled programs)."""
+    spec = env.spec
+    plain = lambda gs: tuple(dataclasses.replace(g, observation=()) if g.agent else g
+                             for g in gs)
+    static = dataclasses.replace(spec, consumers=plain(spec.consumers),
+                                 sellers=plain(spec.sellers), move_order="simultaneous")
+    return env if static == spec else MarketEnv(static)
 
 
 @dataclass(frozen=True)
@@ -221,7 +226,7 @@ def make_game(env: MarketEnv, params: MarketParams, action_sets: Mapping[str, Ac
     """The one-shot game of ``action_sets``' groups (see the module docstring).
     ``fixed``: actions of other agent groups, ``[n, P]`` or one per key
     ``[samples, n, P]`` (the rest hold their reset actions)."""
-    env = simultaneous(env)
+    env = static_game(env)
     spec = env.spec
     groups = tuple(action_sets)
     for g in groups:
@@ -535,6 +540,6 @@ __all__ = [
     "is_deterministic",
     "make_game",
     "sample_keys",
-    "simultaneous",
     "solve",
+    "static_game",
 ]
