@@ -26,6 +26,8 @@ MULTI = str(CONFIGS / "multi_product.yaml")
 DUOPOLY = str(CONFIGS / "logit_duopoly.yaml")
 CALVANO = str(CONFIGS / "calvano.yaml")
 CONSTANT_RIVAL = {"sellers": {"kind": "constant", "value": 1.5}}
+# the duopoly's sellers observe nothing (a bandit); the adapters need one feature
+OWN_PRICE = "market.sellers[0].observation=[{kind: own_price}]"
 
 
 def native_chain(seed: int):
@@ -90,7 +92,7 @@ def test_parallel_env_steps_exactly_like_the_market_for_the_same_keys_and_action
 
 
 def test_parallel_env_ends_every_agent_together_and_rejects_bad_actions():
-    pz = make_parallel_env(DUOPOLY, ["market.episode_length=2"])
+    pz = make_parallel_env(DUOPOLY, ["market.episode_length=2", OWN_PRICE])
     pz.reset(seed=0)
     good = {"sellers_0": [1.5], "sellers_1": [1.6]}
     with pytest.raises(ValueError, match=r"no entry for agents \['sellers_1'\]"):
@@ -140,19 +142,21 @@ def test_gymnasium_env_rewards_and_observations_are_the_markets():
 
 def test_vector_env_is_one_jitted_vmapped_call_per_step_and_matches_the_closed_form():
     n = 5
-    venv = make_vector_env(DUOPOLY, "sellers", n, ["market.episode_length=3"],
+    venv = make_vector_env(DUOPOLY, "sellers", n, ["market.episode_length=3", OWN_PRICE],
                            others=CONSTANT_RIVAL)
     calls = []
     jitted = venv._step
     venv._step = lambda *a: calls.append(1) or jitted(*a)
     obs, _ = venv.reset(seed=1)
-    assert obs.shape == (n, 0) and venv.action_space.shape == (n, 1)
+    assert obs.shape == (n, 1) and venv.action_space.shape == (n, 1)
     prices = np.linspace(1.2, 2.0, n, dtype=np.float32)[:, None]
     expected = logit_profits(np.concatenate([prices, np.full((n, 1), 1.5)], axis=1))[:, 0]
     for t in range(3):
         obs, rewards, terms, truncs, infos = venv.step(prices)
         np.testing.assert_allclose(rewards, expected, rtol=1e-5)
         np.testing.assert_allclose(infos["prices"], prices, rtol=1e-6)
+        # observation: the own price just set, or (same-step reset) the initial 1.75
+        np.testing.assert_allclose(obs, np.full((n, 1), 1.75) if t == 2 else prices, rtol=1e-6)
         assert not terms.any() and truncs.all() == (t == 2)
         assert infos["_final_obs"].all() == (t == 2)
     assert len(calls) == 3 and jitted._cache_size() == 1     # one compiled call per step

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
+from jaxmarket.config.errors import ConfigError
 from jaxmarket.market.env import MarketEnv
 from jaxmarket.market.scenario import make
 from jaxmarket.market.spec import MarketParams
@@ -58,3 +61,38 @@ def check_action(action: Any, shape: tuple[int, ...], who: str) -> np.ndarray:
     if a.size != int(np.prod(shape)):
         raise ValueError(f"{who}: action must have shape {shape}, got {a.shape}")
     return a.reshape(shape)
+
+
+def group_path(env: MarketEnv, group: str) -> str:
+    """The config entry of ``group``: ``market.sellers[i]`` or ``market.consumers[i]``."""
+    for side, groups in (("sellers", env.spec.sellers), ("consumers", env.spec.consumers)):
+        for i, g in enumerate(groups):
+            if g.name == group:
+                return f"market.{side}[{i}]"
+    raise ValueError(f"no group {group!r} in the market: {[g.name for g in env.spec.groups]}")
+
+
+def require_observations(env: MarketEnv, params: MarketParams, groups: Sequence[str],
+                         who: str) -> None:
+    """A ConfigError naming the config line to add when one of ``groups`` observes nothing
+    (``Box(0,)``: the stateless bandit scenarios). Stable-Baselines3's and SuperSuit's
+    feature extractors and JaxMARL's ``batchify`` stop on an empty observation, so the
+    adapters refuse it up front instead of handing clients a space they cannot use."""
+    dims = obs_dims(env, params)
+    for g in groups:
+        if dims[g] == 0:
+            path = group_path(env, g)
+            side = env.spec.group(g).side
+            example = "own_price" if side == "seller" else "market_price"
+            raise ConfigError(f"{path}.observation", [],
+                              f"at least one observation feature for {who} (group {g!r} "
+                              "observes nothing, Box(0,), which Stable-Baselines3, SuperSuit "
+                              "and JaxMARL cannot use); add e.g. the override "
+                              f"'{path}.observation=[{{kind: {example}}}]' (docs/ecosystem.md)")
+
+
+def to_market_units(action, low, high):
+    """``[-1, 1]`` actions mapped linearly onto ``[low, high]`` (clipped first): -1 is
+    ``low``, 0 the midpoint, +1 ``high``. Works on numpy and JAX arrays alike."""
+    xp = jnp if isinstance(action, jax.Array) else np
+    return low + (xp.clip(action, -1.0, 1.0) + 1.0) / 2.0 * (high - low)

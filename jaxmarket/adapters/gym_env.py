@@ -10,14 +10,23 @@ policies given as learner configs (``{"kind": "constant", "value": 1.5}``, ``und
 ``MarketGymnasiumEnv`` is a ``gymnasium.Env``: one jitted call per ``reset`` / ``step``
 (``SingleAgentEnv.reset_env`` / ``step_env``, no auto-reset). ``MarketVectorEnv`` is a
 ``gymnasium.vector.VectorEnv`` over ``num_envs`` markets: every ``step`` is one jitted,
-vmapped call of the gymnax ``step`` (auto-reset in the same step, gymnasium's
-``AutoresetMode.SAME_STEP``: a finished market's next observation is already the reset
-one, and ``infos["final_obs"]`` holds the observation before it, masked by
-``infos["_final_obs"]``).
+vmapped call for all of them, with one of gymnasium's two autoreset modes
+(``metadata["autoreset_mode"]``):
+
+* ``"same_step"`` (``AutoresetMode.SAME_STEP``, the default): the gymnax ``step``; a
+  finished market's next observation is already the reset one, and
+  ``infos["final_obs"]`` holds the observation before it, masked by ``infos["_final_obs"]``.
+* ``"next_step"`` (``AutoresetMode.NEXT_STEP``, what gymnasium's ``SyncVectorEnv`` does
+  by default and its observation wrappers ``NormalizeObservation``,
+  ``FlattenObservation``, ``DtypeObservation`` need): a finished market returns its last
+  observation; the next ``step`` ignores that market's action and resets it (reward 0,
+  not terminated, not truncated; ``infos["_<key>"]`` is False for it).
 
 Keys: ``reset(seed=s)`` starts the chain at ``jax.random.key(s)`` (no seed: drawn from
 ``np_random``); each call splits it, ``key, sub = jax.random.split(key)``, and uses
-``sub`` (the vector env splits ``sub`` into ``num_envs`` keys, one per market).
+``sub`` (the vector env splits ``sub`` into ``num_envs`` keys, one per market; with
+``"next_step"`` a market's key goes to its ``step_env``, or to its ``reset_env`` in the
+step that resets it).
 """
 
 from __future__ import annotations
@@ -110,13 +119,49 @@ class MarketGymnasiumEnv(gym.Env):
         return None if self._state is None else self._state.market
 
 
+def _next_step(view: SingleAgentEnv, n: int):
+    """The NEXT_STEP vector step: markets flagged in ``resetting`` reset (action ignored,
+    reward 0, not done), the others step without auto-reset."""
+    group, agent = view.group, view.agent
+
+    def one(key, state, action, resetting, params):
+        obs_s, state_s, reward, terminated, info = view.step_env(key, state, action, params)
+        truncated = view.is_truncated(state_s, params)
+        obs_r, state_r = view.reset_env(key, params)
+        pick = (lambda r, s: jax.lax.select(resetting, r, s))
+        keep = jnp.logical_not(resetting)
+        return (pick(obs_r, obs_s), jax.tree.map(pick, state_r, state_s),
+                jnp.where(resetting, 0.0, reward), jnp.logical_and(terminated, keep),
+                jnp.logical_and(truncated, keep), info)
+
+    def step(key, states, actions, resetting, params):
+        key, sub = jax.random.split(key)
+        obs, states, reward, terminated, truncated, info = jax.vmap(
+            one, in_axes=(0, 0, 0, 0, None))(jax.random.split(sub, n), states, actions,
+                                             resetting, params)
+        infos = _agent_info(info, group, agent)
+        valid = jnp.logical_not(resetting)
+        infos.update({f"_{k}": valid for k in list(infos)})
+        return key, obs, states, reward, terminated, truncated, infos
+
+    return step
+
+
 class MarketVectorEnv(VectorEnv):
     metadata = {"render_modes": [], "autoreset_mode": AutoresetMode.SAME_STEP}
 
-    def __init__(self, view: SingleAgentEnv, params: MarketParams, num_envs: int):
+    def __init__(self, view: SingleAgentEnv, params: MarketParams, num_envs: int,
+                 autoreset_mode: str = "same_step"):
         if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) \
                 or num_envs < 1:
             raise ValueError(f"num_envs must be a positive int, got {num_envs!r}")
+        if autoreset_mode not in ("same_step", "next_step"):
+            raise ValueError(f"autoreset_mode must be 'same_step' or 'next_step', got "
+                             f"{autoreset_mode!r}")
+        self.autoreset_mode = (AutoresetMode.NEXT_STEP if autoreset_mode == "next_step"
+                               else AutoresetMode.SAME_STEP)
+        self.metadata = {**type(self).metadata, "autoreset_mode": self.autoreset_mode}
+        self._resetting = np.zeros(int(num_envs), bool)
         self.view, self.params, self.num_envs = view, params, int(num_envs)
         self.single_observation_space, self.single_action_space = _spaces(view, params)
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
@@ -140,6 +185,8 @@ class MarketVectorEnv(VectorEnv):
             infos["_final_obs"] = jnp.logical_or(terminated, truncated)
             return key, obs, states, reward, terminated, truncated, infos
 
+        if self.autoreset_mode == AutoresetMode.NEXT_STEP:
+            step = _next_step(view, n)
         self._reset, self._step = jax.jit(reset), jax.jit(step)
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
@@ -151,12 +198,19 @@ class MarketVectorEnv(VectorEnv):
         if seed is not None or self._key is None:
             self._key = initial_key(seed, self.np_random)
         self._key, obs, self._states = self._reset(self._key, self.params)
+        self._resetting = np.zeros(self.num_envs, bool)
         return np.asarray(obs), {}
 
     def step(self, actions):
         if self._states is None:
             raise RuntimeError("call reset() before step()")
         a = check_action(actions, self.action_space.shape, f"{self.view.name} x {self.num_envs}")
+        if self.autoreset_mode == AutoresetMode.NEXT_STEP:
+            self._key, obs, self._states, reward, terminated, truncated, infos = self._step(
+                self._key, self._states, a, self._resetting, self.params)
+            out = jax.device_get((obs, reward, terminated, truncated, infos))
+            self._resetting = np.logical_or(out[2], out[3])
+            return out
         self._key, obs, self._states, reward, terminated, truncated, infos = self._step(
             self._key, self._states, a, self.params)
         return jax.device_get((obs, reward, terminated, truncated, infos))

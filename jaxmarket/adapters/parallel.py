@@ -1,7 +1,9 @@
 """PettingZoo ``ParallelEnv`` of one market (``jaxmarket.adapters.make_parallel_env``).
 
 Agents are named ``<group>_<i>``; each acts with a ``[P]`` array (prices, multipliers or
-budgets, market units, clipped to its bounds) and observes its ``[D]`` row. One
+budgets, market units, clipped to its bounds; with ``normalize_actions=True`` a
+``Box(-1, 1, [P])`` action mapped linearly onto them, ``low + (clip(a, -1, 1) + 1) / 2 *
+(high - low)``) and observes its ``[D]`` row. One
 ``step`` is one jitted call of the market's ``step_env`` for all agents at once; the
 dicts are built from its outputs on the host. Episodes end for every agent together
 (``truncated`` when ``time >= episode_length``; ``terminated`` never), and then
@@ -23,7 +25,14 @@ from gymnasium import spaces
 from gymnasium.utils import seeding
 from pettingzoo import ParallelEnv
 
-from jaxmarket.adapters.common import agent_slots, check_action, group_bounds, initial_key, obs_dims
+from jaxmarket.adapters.common import (
+    agent_slots,
+    check_action,
+    group_bounds,
+    initial_key,
+    obs_dims,
+    to_market_units,
+)
 from jaxmarket.market.env import MarketEnv
 from jaxmarket.market.spec import MarketParams
 
@@ -31,8 +40,9 @@ from jaxmarket.market.spec import MarketParams
 class MarketParallelEnv(ParallelEnv):
     metadata = {"name": "jaxmarket_parallel_v0", "render_modes": [], "is_parallelizable": True}
 
-    def __init__(self, env: MarketEnv, params: MarketParams):
+    def __init__(self, env: MarketEnv, params: MarketParams, normalize_actions: bool = False):
         self.market, self.params = env, params
+        self.normalize_actions = bool(normalize_actions)
         self._slots = agent_slots(env)
         self.possible_agents = [name for name, _, _ in self._slots]
         self.agents: list[str] = []
@@ -40,6 +50,9 @@ class MarketParallelEnv(ParallelEnv):
         P = env.spec.num_products
         dims = obs_dims(env, params)
         bounds = {g: group_bounds(env, params, g) for g in env.agent_groups}
+        market_bounds = dict(bounds)
+        if self.normalize_actions:
+            bounds = {g: (-np.ones_like(lo), np.ones_like(hi)) for g, (lo, hi) in bounds.items()}
         self.observation_spaces = {name: spaces.Box(-np.inf, np.inf, (dims[g],), np.float32)
                                    for name, g, _ in self._slots}
         self.action_spaces = {name: spaces.Box(bounds[g][0][i], bounds[g][1][i], (P,), np.float32)
@@ -55,6 +68,8 @@ class MarketParallelEnv(ParallelEnv):
             return key, obs, state
 
         def step(key, state, actions, params):
+            if self.normalize_actions:
+                actions = {g: to_market_units(a, *market_bounds[g]) for g, a in actions.items()}
             key, sub = jax.random.split(key)
             obs, state, rewards, terminated, info = env.step_env(sub, state, actions, params)
             return key, obs, state, rewards, terminated, env.is_truncated(state, params), info

@@ -316,8 +316,14 @@ def with_tracker(kind: str, run_dir: Path, config: dict, body: Callable[[Tracker
         finally:
             tracker.close()
     if kind == "sacred":
-        from sacred import Experiment
-        from sacred.observers import FileStorageObserver, MongoObserver
+        try:
+            from sacred import Experiment
+            from sacred.observers import FileStorageObserver, MongoObserver
+        except ImportError as err:   # not installed, or its pkg_resources is gone
+            raise ConfigError("--tracker", "sacred", "sacred importable (here: "
+                              f"{type(err).__name__}: {err}): pip install "
+                              "'jaxmarket[sacred]' (sacred plus setuptools<81, whose "
+                              "pkg_resources it imports)") from None
         ex = Experiment("jaxmarket", save_git_info=False)
         ex.add_config({"scenario": config})
         ex.observers.append(MongoObserver(url=mongo_url) if mongo_url
