@@ -32,5 +32,8 @@ def __getattr__(name: str):
     if name in RUNS:
         from jaxmarket.train import runs
         return getattr(runs, name)
+    if name == "analysis":   # jaxmarket.analysis.impulse_response (train/analysis.py), as RUNS
+        from jaxmarket.train import analysis
+        return analysis
     raise AttributeError(f"module 'jaxmarket' has no attribute {name!r}")
 

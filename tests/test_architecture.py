@@ -47,7 +47,7 @@ def layer(module: str) -> int:
 
 
 # python -m jaxmarket.NAME: one-screen modules that call into jaxmarket.cli
-ENTRY_POINTS = ("check", "plot", "sweep", "collect", "record")
+ENTRY_POINTS = ("check", "plot", "sweep", "collect", "record", "impulse")
 
 
 def sources() -> dict[str, ast.Module]:

@@ -1,0 +1,65 @@
+"""python -m jaxmarket.impulse RUN [--agent I] [--deviation best_response|nash|PRICE]
+[--periods T] [--group G] [--json]: the impulse response of a trained run's greedy
+Q-learning strategies to a one-period deviation by agent I (Calvano et al. 2020),
+averaged over each session's limit cycle and over the sessions (seeds x markets). RUN is
+a run directory (its last checkpoint is restored) or a directory written by
+benchmarks/calvano.py --save-strategies. Prints the mean prices per period beside the
+undeviated cycle, the share of sessions that punish, the punishment length and the
+periods until play is back on the cycle; --json prints the whole result as one JSON line
+last (jaxmarket.analysis.impulse_response)."""
+
+from __future__ import annotations
+
+import json
+
+from jaxmarket.cli import parser as make_parser
+from jaxmarket.train.analysis import ImpulseResponse, impulse_response
+
+
+def _deviation(text: str) -> str | float:
+    if text in ("best_response", "nash"):
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise SystemExit(f"--deviation: got {text!r}; allowed: best_response, nash or a "
+                         "price") from None
+
+
+def table(result: ImpulseResponse) -> str:
+    """The mean price path (deviator, rivals' mean) beside the undeviated cycle's."""
+    i, n = result.agent, result.price.shape[1]
+    rivals = [j for j in range(n) if j != i]
+    lines = [f"impulse response: agent {i} deviates ({result.deviation}) in period 0; "
+             f"{result.punishes.shape[0]} sessions ({result.source})",
+             f"{'period':>6} {'deviator':>9} {'rivals':>9} {'cycle dev.':>10} {'cycle riv.':>10}"]
+    for t in range(result.price.shape[0]):
+        lines.append(f"{t:>6d} {result.price[t, i]:>9.4f} {result.price[t, rivals].mean():>9.4f}"
+                     f" {result.counterfactual[t, i]:>10.4f}"
+                     f" {result.counterfactual[t, rivals].mean():>10.4f}")
+    d = result.as_dict()
+    back = d["mean_return_periods"]
+    lines += [f"share of sessions that punish  {d['share_punish']:.3f}",
+              f"mean punishment length         {d['mean_punishment_length']:.2f} periods",
+              f"back on the cycle              {d['share_returned']:.3f} of the deviations, "
+              + (f"after {back:.2f} periods" if back is not None else "none")]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    parser = make_parser("python -m jaxmarket.impulse", __doc__)
+    parser.add_argument("run", help="run directory, or a --save-strategies directory")
+    parser.add_argument("--agent", type=int, default=0, help="the deviating agent (default 0)")
+    parser.add_argument("--deviation", type=_deviation, default="best_response",
+                        help="best_response (default), nash, or a price")
+    parser.add_argument("--periods", type=int, default=15,
+                        help="periods from the deviation on (default 15)")
+    parser.add_argument("--group", default=None, help="the q_learning group (default: the only one)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON last")
+    args = parser.parse_args(argv)
+    result = impulse_response(args.run, agent=args.agent, deviation=args.deviation,
+                              periods=args.periods, group=args.group)
+    print(table(result))
+    if args.json:
+        print(json.dumps(result.as_dict()))
+    return 0

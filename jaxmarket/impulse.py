@@ -1,0 +1,11 @@
+"""python -m jaxmarket.impulse RUN [--agent I] [--deviation best_response|nash|PRICE]
+[--periods T] [--json]: the impulse response of a trained run's strategies to a
+one-period deviation (jaxmarket.cli.impulse)."""
+
+import sys
+
+from jaxmarket.cli import run_cli
+from jaxmarket.cli.impulse import main
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

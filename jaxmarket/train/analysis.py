@@ -1,0 +1,406 @@
+"""Analysis of trained runs: the impulse response of learned pricing strategies to a
+one-period deviation (Calvano et al., AER 2020, section V), as
+``jaxmarket.analysis.impulse_response`` and ``python -m jaxmarket.impulse``.
+
+A session (one seed's market: seeds x markets in all) plays the greedy strategies of its
+final learner state (Q-learning: ``argmax_a Q[s, a]``, the state being the last
+``memory`` price profiles). From the session's last state, greedy play runs onto its
+limit cycle (a deterministic play over ``Z`` states enters a cycle within ``Z``
+periods); then, from *each* point of the cycle in turn, one agent is forced for one
+period (period 0) to the deviation price, after which everyone follows their strategies
+again, for ``periods`` periods. The counterfactual is the same play without the
+deviation (the cycle itself). Everything is averaged over the cycle's points, then over
+the sessions::
+
+    price[t, i]            the mean price of agent i in period t (0: the deviation)
+    counterfactual[t, i]   the same without the deviation
+    punishes (a session)   the rivals' price in period 1 is below the counterfactual's
+                           (mean over rivals and cycle points, by more than 1e-9)
+    punishment_length      periods from period 1 on while the rivals stay below it
+    return_periods         periods after the deviation until the state (the last
+                           ``memory`` price profiles) is back on the limit cycle
+
+Deviations: ``"best_response"`` (the static best response to the rivals' prices of
+period 0, from the one-shot profit table), ``"nash"`` (the deviator's price in the pure
+Nash equilibrium of the one-shot grid game that best-response dynamics reach from the
+lowest prices) or a price (the nearest grid price).
+
+Sources: a run directory of a ``q_learning`` group whose observation is its market's
+price history (``[{kind: history, k: memory}]``; its last checkpoint is restored), a
+:func:`jaxmarket.load_run` result, a directory written by ``benchmarks/calvano.py
+--save-strategies DIR`` (``strategies.npz``) or :class:`Strategies` made by hand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxmarket.config.errors import ConfigError
+from jaxmarket.config.loader import load_config
+from jaxmarket.learners.controller import group_learner_spec
+from jaxmarket.learners.qlearning import make_grid
+from jaxmarket.train.plan import RunPlan, resolve
+from jaxmarket.train.run import Trainer
+
+STRATEGIES_FILE = "strategies.npz"
+TOLERANCE = 1e-9
+
+
+@dataclass(frozen=True)
+class Strategies:
+    """Deterministic strategies of ``N`` sessions of ``n`` agents on a price grid.
+
+    ``greedy [N, n, Z]``: each agent's grid index in each state; a state is the mixed-
+    radix number of its ``memory * n`` digits (the last ``memory`` price profiles' grid
+    indices, the most recent first, agent order; digit ``j`` weighs ``m^(D-1-j)``), so
+    ``Z = m^(memory n)``. ``last [N, memory n]``: the digits play continues from.
+    ``profit_table [m^n, n]`` (optional: needed for ``best_response``, ``nash`` and the
+    profits): every agent's one-shot profit of each price profile, row = its mixed-radix
+    number."""
+
+    greedy: np.ndarray
+    last: np.ndarray
+    grid: np.ndarray
+    memory: int
+    profit_table: np.ndarray | None = None
+    converged: np.ndarray | None = None
+    source: str = "strategies"
+
+    @property
+    def sessions(self) -> int:
+        return int(self.greedy.shape[0])
+
+    @property
+    def agents(self) -> int:
+        return int(self.greedy.shape[1])
+
+
+@dataclass(frozen=True)
+class ImpulseResponse:
+    """:func:`impulse_response`'s result; ``[N]`` arrays are per session, ``[T, n]`` the
+    means over sessions (of each session's mean over its cycle's points)."""
+
+    agent: int
+    deviation: str | float
+    deviation_index: np.ndarray      # [N] mean grid index the deviator played at t = 0
+    price: np.ndarray                # [T, n]
+    counterfactual: np.ndarray       # [T, n]
+    pre_deviation: np.ndarray        # [n] the cycle's mean prices
+    session_price: np.ndarray        # [N, T, n]
+    punishes: np.ndarray             # [N] bool
+    punishment_length: np.ndarray    # [N] mean over the cycle's points
+    return_periods: np.ndarray       # [N] mean over the points that return (nan: none)
+    returned: np.ndarray             # [N] share of the cycle's points that return
+    cycle_length: np.ndarray         # [N]
+    profit: np.ndarray | None = None             # [T, n]
+    counterfactual_profit: np.ndarray | None = None
+    converged: np.ndarray | None = None          # [N] where the source says
+    source: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def share_punish(self) -> float:
+        return float(np.mean(self.punishes))
+
+    @property
+    def mean_punishment_length(self) -> float:
+        return float(np.mean(self.punishment_length))
+
+    def as_dict(self) -> dict:
+        """JSON-ready: the means, the per-session lists and the headline figures."""
+        def j(x):
+            return None if x is None else np.where(np.isfinite(x), x, np.nan).tolist()
+        out = {"agent": self.agent, "deviation": self.deviation, "source": self.source,
+               "sessions": int(self.punishes.shape[0]), "periods": int(self.price.shape[0]),
+               "share_punish": self.share_punish,
+               "mean_punishment_length": self.mean_punishment_length,
+               "mean_return_periods": _nanmean(self.return_periods),
+               "share_returned": float(np.mean(self.returned)),
+               "price": j(self.price), "counterfactual": j(self.counterfactual),
+               "pre_deviation": j(self.pre_deviation), "profit": j(self.profit),
+               "counterfactual_profit": j(self.counterfactual_profit),
+               "punishes": self.punishes.tolist(),
+               "punishment_length": j(self.punishment_length),
+               "return_periods": [None if np.isnan(v) else float(v)
+                                  for v in self.return_periods],
+               "cycle_length": self.cycle_length.tolist()}
+        if self.converged is not None:
+            out["converged"] = self.converged.tolist()
+        return out
+
+
+def _nanmean(x: np.ndarray) -> float | None:
+    x = np.asarray(x, np.float64)
+    return float(np.nanmean(x)) if np.isfinite(x).any() else None
+
+
+# ------------------------------------------------------------------ sources
+
+def strategies_from_npz(directory: str | Path) -> Strategies:
+    """``DIR/strategies.npz`` of ``benchmarks/calvano.py --save-strategies DIR``."""
+    path = Path(directory)
+    path = path / STRATEGIES_FILE if path.is_dir() else path
+    with np.load(path) as d:
+        memory = int(d["memory"])
+        last = np.asarray(d["last"], np.int64)
+        if memory != 1 and last.shape[1] != memory * d["greedy"].shape[1]:
+            raise ValueError(f"{path}: last has {last.shape[1]} digits, not memory x agents")
+        return Strategies(greedy=np.asarray(d["greedy"], np.int64), last=last,
+                          grid=np.asarray(d["grid"], np.float64), memory=memory,
+                          profit_table=np.asarray(d["profit_table"], np.float64),
+                          converged=np.asarray(d["converged"], bool) if "converged" in d
+                          else None, source=str(path))
+
+
+def _group(plan: RunPlan, group: str | None) -> str:
+    groups = plan.groups
+    if group is None:
+        qgroups = [g for g in groups if plan.learner_settings[g][0] == "q_learning"]
+        if len(qgroups) != 1:
+            raise ConfigError("group", None, "the q_learning group to analyse, one of "
+                              + ", ".join(qgroups or groups))
+        group = qgroups[0]
+    if group not in groups:
+        raise ConfigError("group", group, "an agent group of the run: " + ", ".join(groups))
+    return group
+
+
+def _check_replayable(plan: RunPlan, g: str) -> dict:
+    """The q_learning group's settings, if its greedy strategies alone replay its market
+    (else a ConfigError naming what does not fit)."""
+    kind, hyper = plan.learner_settings[g]
+    where = f"learners.{g}"
+    if kind != "q_learning":
+        raise ConfigError(f"{where}.kind", kind, "q_learning (impulse_response replays greedy "
+                          "Q-learning strategies)")
+    if plan.populations.get(g) is not None:
+        raise ConfigError(f"{where}.population", plan.populations[g].size,
+                          "no population (one strategy per agent and session)")
+    spec = plan.env.spec
+    others = [x for x in plan.groups if x != g]
+    if others or [s.name for s in spec.sellers] != [g] or spec.num_products != 1:
+        raise ConfigError("market", f"agent groups {list(plan.groups)}",
+                          f"one product and {g} the market's only agent group (its agents' "
+                          "prices are the whole state)")
+    group = spec.group(g)
+    memory = hyper["memory"]
+    obs = [dict(c) for c in group.observation] if group.observation else []
+    if memory and obs != [{"kind": "history", "k": memory}]:
+        raise ConfigError(f"market.sellers[0].observation", obs,
+                          f"[{{kind: history, k: {memory}}}] (the state is the last "
+                          f"memory={memory} price profiles)")
+    if hyper.get("target", "simultaneous") != "simultaneous":
+        raise ConfigError(f"{where}.target", hyper["target"], "simultaneous")
+    return hyper
+
+
+def _profit_table(payoff: Any, grid: np.ndarray, n: int) -> np.ndarray:
+    """``[m^n, n]``: ``payoff(prices [n, 1]) -> [n]`` on every grid profile."""
+    m = len(grid)
+    joint = np.indices((m,) * n).reshape(n, -1).T
+    prices = np.asarray(grid, np.float32)[joint][..., None]
+    return np.asarray(jax.jit(jax.vmap(payoff))(prices), np.float64)
+
+
+def strategies_from_runner(plan: RunPlan, runner: Any, group: str | None = None) -> Strategies:
+    """The greedy strategies of a q_learning group in a restored Runner: session =
+    (seed, market), its agents the seed's policies, its state the market's last
+    observation."""
+    g = _group(plan, group)
+    hyper = _check_replayable(plan, g)
+    base = group_learner_spec(plan.env, plan.params, g)
+    grid = np.asarray(make_grid(hyper, base).prices, np.float64)
+    n, S, E = base.num_agents, plan.train.num_seeds, plan.train.num_envs
+    state = runner.learners[g]
+    greedy = np.asarray(state.greedy, np.int64)                        # [S n, Z]
+    Z = greedy.shape[-1]
+    greedy = np.broadcast_to(greedy.reshape(S, 1, n, Z), (S, E, n, Z)).reshape(S * E, n, Z)
+    obs = np.asarray(runner.obs[g], np.float64)[:, 0, :]               # [S E, D]
+    if hyper["memory"] == 0:
+        last = np.zeros((S * E, 0), np.int64)
+    else:
+        last = np.argmin(np.abs(obs[..., None] - grid), axis=-1)
+    converged = np.repeat(np.broadcast_to(np.asarray(state.converged), (S,)), E)
+    return Strategies(greedy=greedy, last=last, grid=grid, memory=int(hyper["memory"]),
+                      profit_table=_profit_table(base.payoff, grid, n), converged=converged,
+                      source=f"group {g}")
+
+
+def strategies_from_run(run: Any, group: str | None = None) -> Strategies:
+    """A run directory (its last checkpoint restored) or a :func:`jaxmarket.load_run`
+    result (anything with ``.path``; its restored runner is reused)."""
+    if hasattr(run, "runner") and hasattr(run, "path"):
+        plan = resolve(load_config(Path(run.path) / "config.yaml"))
+        return strategies_from_runner(plan, run.runner(), group)
+    path = Path(run)
+    if not (path / "config.yaml").is_file():
+        raise ConfigError("run", str(path), "a run directory (config.yaml) or a directory "
+                          f"holding {STRATEGIES_FILE} (benchmarks/calvano.py --save-strategies)")
+    trainer = Trainer(resolve(load_config(path / "config.yaml")), path)
+    runner, _ = trainer.restore(report=lambda line: None)
+    out = strategies_from_runner(trainer.plan, runner, group)
+    return Strategies(**{**out.__dict__, "source": f"{path} ({out.source})"})
+
+
+def load_strategies(run: Any, group: str | None = None) -> Strategies:
+    if isinstance(run, Strategies):
+        return run
+    if isinstance(run, (str, Path)) and (Path(run) / STRATEGIES_FILE).is_file() or \
+            isinstance(run, (str, Path)) and str(run).endswith(".npz"):
+        return strategies_from_npz(run)
+    return strategies_from_run(run, group)
+
+
+# ------------------------------------------------------------------ replay
+
+class _Game:
+    """Greedy play of ``Strategies``, vectorised over a batch of (session, digits)."""
+
+    def __init__(self, s: Strategies):
+        self.s, self.n, self.m = s, s.agents, len(s.grid)
+        D = s.memory * self.n
+        self.radix = np.asarray([self.m ** (D - 1 - j) for j in range(D)], np.int64)
+        self.profile_radix = np.asarray([self.m ** (self.n - 1 - j) for j in range(self.n)],
+                                        np.int64)
+
+    def state(self, digits: np.ndarray) -> np.ndarray:
+        return digits @ self.radix if digits.shape[1] else np.zeros(len(digits), np.int64)
+
+    def act(self, session: np.ndarray, digits: np.ndarray) -> np.ndarray:
+        """``[B, n]`` grid indices."""
+        return self.s.greedy[session[:, None], np.arange(self.n)[None, :],
+                             self.state(digits)[:, None]]
+
+    def advance(self, digits: np.ndarray, actions: np.ndarray) -> np.ndarray:
+        if not digits.shape[1]:
+            return digits
+        return np.concatenate([actions, digits[:, :-self.n]], axis=1)
+
+    def profits(self, actions: np.ndarray) -> np.ndarray:
+        return self.s.profit_table[actions @ self.profile_radix]
+
+    def best_response(self, agent: int, actions: np.ndarray) -> np.ndarray:
+        """``[B]`` the agent's first profit-maximising index against ``actions``' rivals."""
+        cand = np.repeat(actions[:, None, :], self.m, axis=1)              # [B, m, n]
+        cand[:, :, agent] = np.arange(self.m)[None, :]
+        return np.argmax(self.s.profit_table[cand @ self.profile_radix][..., agent], axis=1)
+
+    def nash(self, rounds: int = 1000) -> np.ndarray:
+        """``[n]`` a pure Nash profile of the one-shot grid game (best-response dynamics,
+        one agent at a time, from the lowest prices)."""
+        a = np.zeros((1, self.n), np.int64)
+        for _ in range(rounds):
+            before = a.copy()
+            for i in range(self.n):   # static: the agents of the one-shot game, not a step
+                a[0, i] = self.best_response(i, a)[0]
+            if np.array_equal(a, before):
+                return a[0]
+        raise ValueError("nash: best-response dynamics on the one-shot grid game did not "
+                         f"settle in {rounds} rounds; deviate to a price instead")
+
+
+def limit_cycles(game: _Game) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Each session's cycle of greedy play from its last state: ``(length [N], [digits
+    [N, D] at each cycle position])`` (positions past a session's length repeat)."""
+    s = game.s
+    N, Z = s.sessions, s.greedy.shape[-1]
+    sessions = np.arange(N)
+    digits = np.asarray(s.last, np.int64)
+    for _ in range(Z):   # burn-in: onto the cycle
+        digits = game.advance(digits, game.act(sessions, digits))
+    start = game.state(digits)
+    path, length = [digits], np.zeros(N, np.int64)
+    for t in range(1, Z + 1):
+        digits = game.advance(digits, game.act(sessions, digits))
+        back = (length == 0) & (game.state(digits) == start)
+        length[back] = t
+        if (length > 0).all():
+            break
+        path.append(digits)
+    return length, path
+
+
+def impulse_response(run: Any, agent: int = 0, deviation: str | float = "best_response",
+                     periods: int = 15, group: str | None = None) -> ImpulseResponse:
+    """The impulse response of ``agent`` deviating for one period (see the module
+    docstring); ``run``: a run directory, a loaded run, a ``--save-strategies``
+    directory or :class:`Strategies`; ``group``: the q_learning group (default: the
+    run's only one)."""
+    s = load_strategies(run, group)
+    game = _Game(s)
+    N, n = s.sessions, s.agents
+    if not 0 <= agent < n:
+        raise ConfigError("agent", agent, f"an agent index in 0 .. {n - 1}")
+    if not isinstance(periods, int) or periods < 2:
+        raise ConfigError("periods", periods, "an integer >= 2 (the deviation and after)")
+    if deviation in ("best_response", "nash") and s.profit_table is None:
+        raise ConfigError("deviation", deviation, "a price: these strategies have no "
+                          "profit table")
+    if isinstance(deviation, str) and deviation not in ("best_response", "nash"):
+        raise ConfigError("deviation", deviation, "best_response, nash or a price")
+    length, path = limit_cycles(game)
+    # every (session, cycle position) pair, session-major
+    session = np.repeat(np.arange(N), length)
+    position = np.concatenate([np.arange(k) for k in length])
+    stacked = np.stack(path)                                               # [L, N, D]
+    digits = stacked[np.minimum(position, len(path) - 1), session]
+    on_cycle = np.zeros((N, s.greedy.shape[-1]), bool)
+    on_cycle[session, game.state(digits)] = True
+    fixed = None
+    if deviation == "nash":
+        fixed = int(game.nash()[agent])
+    elif not isinstance(deviation, str):
+        fixed = int(np.argmin(np.abs(s.grid - float(deviation))))
+    dev, cf = digits.copy(), digits.copy()
+    B = len(session)
+    p_dev, p_cf = np.zeros((B, periods, n)), np.zeros((B, periods, n))
+    a_dev, a_cf = np.zeros((B, periods, n), np.int64), np.zeros((B, periods, n), np.int64)
+    back = np.full(B, np.nan)
+    for t in range(periods):   # periods: a loop over time, vectorised over the pairs
+        a = game.act(session, dev)
+        if t == 0:
+            a[:, agent] = game.best_response(agent, a) if fixed is None else fixed
+        a_dev[:, t], a_cf[:, t] = a, game.act(session, cf)
+        dev, cf = game.advance(dev, a), game.advance(cf, a_cf[:, t])
+        home = np.isnan(back) & on_cycle[session, game.state(dev)]
+        back[home] = t
+    p_dev, p_cf = s.grid[a_dev], s.grid[a_cf]
+    rivals = [i for i in range(n) if i != agent]
+    drop = (p_dev[:, :, rivals] - p_cf[:, :, rivals]).mean(-1)            # [B, T]
+    below = drop < -TOLERANCE
+    run_len = np.cumprod(below[:, 1:], axis=1).sum(1).astype(np.float64)
+
+    def per_session(x: np.ndarray) -> np.ndarray:   # mean over each session's points
+        total = np.zeros((N,) + x.shape[1:])
+        np.add.at(total, session, x)
+        return total / length.reshape((N,) + (1,) * (x.ndim - 1))
+
+    returned = ~np.isnan(back)
+    count = np.bincount(session, returned.astype(np.float64), minlength=N)
+    sum_back = np.bincount(session, np.where(returned, back, 0.0), minlength=N)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return_periods = np.where(count > 0, sum_back / count, np.nan)
+    session_price = per_session(p_dev)
+    profit = cf_profit = None
+    if s.profit_table is not None:
+        profit = per_session(game.profits(a_dev)).mean(0)
+        cf_profit = per_session(game.profits(a_cf)).mean(0)
+    return ImpulseResponse(
+        agent=agent, deviation=deviation if isinstance(deviation, str) else float(deviation),
+        deviation_index=per_session(a_dev[:, 0, agent].astype(np.float64)),
+        price=session_price.mean(0), counterfactual=per_session(p_cf).mean(0),
+        pre_deviation=per_session(p_cf[:, 0]).mean(0), session_price=session_price,
+        punishes=per_session(drop[:, 1]) < -TOLERANCE, punishment_length=per_session(run_len),
+        return_periods=return_periods, returned=count / length, cycle_length=length,
+        profit=profit, counterfactual_profit=cf_profit, converged=s.converged,
+        source=s.source)
+
+
+__all__ = ["ImpulseResponse", "Strategies", "impulse_response", "limit_cycles",
+           "load_strategies", "strategies_from_npz", "strategies_from_run",
+           "strategies_from_runner"]
