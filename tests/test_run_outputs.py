@@ -26,6 +26,7 @@ from jaxmarket.cli.plot import mean_interval, plot_series
 from jaxmarket.cli.train import main as train_main
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.train.config import AUTO_MAX_ROWS, AUTO_MAX_SEED_ROWS, auto_log_every, resolve_train
+from jaxmarket.train.run import git_commit
 from jaxmarket.train.summary import seed_stats
 
 LEGACY = str(CONFIGS / "legacy_default.yaml")
@@ -227,6 +228,16 @@ def test_run_json_records_how_the_run_was_made(runs):
     assert r["compile_s"] >= 0 and r["run_s"] >= 0 and isinstance(r["host"], str)
 
 
+def test_git_commit_is_none_outside_a_checkout(tmp_path):
+    package = tmp_path / "jaxmarket"          # a copy of the package that git does not know
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    assert git_commit(package) == (None, None)
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    assert git_commit(ROOT / "jaxmarket")[0] == head
+
+
 def test_plain_progress_lines_when_stdout_is_not_a_terminal(runs, tmp_path, capsys):
     train(LEGACY, "--run-dir", str(tmp_path / "p"), *TINY, "--progress-every", "1e-9")
     out = capsys.readouterr().out.splitlines()
@@ -257,7 +268,7 @@ def test_load_run_gives_the_files_values_and_a_policy(runs):
     assert prices.shape == (4, 1, 1) and np.isfinite(prices).all()
     again = policy.act(jax.random.key(0), policy.obs)
     np.testing.assert_array_equal(prices, np.asarray(again["seller"]))
-    obs, state, rewards, *_ = policy.step(jax.random.key(1), policy.state, actions)
+    _, state, rewards, *_ = policy.step(jax.random.key(1), policy.state, actions)
     assert np.asarray(rewards["seller"]).shape == (4, 1)
     # the market quotes what the policy chose (within the seller's bounds)
     low, high = 0.0, 3.0   # configs/legacy_default.yaml

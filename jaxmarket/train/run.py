@@ -408,10 +408,13 @@ class Trainer:
 
 # ------------------------------------------------------------------ run.json
 
-def _git_commit() -> tuple[str | None, bool | None]:
-    """``(commit, dirty)`` of the git checkout this jaxmarket is imported from; ``(None,
-    None)`` outside one (an installed wheel, no git)."""
-    package = Path(__file__).resolve().parents[1]
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+
+
+def git_commit(package: Path = PACKAGE_DIR) -> tuple[str | None, bool | None]:
+    """``(commit, dirty)`` of the git checkout whose ``jaxmarket/`` is ``package`` (this
+    jaxmarket's, by default); ``(None, None)`` outside one (an installed wheel, no git)."""
+    package = Path(package).resolve()
 
     def git(*args: str) -> str | None:
         try:
@@ -437,7 +440,7 @@ def _version(name: str) -> str:
 
 def run_record(trainer: Trainer, command: str | None, start: int) -> dict:
     """This invocation's record (one segment of ``run.json``)."""
-    commit, dirty = _git_commit()
+    commit, dirty = git_commit()
     devices = jax.local_devices()
     return {
         "jaxmarket_version": _version("jaxmarket"), "jax_version": jax.__version__,
@@ -742,4 +745,4 @@ def finish_message(summary: dict) -> str:
 
 
 __all__ = ["start_run", "resume_run", "final_learner_state", "finish_message", "Trainer",
-           "TrainConfig", "RunPlan", "resolve"]
+           "TrainConfig", "RunPlan", "resolve", "read_run_record", "git_commit"]
