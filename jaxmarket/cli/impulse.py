@@ -54,7 +54,8 @@ def main(argv: list[str]) -> int:
                         help="best_response (default), nash, or a price")
     parser.add_argument("--periods", type=int, default=15,
                         help="periods from the deviation on (default 15)")
-    parser.add_argument("--group", default=None, help="the q_learning group (default: the only one)")
+    parser.add_argument("--group", default=None,
+                        help="the q_learning group (default: the only one)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON last")
     args = parser.parse_args(argv)
     result = impulse_response(args.run, agent=args.agent, deviation=args.deviation,

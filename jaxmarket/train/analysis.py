@@ -191,7 +191,7 @@ def _check_replayable(plan: RunPlan, g: str) -> dict:
     memory = hyper["memory"]
     obs = [dict(c) for c in group.observation] if group.observation else []
     if memory and obs != [{"kind": "history", "k": memory}]:
-        raise ConfigError(f"market.sellers[0].observation", obs,
+        raise ConfigError("market.sellers[0].observation", obs,
                           f"[{{kind: history, k: {memory}}}] (the state is the last "
                           f"memory={memory} price profiles)")
     if hyper.get("target", "simultaneous") != "simultaneous":
