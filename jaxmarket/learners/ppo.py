@@ -41,6 +41,7 @@ comes from ``aux`` (``raw_action`` or ``action_index``).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -90,6 +91,10 @@ HYPER_FIELDS: dict[str, Field] = {
     "update_epochs": Field("int", 4, low=1),
     "num_minibatches": Field("int", 4, low=1),
     "normalize_advantages": Field("bool", True, doc="per minibatch and per policy"),
+    "group_by_policy": Field("bool", False, doc="evaluate each policy's slots as one batch "
+                             "and give every minibatch an equal share of each policy's "
+                             "samples (needs equal slots per policy; other rounding and "
+                             "minibatches than the default)"),
 }
 
 
@@ -282,6 +287,9 @@ class PPOSettings:
     clip_value_loss: bool
     normalize_advantages: bool
     hyper: tuple[tuple[str, float], ...]   # initial per-policy HYPERPARAMS
+    # group_by_policy: the slots of each policy, [num_policies][slots per policy]
+    # (None: the default, per-slot parameter gathers and mixed minibatches)
+    groups: tuple[tuple[int, ...], ...] | None = None
 
     @property
     def head(self) -> str:
@@ -324,6 +332,11 @@ def apply(settings: PPOSettings, params, index, x):
     of policy ``index[i]``."""
     if settings.single:
         return settings.network.apply(jax.tree.map(lambda p: p[0], params), x)
+    if settings.groups is not None:   # rows = the slots; one batch per policy
+        order = np.asarray(settings.groups)                    # [K, c]
+        inverse = np.argsort(order.ravel())
+        out = jax.vmap(settings.network.apply)(params, x[order])
+        return jax.tree.map(lambda y: y.reshape((-1,) + y.shape[2:])[inverse], out)
     rows = jax.tree.map(lambda p: p[index], params)
     return jax.vmap(settings.network.apply)(rows, x)
 
@@ -462,6 +475,47 @@ def samples(settings: PPOSettings, state: PPOState, batch: Transition) -> dict:
     return jax.tree.map(lambda x: x.reshape((T * A_,) + x.shape[2:]), flat)
 
 
+def grouped_step(settings: PPOSettings, hyper, carry, mb):
+    """``minibatch_step`` of ``group_by_policy``: ``mb`` leaves ``[K, m, ...]``, each
+    policy's loss on its own ``m`` samples (its own single-policy loss, vmapped)."""
+    params, opt_state = carry
+    one = dataclasses.replace(settings, num_policies=1, groups=None)
+
+    def loss(p, h, mb):
+        return minibatch_loss(one, jax.tree.map(lambda x: x[None], p),
+                              jax.tree.map(lambda x: x[None], h), mb)
+
+    grads, metrics = jax.vmap(jax.grad(loss, has_aux=True))(params, hyper, mb)
+    updates, opt_state = jax.vmap(partial(tx_update, settings))(
+        grads, opt_state, params, hyper["learning_rate"])
+    return (optax.apply_updates(params, updates), opt_state), jax.tree.map(jnp.mean, metrics)
+
+
+def grouped_epochs(settings: PPOSettings, state: PPOState, flat: dict, keys):
+    """Epochs of ``group_by_policy``: each epoch shuffles every policy's own samples
+    (a key per policy) into ``num_minibatches`` equal minibatches."""
+    order = np.asarray(settings.groups)                             # [K, c]
+    K, c = order.shape
+    T = flat["policy"].shape[0] // (K * c)
+    # sample t * A + a of policy k's j-th slot a = order[k, j] -> [K, T * c]
+    rows = (np.arange(T)[None, :, None] * (K * c) + order[:, None, :]).reshape(K, T * c)
+    per_policy = {k: v[rows] for k, v in flat.items() if k != "policy"}
+    per_policy["policy"] = jnp.zeros((K, T * c), jnp.int32)
+    num_mb = settings.num_minibatches
+    mb_size = (T * c) // num_mb
+    if mb_size == 0:
+        raise ValueError(f"PPO: {T * c} samples per policy cannot fill {num_mb} minibatches")
+
+    def epoch(carry, key):
+        perm = jax.vmap(lambda k: jax.random.permutation(k, T * c)[: num_mb * mb_size])(
+            jax.random.split(key, K))                               # [K, num_mb * m]
+        mbs = jax.tree.map(lambda x: jax.vmap(lambda x, p: x[p])(x, perm).reshape(
+            (K, num_mb, mb_size) + x.shape[2:]).swapaxes(0, 1), per_policy)
+        return jax.lax.scan(partial(grouped_step, settings, state.hyper), carry, mbs)
+
+    return jax.lax.scan(epoch, (state.params, state.opt_state), keys)
+
+
 def update(settings: PPOSettings, state: PPOState, batch: Transition):
     T, A_ = batch.reward.shape
     N = T * A_
@@ -470,6 +524,12 @@ def update(settings: PPOSettings, state: PPOState, batch: Transition):
     if mb_size == 0:
         raise ValueError(f"PPO: {N} samples cannot fill {num_mb} minibatches")
     flat = samples(settings, state, batch)
+    if settings.groups is not None:
+        key, *epoch_keys = jax.random.split(state.key, epochs + 1)
+        (params, opt_state), metrics = grouped_epochs(settings, state, flat,
+                                                      jnp.stack(epoch_keys))
+        metrics = jax.tree.map(jnp.mean, metrics)
+        return state.replace(params=params, opt_state=opt_state, key=key), metrics
 
     # 4. epochs x minibatches
     def epoch(carry, key):
@@ -488,11 +548,12 @@ def ppo_settings(hyper: Mapping[str, Any], spec: LearnerSpec) -> PPOSettings:
     """Resolve ``hyper`` (validated against HYPER_FIELDS by the caller) for ``spec``."""
     h = _resolve(hyper)
     A, P = spec.num_agents, spec.num_products
+    index = np.asarray(spec.index())
     network = ActorCritic(hidden_sizes=h["hidden_sizes"], activation=h["activation"],
                           head=h["action_head"], num_products=P, num_actions=h["num_actions"],
                           log_std_init=h["log_std_init"], embed=spec.obs_embed)
     return PPOSettings(
-        network=network, policy_index=tuple(int(i) for i in np.asarray(spec.index())),
+        network=network, policy_index=tuple(int(i) for i in index),
         num_policies=spec.policies, obs_dim=spec.obs_dim,
         low=StaticArray(np.broadcast_to(spec.action_low, (A, P)), np.float32),
         high=StaticArray(np.broadcast_to(spec.action_high, (A, P)), np.float32),
@@ -501,7 +562,21 @@ def ppo_settings(hyper: Mapping[str, Any], spec: LearnerSpec) -> PPOSettings:
         anneal_lr=h["anneal_lr"], num_updates=h["num_updates"],
         max_grad_norm=h["max_grad_norm"], adam_eps=h["adam_eps"],
         clip_value_loss=h["clip_value_loss"], normalize_advantages=h["normalize_advantages"],
-        hyper=tuple((name, h[name]) for name in HYPERPARAMS))
+        hyper=tuple((name, h[name]) for name in HYPERPARAMS),
+        groups=policy_groups(index, spec.policies) if h["group_by_policy"] else None)
+
+
+def policy_groups(index: np.ndarray, num_policies: int) -> tuple | None:
+    """``group_by_policy``'s slots of each policy (in slot order); None for one policy
+    (already one batch). Every policy must drive the same number of slots."""
+    if num_policies == 1:
+        return None
+    counts = np.bincount(index, minlength=num_policies)
+    if not np.all(counts == counts[0]):
+        raise ConfigError("group_by_policy", True,
+                          "false, or a layout where every policy drives the same number "
+                          f"of agent slots (here: {sorted(set(counts.tolist()))})")
+    return tuple(tuple(int(i) for i in np.flatnonzero(index == k)) for k in range(num_policies))
 
 
 def make_ppo(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
