@@ -8,15 +8,23 @@ transitions (obs, action, reward, next obs, terminal/timeout, behaviour log-prob
 market info) to DIR chunk by chunk. --capacity M keeps a uniform reservoir sample of M
 rows per group instead. --noise SIGMA or --grid K [--epsilon E] make the --group (default
 the first agent group) a noisy behaviour policy with exact propensities. DIR is written
-under a temporary name and renamed when complete. Format: docs/offline.md."""
+under a temporary name and renamed when complete. Format: docs/offline.md.
+
+--format d4rl writes the --group's transitions as a D4RL HDF5 file (--out FILE.hdf5),
+--format minari as a local Minari dataset (--out DATASET_ID, with an env spec that
+rebuilds the market); --normalize-actions stores their actions in [-1, 1] (what d3rlpy
+assumes) instead of market units. docs/ecosystem.md."""
 
 from __future__ import annotations
 
 import json
+import tempfile
+from pathlib import Path
 
 from jaxmarket.cli import parser as make_parser
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.offline.collect import collect
+from jaxmarket.offline.formats import EXPORT_FORMATS, export_dataset, load_dataset
 from jaxmarket.train.rundir import lock_beside
 
 
@@ -35,16 +43,36 @@ def main(argv: list[str]) -> int:
     p.add_argument("--grid", type=int, default=None, help="discrete: number of price levels")
     p.add_argument("--epsilon", type=float, default=0.1, help="discrete: exploration rate")
     p.add_argument("--seed", type=int, default=None, help="overrides the scenario's seed")
+    p.add_argument("--format", default="native", choices=("native", *EXPORT_FORMATS),
+                   help="native directory (every group), d4rl .hdf5 or minari id (--group)")
+    p.add_argument("--normalize-actions", action="store_true",
+                   help="d4rl/minari: actions in [-1, 1] instead of market units")
     p.add_argument("overrides", nargs="*", metavar="key=value")
     args = p.parse_intermixed_args(argv)
     for item in args.overrides:
         if "=" not in item:
             raise ConfigError("overrides", item, "KEY=VALUE settings, e.g. train.num_envs=64")
-    # one writer per output: OUT.lock beside it (OUT itself appears by a rename at the end)
-    with lock_beside(args.out, "dataset directory"):
-        summary = collect(args.config, args.steps, args.out, policy_dir=args.policy,
-                          overrides=args.overrides, capacity=args.capacity, chunk=args.chunk,
-                          group=args.group, noise=args.noise, grid=args.grid,
-                          epsilon=args.epsilon, seed=args.seed, progress=True)
+    if args.normalize_actions and args.format == "native":
+        raise ConfigError("--normalize-actions", True, "--format d4rl or minari (a native "
+                          "dataset keeps market units and records its bounds)")
+
+    def run(out):
+        return collect(args.config, args.steps, out, policy_dir=args.policy,
+                       overrides=args.overrides, capacity=args.capacity, chunk=args.chunk,
+                       group=args.group, noise=args.noise, grid=args.grid,
+                       epsilon=args.epsilon, seed=args.seed, progress=True)
+
+    if args.format == "native":
+        # one writer per output: OUT.lock beside it (OUT itself appears by a rename at the end)
+        with lock_beside(args.out, "dataset directory"):
+            summary = run(args.out)
+    else:       # collect natively into a temporary directory, then export the one group
+        with tempfile.TemporaryDirectory(prefix="jaxmarket-collect-") as tmp:
+            summary = run(Path(tmp) / "native")
+            ds = load_dataset(Path(tmp) / "native", group=args.group)
+            summary["out"] = export_dataset(ds, args.format, args.out,
+                                            normalize_actions=args.normalize_actions)
+        summary.update(format=args.format, normalize_actions=args.normalize_actions,
+                       group=ds.meta["group"])
     print(json.dumps(summary))
     return 0

@@ -23,6 +23,7 @@ import numpy as np
 
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.offline.dataset import Dataset, make_dataset
+from jaxmarket.offline.export import normalized, to_market
 
 REQUIRED = ("observations", "actions", "rewards", "terminals", "timeouts")
 
@@ -96,19 +97,28 @@ def load_d4rl(path: str | Path) -> Dataset:
     if "action_low" in attrs:
         meta["action_low"] = np.asarray(attrs["action_low"], np.float32).reshape(-1).tolist()
         meta["action_high"] = np.asarray(attrs["action_high"], np.float32).reshape(-1).tolist()
+    if bool(attrs.get("actions_normalized", False)) and not discrete:
+        # written with normalize_actions: [-1, 1] back to market units (the bounds above)
+        actions = to_market(np.asarray(actions, np.float32).reshape(n, -1),
+                            meta["action_low"], meta["action_high"])
     ds = make_dataset(obs, np.asarray(actions, np.float32).reshape(n, -1), arr["rewards"],
                       nxt.reshape(n, -1), terminals, timeouts, logp, np.zeros(n, np.int32), step,
                       meta, episode, **extra)
     return ds if keep.all() else ds.take(np.flatnonzero(keep))
 
 
-def save_d4rl(ds: Dataset, path: str | Path) -> Path:
+def save_d4rl(ds: Dataset, path: str | Path, normalize_actions: bool = False) -> Path:
     """Write ``ds`` in D4RL layout, episodes back to back (rows ordered by stream and
     step, a timeout after each episode that did not end), with ``next_observations``;
-    atomically (a temporary file, then a rename)."""
+    atomically (a temporary file, then a rename). ``normalize_actions``: continuous
+    actions stored in ``[-1, 1]`` (d3rlpy's assumption; :func:`jaxmarket.offline.export.
+    normalized`), the attrs ``actions_normalized`` and the market bounds ``action_low`` /
+    ``action_high`` telling :func:`load_d4rl` how to map them back."""
     h5py = _h5py()
 
     path = Path(path)
+    if normalize_actions:
+        ds = normalized(ds)
     order = np.concatenate(ds.episodes())
     terminals = np.asarray(ds["terminals"])[order]
     timeouts = np.asarray(ds["timeouts"])[order].copy()
@@ -127,9 +137,10 @@ def save_d4rl(ds: Dataset, path: str | Path) -> Path:
             if not np.isnan(np.asarray(ds["log_probs"])).all():
                 f["infos/action_log_probs"] = np.asarray(ds["log_probs"])[order]
             f.attrs["group"] = str(ds.meta.get("group", "agent"))
-            if "action_low" in ds.meta:
-                f.attrs["action_low"] = np.asarray(ds.meta["action_low"], np.float32)
-                f.attrs["action_high"] = np.asarray(ds.meta["action_high"], np.float32)
+            if "action_low" in ds.meta:    # the market bounds, normalised or not
+                for k in ("action_low", "action_high"):
+                    f.attrs[k] = np.asarray(ds.meta.get(f"market_{k}", ds.meta[k]), np.float32)
+            f.attrs["actions_normalized"] = bool(ds.meta.get("actions_normalized", False))
             if ds.discrete:
                 f.attrs["action_values"] = np.asarray(ds.meta["action_values"], np.float32)
                 f.attrs["num_actions"] = len(ds.meta["action_values"])

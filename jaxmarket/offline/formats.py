@@ -18,9 +18,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jaxmarket.offline.d4rl import load_d4rl
+from jaxmarket.config.errors import ConfigError
+from jaxmarket.offline.d4rl import load_d4rl, save_d4rl
 from jaxmarket.offline.dataset import Dataset, check_finite, load_native
-from jaxmarket.offline.minari_io import load_minari
+from jaxmarket.offline.minari_io import load_minari, save_minari
 
 MINARI_PREFIX = "minari:"
 HDF5_SUFFIXES = (".hdf5", ".h5")
@@ -46,4 +47,23 @@ def load_dataset(path: str | Path, group: str | None = None, verify: bool = True
     return load_native(path, group, verify, mmap, allow_nonfinite)
 
 
-__all__ = ["load_dataset"]
+EXPORT_FORMATS = ("d4rl", "minari")
+
+
+def export_dataset(ds: Dataset, fmt: str, out: str | Path, normalize_actions: bool = False,
+                   description: str = "") -> str:
+    """Write one group's dataset as ``fmt``: ``"d4rl"`` (``out`` a ``.hdf5`` file) or
+    ``"minari"`` (``out`` a local Minari dataset id, written with its env spec);
+    ``normalize_actions`` stores continuous actions in ``[-1, 1]``. Returns what
+    :func:`load_dataset` reads it back from (the file, or ``"minari:<id>"``)."""
+    if fmt == "d4rl":
+        if Path(out).suffix not in HDF5_SUFFIXES:
+            raise ConfigError("--out", str(out), "a .hdf5 or .h5 file name for --format d4rl")
+        return str(save_d4rl(ds, out, normalize_actions=normalize_actions))
+    if fmt == "minari":
+        save_minari(ds, str(out), description, normalize_actions=normalize_actions)
+        return MINARI_PREFIX + str(out)
+    raise ConfigError("--format", fmt, "native, " + ", ".join(EXPORT_FORMATS))
+
+
+__all__ = ["export_dataset", "load_dataset"]

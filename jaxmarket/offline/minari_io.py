@@ -24,6 +24,7 @@ import numpy as np
 
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.offline.dataset import Dataset, make_dataset
+from jaxmarket.offline.export import env_spec, normalized, to_market
 
 
 def _minari():
@@ -43,15 +44,25 @@ def _fragments(ds: Dataset) -> list[np.ndarray]:
     return out
 
 
-def save_minari(ds: Dataset, dataset_id: str, description: str = ""):
+def save_minari(ds: Dataset, dataset_id: str, description: str = "",
+                normalize_actions: bool = False, with_env: bool = True):
     """Write ``ds`` as the local Minari dataset ``dataset_id`` (e.g.
-    ``"jaxmarket/duopoly/seller-v0"``); returns the Minari dataset."""
+    ``"jaxmarket/duopoly/seller-v0"``); returns the Minari dataset.
+
+    ``normalize_actions``: continuous actions stored in ``[-1, 1]`` with a ``Box(-1, 1)``
+    action space (:func:`jaxmarket.offline.export.normalized`). ``with_env``: attach the
+    env spec that rebuilds the market (:func:`jaxmarket.offline.export.env_spec`), so
+    ``recover_environment()`` and ``d3rlpy.datasets.get_minari`` work; a dataset without
+    a scenario or without observations gets none."""
     minari = _minari()
     import gymnasium as gym
     from minari.data_collector import EpisodeBuffer
 
     if dataset_id in minari.list_local_datasets():
         raise ConfigError("dataset_id", dataset_id, "a Minari id not used locally yet")
+    spec = env_spec(ds, normalize_actions) if with_env else None
+    if normalize_actions:
+        ds = normalized(ds)
     obs, nxt = np.asarray(ds["observations"], np.float32), np.asarray(ds["next_observations"], np.float32)
     if ds.discrete:
         acts = np.asarray(ds["action_index"], np.int64)
@@ -79,11 +90,12 @@ def save_minari(ds: Dataset, dataset_id: str, description: str = ""):
                    "episode": pad(np.asarray(ds["episode"])[e], -1),
                    "step": pad(np.asarray(ds["step"])[e], -1)}))
     meta = {k: ds.meta[k] for k in ("group", "action_low", "action_high", "discrete",
-                                    "action_values") if k in ds.meta}
+                                    "action_values", "actions_normalized",
+                                    "market_action_low", "market_action_high") if k in ds.meta}
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")   # no gymnasium env behind a market log: expected
+        warnings.simplefilter("ignore")   # minari's notes on optional metadata
         return minari.create_dataset_from_buffers(
-            dataset_id, buffers, observation_space=gym.spaces.Box(
+            dataset_id, buffers, env=spec, observation_space=gym.spaces.Box(
                 -np.inf, np.inf, (ds.obs_dim,), np.float32),
             action_space=action_space, algorithm_name="jaxmarket.collect",
             description=json.dumps({"jaxmarket": meta, "text": description}),
@@ -133,6 +145,10 @@ def load_minari(dataset_id: str) -> Dataset:
         space = md.spec.action_space
         meta.setdefault("action_low", np.asarray(space.low, np.float32).reshape(-1).tolist())
         meta.setdefault("action_high", np.asarray(space.high, np.float32).reshape(-1).tolist())
+        if meta.pop("actions_normalized", False):   # back to market units and bounds
+            meta["action_low"] = meta.pop("market_action_low")
+            meta["action_high"] = meta.pop("market_action_high")
+            c["act"] = to_market(c["act"], meta["action_low"], meta["action_high"])
     meta["source"] = f"minari:{dataset_id}"
     return make_dataset(c["obs"], c["act"], c["rew"], c["next"], c["term"], c["trunc"],
                         c["logp"], c["stream"], c["step"], meta, c["episode"], **extra)
