@@ -16,8 +16,8 @@ import the adapters) with the dataset's scenario (``meta["config"]``), group and
 ``normalize_actions``; agent 0 of the group acts and every other agent follows the
 scenario's own learners, as ``python -m jaxmarket.collect`` without ``--policy`` ran
 them; ``max_episode_steps`` is the market's ``episode_length``, else the dataset's longest
-episode (d3rlpy's ``get_minari`` needs one). None when the dataset has no scenario or observes nothing (the adapters refuse an
-empty observation).
+episode (d3rlpy's ``get_minari`` needs one). None when the dataset has no scenario, is
+discrete or observes nothing (the adapters refuse an empty observation).
 """
 
 from __future__ import annotations
