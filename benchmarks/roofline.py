@@ -16,6 +16,7 @@ Every probe is compiled first, then timed ``--repeats`` times; the value is the 
 
     python benchmarks/roofline.py --json
     python benchmarks/roofline.py --repeats 9 --mb 512
+    python benchmarks/roofline.py --market --json     # + the market step per cell
 
 With ``--json`` the last printed line is JSON: ``{probe: {value, unit, samples,
 spread, ...}, "machine": ...}``.
@@ -120,6 +121,52 @@ def reduce_gbs(repeats: int = 7, mb: int = 256, **_) -> dict:
     return rate(float(x.nbytes), timed(fn, (x,), repeats), "GB/s", mb=mb)
 
 
+def market_step_cost(repeats: int = 3, config: str | None = None, num_envs: int = 1024,
+                     steps: int = 20, **_) -> dict:
+    """The market step's measured time per consumer x seller x product cell
+    (``benchmarks/throughput.py``'s rollout of ``config``, default bench_b) and XLA's
+    own count of one vmapped step's flops and bytes accessed
+    (``compiled.cost_analysis()``), per cell: with the probes above, the roofline time
+    per cell is ``max(flops / peak, bytes / bandwidth)``."""
+    from throughput import measure
+
+    import jaxmarket
+    from jaxmarket.config.loader import load_config
+    cfg = load_config(config or str(ROOT / "configs" / "bench_b.yaml"), [])
+    env, params = jaxmarket.make({"market": cfg["market"]})
+    m = cfg["market"]
+    C = sum(int(c["count"]) for c in m["consumers"])
+    S = sum(int(x["count"]) for x in m["sellers"])
+    cells = C * S * int(m["num_products"])
+    r = measure(env, params, num_envs, steps, repeats)
+    # one vmapped step (random actions drawn outside): XLA's cost model of the program
+    from throughput import random_actions
+    reset = jax.vmap(env.reset, in_axes=(0, None))
+    _, states = reset(jax.random.split(jax.random.key(0), num_envs), params)
+    actions = random_actions(env, params, jax.random.key(1), num_envs)
+    step = jax.jit(lambda k, s, a: jax.vmap(env.step, in_axes=(0, 0, 0, None))(
+        jax.random.split(k, num_envs), s, a, params))
+    cost = step.lower(jax.random.key(2), states, actions).compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    per = num_envs * cells
+    return {"value": round(1e3 * r["us_per_env_step"] / cells, 4), "unit": "ns/cell",
+            "cells_per_market": cells, "consumers": C, "sellers": S,
+            "products": int(m["num_products"]), "num_envs": num_envs, "steps": steps,
+            "us_per_env_step": r["us_per_env_step"], "cores_used": r["cores_used"],
+            "flops_per_cell": round(float(cost.get("flops", 0.0)) / per, 2),
+            "transcendentals_per_cell": round(float(cost.get("transcendentals", 0.0)) / per, 3),
+            "bytes_per_cell": round(float(cost.get("bytes accessed", 0.0)) / per, 2),
+            "samples": [], "spread": None}
+
+
+def roofline_ns(flops: float, nbytes: float, gflops: float, gbs: float) -> dict:
+    """Roofline time (ns) of ``flops`` and ``nbytes`` at ``gflops`` GFLOP/s and
+    ``gbs`` GB/s: the larger of the two bounds, and which one it is."""
+    compute, memory = flops / gflops, nbytes / gbs
+    return {"ns": round(max(compute, memory), 4), "compute_ns": round(compute, 4),
+            "memory_ns": round(memory, 4), "bound": "compute" if compute >= memory else "memory"}
+
+
 #: name -> probe(repeats=..., mb=...) -> result dict
 PROBES: dict[str, Callable[..., dict]] = {
     "matmul_gflops": matmul_gflops,
@@ -152,13 +199,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2, help="all probes in turn, this often")
     ap.add_argument("--mb", type=int, default=256, help="array size of the bandwidth probes")
     ap.add_argument("--probe", action="append", choices=sorted(PROBES), default=None)
+    ap.add_argument("--market", action="store_true",
+                    help="also time the bench_b market step per cell (market_step_cost) "
+                         "and put it beside the roofline of the probes just measured")
     ap.add_argument("--json", action="store_true", help="last line: JSON result")
     args = ap.parse_args(argv)
     info = machine()
     out = run(args.probe, args.repeats, args.mb, args.rounds)
+    if args.market:   # measured beside the probes, same process
+        mk = market_step_cost(max(3, args.repeats // 2))
+        fl = out.get("fma_gflops", out.get("matmul_gflops"))
+        bw = out.get("copy_gbs", out.get("reduce_gbs"))
+        if fl and bw:
+            mk["roofline"] = roofline_ns(mk["flops_per_cell"], mk["bytes_per_cell"],
+                                         fl["value"], bw["value"])
+            mk["distance"] = round(mk["value"] / max(mk["roofline"]["ns"], 1e-9), 1)
+        out["market_step"] = mk
     print(f"machine: {info['cpu']}, {info['nproc']} cores, load {info['load_avg']}, "
           f"jax {info['jax']} ({info['backend']})")
     for name, r in out.items():
+        if name == "market_step":
+            rf = r.get("roofline", {})
+            print(f"  market step    {r['value']:>9.4f} ns/cell ({r['cells_per_market']} cells, "
+                  f"{r['us_per_env_step']:.2f} us/step, {r['cores_used']:.2f} cores); XLA: "
+                  f"{r['flops_per_cell']} flops, {r['bytes_per_cell']} bytes per cell; "
+                  f"roofline {rf.get('ns', float('nan')):.4f} ns/cell "
+                  f"({rf.get('bound')}), x{r.get('distance')} away")
+            continue
         print(f"  {name:<14} {r['value']:>9.2f} {r['unit']:<8} (best {r['best']:.2f}, "
               f"spread {r['spread']:.0%} over {len(r['samples'])} calls)")
     if args.json:
