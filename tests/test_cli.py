@@ -302,7 +302,8 @@ def test_resume_refuses_changes_to_what_ran(tmp_path, capsys, override, message)
 def test_ctrl_c_checkpoints_the_chunk_prints_one_line_and_resumes_identically(tmp_path):
     d, ref = tmp_path / "r", tmp_path / "ref"
     args = [LEGACY, "train.num_iterations=1000000", "train.chunk_size=20",
-            "train.checkpoint_every=5", "train.num_seeds=1", "train.num_envs=2"]
+            "train.checkpoint_every=5", "train.num_seeds=1", "train.num_envs=2",
+            "train.log_every=1"]   # a row per iteration (auto: 100 for 10^6 iterations)
     proc = subprocess.Popen([sys.executable, "-m", "jaxmarket.train", "--run-dir", str(d), *args],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "JAX_PLATFORMS": "cpu"})
