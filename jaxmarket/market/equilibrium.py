@@ -70,6 +70,8 @@ DEFAULT_SAMPLES = 256
 #: the relative rise of a group's summed reward a single cell's move must bring (the
 #: coordinate ascent of the joint optimum; ~4 float32 ulps)
 JOINT_MARGIN = 2.0 ** -22
+#: converged: no best response raises its objective by more than this, relative
+GAIN_RTOL = 2.0 ** -22
 #: relative tolerance of "no agent gains" on a table of float32 rewards
 TABLE_RTOL = 1e-6
 
@@ -271,91 +273,101 @@ def _snap(x: np.ndarray, grid: np.ndarray, is_grid: np.ndarray) -> np.ndarray:
 
 # ----------------------------------------------------------------------- the iteration
 
-def _choose(values: jax.Array, obj: jax.Array) -> jax.Array:
+@partial(jax.jit, static_argnums=0)
+def _batch(structure: Structure, xs: jax.Array, data: Any) -> jax.Array:
+    """Rewards ``[B, A]`` of ``B`` joint actions ``xs [B, N]``: the one compiled program
+    of a game (every search level, every table chunk is a batch of the same size)."""
+    return jax.vmap(lambda x: payoff(structure, x, data))(xs)
+
+
+def _width(game: Game, search: Search) -> int:
+    """Values per search level (the last: the current value), the batch size."""
+    return max(search.coarse, game.grid.shape[1]) + 1
+
+
+def _evaluate(game: Game, xs: np.ndarray, width: int) -> np.ndarray:
+    """Rewards ``[len(xs), A]`` (float64) in batches of ``width`` rows."""
+    rows = len(xs)
+    pad = (-rows) % width
+    xs = np.concatenate([xs, np.repeat(xs[-1:], pad, 0)]).astype(np.float32)
+    out = [np.asarray(_batch(game.structure, xs[i:i + width], game.data), np.float64)
+           for i in range(0, len(xs), width)]
+    return np.concatenate(out)[:rows]
+
+
+def _choose(values: np.ndarray, obj: np.ndarray) -> int:
     """Index of the maximiser of ``obj`` nearest the middle of the tied maximisers'
-    values."""
-    best = jnp.max(obj)
-    tied = obj >= best
-    mid = 0.5 * (jnp.min(jnp.where(tied, values, jnp.inf))
-                 + jnp.max(jnp.where(tied, values, -jnp.inf)))
-    return jnp.argmin(jnp.where(tied, jnp.abs(values - mid), jnp.inf))
+    values (a plateau resolves to its centre)."""
+    tied = obj >= obj.max()
+    mid = 0.5 * (values[tied].min() + values[tied].max())
+    return int(np.argmin(np.where(tied, np.abs(values - mid), np.inf)))
 
 
-def _coordinate(structure: Structure, search: Search, cells, carry, coord, data, margin):
-    """One coordinate's best response (a search over its values, then zooms): the
-    masked cells set to one value maximising ``weights . payoff``, unless that lowers
-    it. ``carry = (x, rewards at x, whether they are known)``."""
-    low, high, grid, is_grid = cells
-    x, r, known = carry
-    mask, w = coord
-    W = max(search.coarse, grid.shape[1]) + 1   # values per level (the last: the current)
-    index = jnp.arange(low.shape[0])
-    padded = jnp.concatenate([grid, jnp.repeat(grid[:, -1:], W - grid.shape[1], axis=1)], 1)
-    unit = jnp.linspace(-1.0, 1.0, W)           # W odd (even coarse): 0 included
-
-    def assign(v):
-        vals = jnp.clip(v, low, high)
-        snapped = grid[index, jnp.argmin(jnp.abs(grid - vals[:, None]), axis=1)]
-        return jnp.where(mask, jnp.where(is_grid, snapped, vals), x)
-
-    first = jnp.argmax(mask)
-    lo = jnp.min(jnp.where(mask, low, jnp.inf))
-    hi = jnp.max(jnp.where(mask, high, -jnp.inf))
-    on_grid = is_grid[first]
-    span = jnp.maximum(hi - lo, 1e-30)
-    start = jnp.where(on_grid, padded[first],
-                      jnp.concatenate([lo + span * jnp.linspace(0.0, 1.0, W - 1), x[first][None]]))
-    h0 = span / (W - 2)
-
-    def level(c, k):
-        v, o, rv, h = c
-        values = jnp.where(k == 0, start, jnp.clip(v + h * unit, lo, hi))
-
-        def search_level(_):
-            rewards = jax.vmap(lambda u: payoff(structure, assign(u), data))(values)
-            obj = rewards @ w
-            i = _choose(values, obj)
-            better = (k == 0) | (obj[i] >= o)
-            return (jnp.where(better, values[i], v), jnp.where(better, obj[i], o),
-                    jnp.where(better, rewards[i], rv))
-
-        v, o, rv = jax.lax.cond(on_grid & (k > 0), lambda _: (v, o, rv), search_level, None)
-        return (v, o, rv, jnp.where(k == 0, h0, 2.0 * h / (W - 1))), None
-
-    (v, o, rv, _), _ = jax.lax.scan(level, (x[first], -jnp.inf, r, h0), jnp.arange(search.levels))
-    now = jnp.where(known, w @ r, -jnp.inf)
-    # never lower the coordinate's objective (a block of unequal cells)
-    move = o >= now + margin * jnp.abs(now)
-    new = jnp.where(move, assign(v), x)
-    delta = jnp.max(jnp.abs(new - x) / jnp.maximum(high - low, 1e-30))
-    gain = jnp.where(known, jnp.maximum(o - now, 0.0), 0.0)
-    return (new, jnp.where(move, rv, r), jnp.bool_(True)), (delta, gain)
+def _assign(game: Game, x: np.ndarray, mask: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """``[len(values), N]``: ``x`` with the masked cells at each value (clipped into their
+    bounds, snapped onto their grids)."""
+    vals = np.clip(values[:, None], game.low, game.high)
+    nearest = np.argmin(np.abs(game.grid[None] - vals[..., None]), axis=-1)    # [V, N]
+    snapped = game.grid[np.arange(len(x)), nearest]
+    return np.where(mask, np.where(game.is_grid, snapped, vals), x).astype(np.float32)
 
 
-@partial(jax.jit, static_argnums=(0, 1))
-def _run(structure: Structure, search: Search, x0, r0, known, masks, weights, cells, data,
-         margin=0.0):
-    """Gauss-Seidel sweeps over the coordinates (``masks [C, N]``: the cells each sets;
-    ``weights [C, A]``: its objective over the agents' rewards) until no coordinate
-    moves by more than ``tol`` of its range, or ``max_sweeps``: ``(x, rewards at x,
-    sweeps, delta, gain)`` (``r0``: the rewards at ``x0`` when ``known``; a coordinate
-    moves only where its objective rises by ``margin`` relative, or does not fall at
-    ``margin = 0``)."""
+def _best_response(game: Game, search: Search, x, mask, w):
+    """The value of the masked cells maximising ``w . rewards``: a search over ``width``
+    values (a grid cell: its grid) and zooms; ``(value, objective, rewards)``."""
+    width = _width(game, search)
+    first = int(np.argmax(mask))
+    lo, hi = float(game.low[mask].min()), float(game.high[mask].max())
+    if game.is_grid[first]:
+        values = np.unique(game.grid[first])
+        levels = 1
+    else:
+        values = np.append(np.linspace(lo, hi, width - 1), x[first])
+        levels = search.levels
+    h = (hi - lo) / (width - 2)
+    unit = np.linspace(-1.0, 1.0, width)      # width odd (even coarse): 0 included
+    v = o = rv = None
+    for k in range(levels):
+        if k:
+            values = np.clip(v + h * unit, lo, hi)   # a zoom around the best so far
+            h = 2.0 * h / (width - 1)
+        values = values.astype(np.float32)   # what the market is given
+        rewards = _evaluate(game, _assign(game, x, mask, values), width)
+        obj = rewards @ w
+        i = _choose(values, obj)
+        if k == 0 or obj[i] >= o:
+            v, o, rv = float(values[i]), float(obj[i]), rewards[i]
+    return v, o, rv
 
-    def cond(carry):
-        return (carry[3] < search.max_sweeps) & (carry[4] > search.tol)
 
-    def body(carry):
-        x, r, known, k, _, _ = carry
-        (x, r, known), (delta, gain) = jax.lax.scan(
-            lambda c, co: _coordinate(structure, search, cells, c, co, data, margin),
-            (x, r, known), (masks, weights))
-        return x, r, known, k + 1, jnp.max(delta), jnp.max(gain)
-
-    init = (jnp.asarray(x0, jnp.float32), jnp.asarray(r0, jnp.float32), jnp.asarray(known),
-            jnp.int32(0), jnp.float32(jnp.inf), jnp.float32(0.0))
-    x, r, _, k, delta, gain = jax.lax.while_loop(cond, body, init)
-    return x, r, k, delta, gain
+def _iteration(game: Game, search: Search, x, r, masks, weights, margin=0.0):
+    """Gauss-Seidel sweeps over the coordinates (``masks [C, N]``: the cells each sets
+    to one value; ``weights [C, A]``: its objective over the agents' rewards) until a
+    sweep moves no coordinate by more than ``tol`` of its range, or raises no objective
+    by more than :data:`GAIN_RTOL` relative (float32 rounding: every coordinate was at
+    a best response up to it), or ``max_sweeps``. A coordinate moves only where its
+    objective rises by ``margin`` relative (does not fall, at 0); ``r``: the rewards at
+    ``x``, or None. ``(x, r, sweeps, converged, gain)``, ``gain`` the last sweep's
+    largest rise of an objective."""
+    x = np.asarray(x, np.float32).copy()
+    span = np.maximum(game.high - game.low, 1e-30)
+    sweeps = 0
+    while sweeps < search.max_sweeps:
+        delta, gain, rel, known, sweeps = 0.0, 0.0, 0.0, r is not None, sweeps + 1
+        for mask, w in zip(masks, weights):   # Gauss-Seidel: one coordinate after another
+            v, o, rv = _best_response(game, search, x, mask, w)
+            now = None if r is None else float(r @ w)
+            if now is None or o >= now + margin * abs(now):
+                new = _assign(game, x, mask, np.array([v]))[0]
+                delta = max(delta, float(np.max(np.abs(new - x) / span)))
+                x, r = new, rv
+            if now is not None:
+                gain = max(gain, o - now)
+                rel = max(rel, (o - now) / max(abs(now), 1e-30))
+        converged = delta <= search.tol or (known and rel <= GAIN_RTOL)
+        if converged:
+            break
+    return x, r, sweeps, bool(converged), gain
 
 
 def _own_weights(game: Game) -> np.ndarray:
@@ -373,44 +385,36 @@ def _cartel_weights(game: Game, group: int) -> np.ndarray:
 
 
 def _iterate(game: Game, search: Search) -> dict[str, Any]:
-    N, A = len(game.low), len(game.agent_group)
+    N = len(game.low)
     cells = np.eye(N, dtype=bool)
-    run = partial(_run, game.structure, search, cells=game.cells, data=game.data)
-    x, r, sweeps, delta, gain = run(game.start, np.zeros(A, np.float32), False, cells,
-                                    _own_weights(game))
-    nash, nash_r = np.asarray(x), np.asarray(r)
-    out = {"nash": nash, "nash_reward": nash_r, "nash_sweeps": int(sweeps),
-           "nash_converged": bool(delta <= search.tol), "nash_gain": float(gain), "joint": {}}
+    nash, nash_r, sweeps, converged, gain = _iteration(game, search, game.start, None, cells,
+                                                       _own_weights(game))
+    out = {"nash": nash, "nash_reward": nash_r, "nash_sweeps": sweeps,
+           "nash_converged": converged, "nash_gain": gain, "joint": {}}
     product = np.concatenate([np.tile(np.arange(P), n) for n, P in game.structure.shapes])
     for gi in range(len(game.groups)):
         w = _cartel_weights(game, gi)
         # symmetric: one value per product for the whole group (a cell's row of the mask)
         blocks = cells | ((game.cell_group[:, None] == gi) & (game.cell_group[None] == gi)
                           & (product[:, None] == product[None]))
-        xs, rs, s1, _, _ = run(nash, nash_r, True, blocks, w)
+        xs, rs, s1, _, _ = _iteration(game, search, nash, nash_r, blocks, w)
         # then cell by cell, only where the sum rises beyond float32 rounding (a ridge
         # of equal sums, a flat top, stays where the symmetric search left it)
-        xj, rj, s2, dj, _ = run(xs, rs, True, cells, w, margin=JOINT_MARGIN)
-        out["joint"][gi] = (np.asarray(xj), np.asarray(rj), int(s1) + int(s2),
-                            bool(dj <= search.tol))
+        xj, rj, s2, ok, _ = _iteration(game, search, xs, rs, cells, w, margin=JOINT_MARGIN)
+        out["joint"][gi] = (xj, rj, s1 + s2, ok)
     return out
 
 
 # ------------------------------------------------------------------------- the table
 
-def _table(game: Game) -> tuple[np.ndarray, list[np.ndarray]]:
+def _table(game: Game, search: Search) -> tuple[np.ndarray, list[np.ndarray]]:
     """Rewards ``[G_1, ..., G_N, A]`` (float64) of every joint grid profile, and each
     cell's grid values."""
     values = [np.unique(game.grid[c]) for c in range(len(game.low))]
     sizes = [len(v) for v in values]
     profiles = np.array(list(itertools.product(*values)), np.float32).reshape(-1, len(sizes))
-    rewards = _tabulate(game.structure, profiles, game.data)
-    return np.asarray(rewards, np.float64).reshape(sizes + [-1]), values
-
-
-@partial(jax.jit, static_argnums=0)
-def _tabulate(structure: Structure, profiles: jax.Array, data: Any) -> jax.Array:
-    return jax.lax.map(lambda x: payoff(structure, x, data), profiles, batch_size=4096)
+    rewards = _evaluate(game, profiles, _width(game, search))
+    return rewards.reshape(sizes + [-1]), values
 
 
 def _stable(table: np.ndarray, axes: tuple[int, ...], objective: np.ndarray) -> np.ndarray:
@@ -421,7 +425,7 @@ def _stable(table: np.ndarray, axes: tuple[int, ...], objective: np.ndarray) -> 
 
 
 def _table_solve(game: Game, search: Search) -> dict[str, Any]:
-    table, values = _table(game)
+    table, values = _table(game, search)
     N, A = len(game.low), len(game.agent_group)
     axes_of = [tuple(np.flatnonzero(game.cell_agent == a)) for a in range(A)]
     stable_agent = [_stable(table, axes_of[a], table[..., a]) for a in range(A)]

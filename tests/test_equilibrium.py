@@ -1,0 +1,205 @@
+"""Static equilibria on the market's own reward (jaxmarket.equilibrium) against the closed
+forms of docs/ground_truths.md (jaxmarket.economics, float64), the Calvano et al. (2020)
+baseline, auctions on a grid (numpy brute force of the auction rules), budget-bound
+optima derived here, and the check CLI's JSON line."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import jax
+import numpy as np
+import pytest
+from scipy.optimize import fsolve, minimize
+
+import jaxmarket
+from jaxmarket import economics
+from jaxmarket.cli.check import main as check_main
+from jaxmarket.train.equilibrium import profit_gain, summary_profit_gain
+from jaxmarket.train.plan import resolve
+
+PRICE_TOL = 2e-4   # float32 rewards locate a smooth optimum to ~1e-4 (a flat top)
+
+
+@pytest.fixture(scope="module")
+def duopoly():
+    plan = resolve("configs/logit_duopoly.yaml", validate_only=True)
+    return plan, jaxmarket.equilibrium(plan)
+
+
+def test_logit_duopoly_nash_and_joint_are_the_closed_forms(duopoly):
+    _, eq = duopoly
+    s = eq["sellers"]
+    assert s["converged"] and s["action_set"] == "box" and s["samples"] == 1
+    np.testing.assert_allclose(s["nash"], economics.nash_price(2), atol=PRICE_TOL)
+    np.testing.assert_allclose(s["joint"], economics.joint_monopoly_price(2), atol=PRICE_TOL)
+    for what, price in (("nash", economics.nash_price(2)),
+                        ("joint", economics.joint_monopoly_price(2))):
+        # the profits at the prices found (float32 market, float64 formula) ...
+        np.testing.assert_allclose(s[what + "_reward"], economics.logit_profits(
+            np.ravel(s[what])), rtol=1e-5)
+        # ... and, to the prices' precision, at the closed form
+        np.testing.assert_allclose(s[what + "_reward"], economics.logit_profits(
+            np.full(2, price)), rtol=5e-4)
+
+
+def test_the_rewards_are_the_market_steps(duopoly):
+    """nash_reward is what env.step pays for the Nash prices from the reset state."""
+    plan, eq = duopoly
+    env, params = jaxmarket.make("configs/logit_duopoly.yaml")
+    _, state = env.reset(jax.random.key(0), params)
+    for what in ("nash", "joint"):
+        actions = {"sellers": np.asarray(eq["sellers"][what], np.float32)}
+        _, _, rewards, *_ = env.step(jax.random.key(0), state, actions, params)
+        np.testing.assert_allclose(rewards["sellers"], eq["sellers"][what + "_reward"], rtol=1e-6)
+
+
+def test_monopoly_price_and_the_budget_that_holds_it_down():
+    """Lambert-W monopoly price; with the consumer's budget below it the seller priced
+    above the budget sells nothing, so the optimum is the budget (derived on a grid)."""
+    free = jaxmarket.equilibrium("configs/logit_monopoly.yaml")["seller"]
+    assert free["converged"]
+    assert abs(free["joint"][0][0] - economics.monopoly_price()) < PRICE_TOL
+    assert abs(free["nash"][0][0] - economics.monopoly_price()) < PRICE_TOL
+    budget = 1.6
+    held = jaxmarket.equilibrium("configs/logit_monopoly.yaml",
+                                 [f"market.consumers[0].budget={budget}"])["seller"]
+    p = np.linspace(1.0, 2.5, 150_001)
+    profit = np.where(p <= budget, economics.logit_profits(p[:, None])[:, 0], 0.0)
+    assert abs(p[np.argmax(profit)] - budget) < 1e-4   # the budget binds
+    assert held["converged"]
+    # at most the budget as the market holds it (float32)
+    assert abs(held["joint"][0][0] - budget) < 1e-5 and held["joint"][0][0] <= np.float32(budget)
+    np.testing.assert_allclose(held["joint_reward"], profit.max(), rtol=1e-5)
+
+
+def test_legacy_budget_cliff_is_the_budget():
+    """One seller, revenue, no outside good, a consumer with budget 0.5 who buys only at
+    or below it: revenue p 1{p <= 0.5}, maximised at the budget."""
+    eq = jaxmarket.equilibrium("configs/legacy_default.yaml")["seller"]
+    assert eq["converged"]
+    assert 0.5 - 1e-6 <= eq["joint"][0][0] <= 0.5 and 0.5 - 1e-6 <= eq["nash"][0][0] <= 0.5
+    np.testing.assert_allclose(eq["joint_reward"], [0.5], rtol=1e-5)
+
+
+def test_team_reward_makes_the_nash_the_joint_monopoly():
+    eq = jaxmarket.equilibrium("configs/logit_duopoly_team.yaml")["sellers"]
+    assert eq["converged"]
+    np.testing.assert_allclose(eq["nash"], economics.joint_monopoly_price(2), atol=PRICE_TOL)
+    np.testing.assert_allclose(eq["joint"], economics.joint_monopoly_price(2), atol=PRICE_TOL)
+    assert profit_gain({"mean_reward": 0.3}, eq) is None   # pi_M == pi_N: undefined
+
+
+def test_calvano_grid_equilibria_and_continuous_benchmarks():
+    """Every pure equilibrium and the joint optimum on Calvano's 15-price grid (numpy
+    over every profile), and the published continuous p_N = 1.4729, p_M = 1.9249."""
+    eq = jaxmarket.equilibrium("configs/calvano.yaml")["sellers"]
+    grid = economics.calvano_grid(2, 15)
+    profiles = np.array(list(itertools.product(grid, grid)))          # [225, 2]
+    profit = economics.logit_profits(profiles).reshape(15, 15, 2)
+    stable = (profit[..., 0] >= profit[..., 0].max(0, keepdims=True) - 1e-9) \
+        & (profit[..., 1] >= profit[..., 1].max(1, keepdims=True) - 1e-9)
+    expected = sorted(tuple(grid[list(ij)]) for ij in np.argwhere(stable))
+    found = sorted(tuple(np.ravel(e)) for e in eq["pure_equilibria"])
+    assert len(found) == len(expected) == eq["num_pure_equilibria"] >= 1
+    np.testing.assert_allclose(found, expected, atol=1e-5)
+    assert tuple(np.ravel(eq["nash"])) in found and eq["converged"]
+    best = np.unravel_index(np.argmax(profit.sum(-1)), (15, 15))
+    np.testing.assert_allclose(np.ravel(eq["joint"]), grid[list(best)], atol=1e-5)
+    c = eq["continuous"]
+    assert c["converged"]
+    np.testing.assert_allclose(c["nash"], 1.4729, atol=PRICE_TOL)    # published
+    np.testing.assert_allclose(c["joint"], 1.9249, atol=PRICE_TOL)
+    np.testing.assert_allclose(c["nash"], economics.nash_price(2), atol=PRICE_TOL)
+    np.testing.assert_allclose(c["joint"], economics.joint_monopoly_price(2), atol=PRICE_TOL)
+
+
+def _auction_payoffs(bids: np.ndarray, value: float, first: bool) -> np.ndarray:
+    """``[..., 2]`` surplus of two bidders with a common value: the higher bid wins and
+    pays its bid (first price) or the other's (second price); a tie splits the good and
+    each pays the tied bid."""
+    b0, b1 = bids[..., 0], bids[..., 1]
+    win0 = np.where(b0 > b1, 1.0, np.where(b0 == b1, 0.5, 0.0))
+    pay0, pay1 = (b0, b1) if first else (b1, b0)
+    return np.stack([win0 * (value - pay0), (1 - win0) * (value - pay1)], -1)
+
+
+@pytest.mark.parametrize("name, first", [("banchio2022_first", True),
+                                         ("banchio2022_second", False)])
+def test_auction_equilibria_on_the_grid(name, first):
+    eq = jaxmarket.equilibrium(f"configs/{name}.yaml")["bidders"]
+    grid = np.arange(1, 20) / 20.0
+    bids = np.array(list(itertools.product(grid, grid))).reshape(19, 19, 2)
+    u = _auction_payoffs(bids, 1.0, first)
+    stable = (u[..., 0] >= u[..., 0].max(0, keepdims=True) - 1e-6) \
+        & (u[..., 1] >= u[..., 1].max(1, keepdims=True) - 1e-6)
+    expected = sorted(tuple(grid[list(ij)]) for ij in np.argwhere(stable))
+    found = sorted(tuple(np.ravel(e)) for e in eq["pure_equilibria"])
+    np.testing.assert_allclose(found, expected, atol=1e-6)
+    assert tuple(np.ravel(eq["nash"])) in found and eq["converged"]
+    if not first:   # bidding one's value (the grid's highest bid below it) is an equilibrium
+        assert (0.95, 0.95) in {tuple(np.round(e, 6)) for e in found}
+    np.testing.assert_allclose(sum(eq["joint_reward"]), u.sum(-1).max(), rtol=1e-5)
+    np.testing.assert_allclose(eq["joint_reward"][0], eq["joint_reward"][1], rtol=1e-6)
+
+
+def test_second_price_bid_is_the_value_against_a_random_rival():
+    """Against a U[0, 1] rival (a fixed random policy, averaged over the sample keys)
+    the expected surplus v b - b^2 / 2 is maximised at b = v = 0.7."""
+    eq = jaxmarket.equilibrium("configs/second_price.yaml")
+    assert list(eq) == ["bidder"]   # the random rival is part of the environment
+    b = eq["bidder"]
+    assert b["samples"] > 1 and b["converged"]
+    assert abs(b["nash"][0][0] - 0.7) < 0.02
+    assert abs(b["nash_reward"][0] - (0.7 * 0.7 - 0.7 ** 2 / 2)) < 0.03
+
+
+def test_asymmetric_sellers_and_several_products():
+    """Two products, the second with asymmetric costs and qualities: per product the
+    logit Nash of the first-order conditions p_i - c_i = mu / (1 - s_i) (scipy), and the
+    joint optimum of the summed profit (scipy), in float64."""
+    cost, quality = np.array([[1.0, 1.0], [1.0, 1.3]]), np.array([[2.0, 2.0], [2.0, 2.4]])
+    eq = jaxmarket.equilibrium("configs/logit_duopoly.yaml", [
+        "market.num_products=2", f"market.sellers[0].cost={cost.tolist()}",
+        f"market.sellers[0].quality={quality.tolist()}"])["sellers"]
+    assert eq["converged"]
+    nash, joint = np.asarray(eq["nash"]), np.asarray(eq["joint"])
+    total = 0.0
+    for p in range(2):
+        a, c = quality[:, p], cost[:, p]
+        foc = lambda x: x - c - 0.25 / (1 - economics.logit_shares(x, a))  # noqa: E731
+        np.testing.assert_allclose(nash[:, p], fsolve(foc, np.full(2, 1.5), xtol=1e-13),
+                                   atol=PRICE_TOL)
+        best = minimize(lambda x: -economics.logit_profits(x, a, c).sum(), np.full(2, 1.9),
+                        method="Nelder-Mead", options={"xatol": 1e-10, "fatol": 1e-14})
+        np.testing.assert_allclose(joint[:, p], best.x, atol=2e-3)   # a flat ridge
+        total += -best.fun
+    np.testing.assert_allclose(sum(eq["joint_reward"]), total, rtol=2e-6)
+    assert sum(eq["joint_reward"]) > sum(eq["nash_reward"])
+
+
+def test_profit_gain(duopoly):
+    plan, eq = duopoly
+    s = eq["sellers"]
+    pi_n, pi_m = np.mean(s["nash_reward"]), np.mean(s["joint_reward"])
+    assert abs(profit_gain({"mean_reward": pi_n}, s)) < 1e-12
+    assert abs(profit_gain({"mean_reward": pi_m}, s) - 1.0) < 1e-12
+    np.testing.assert_allclose(profit_gain({"mean_reward": [pi_n, 0.5 * (pi_n + pi_m)]}, s),
+                               [0.0, 0.5], atol=1e-12)
+    summary = {"final": {"sellers": {"mean_reward": 0.25 * pi_n + 0.75 * pi_m}}}
+    gains = summary_profit_gain(plan, summary, equilibria=eq)
+    assert gains.keys() == {"sellers"} and abs(gains["sellers"] - 0.75) < 1e-12
+    assert profit_gain({"mean_reward": float("nan")}, s) is None
+
+
+def test_check_cli_prints_the_equilibria_as_its_last_json_line(duopoly, capsys):
+    _, eq = duopoly
+    assert check_main(["configs/logit_duopoly.yaml", "--equilibrium", "--json"]) == 0
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert list(line) == ["sellers"]
+    for key in ("nash", "joint", "converged", "nash_reward", "joint_reward"):
+        assert line["sellers"][key] == eq["sellers"][key]
+    assert check_main(["configs/logit_duopoly.yaml", "--equilibrium"]) == 0
+    text = capsys.readouterr().out
+    assert "equilibrium of sellers" in text and "nash: actions" in text
