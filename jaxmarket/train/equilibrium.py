@@ -23,7 +23,7 @@ first one from the reset state (module docstring of :mod:`jaxmarket.market.equil
 :func:`profit_gain` is Calvano et al.'s normalised profit gain of a group,
 ``Delta = (pi - pi_N) / (pi_M - pi_N)`` with ``pi`` the group's mean reward per agent
 (a run summary's ``final[group]["mean_reward"]``), ``pi_N`` and ``pi_M`` the mean per agent
-of ``nash_reward`` and ``joint_reward``; :func:`summary_profit_gain` gives it for every
+of ``nash_reward`` and ``joint_reward`` (of the ``continuous`` benchmarks for a grid); :func:`summary_profit_gain` gives it for every
 group of a run's summary.
 """
 
@@ -138,7 +138,11 @@ def profit_gain(final: Mapping[str, Any], eq: Mapping[str, Any]) -> float | list
     summary's ``final[group]``; a list, as in ``per_seed[group]``, gives a list),
     ``pi_N``/``pi_M`` the mean over agents of ``eq["nash_reward"]``/``eq["joint_reward"]``
     (one group of :func:`equilibrium`). None where a value is missing or not finite, or
-    where ``pi_M`` equals ``pi_N`` (to 1e-6 relative: a team reward, a monopolist)."""
+    where ``pi_M`` equals ``pi_N`` (to 1e-6 relative: a team reward, a monopolist). A
+    group on a grid is measured against ``eq["continuous"]`` (the interval the grid
+    spans), as Calvano et al. measure against the continuous static Nash and monopoly
+    profits."""
+    eq = eq.get("continuous", eq)
     pi_n, pi_m = _per_agent_mean(eq.get("nash_reward")), _per_agent_mean(eq.get("joint_reward"))
     reward = final.get("mean_reward") if isinstance(final, Mapping) else None
     if pi_n is None or pi_m is None or reward is None:
