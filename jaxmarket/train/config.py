@@ -101,7 +101,7 @@ def resolve_train(raw: Any, where: str = "train") -> TrainConfig:
     vals["log_every"] = _log_every(vals["log_every"], vals, where)
     if vals["seeds_format"] == "parquet" and importlib.util.find_spec("pyarrow") is None:
         raise ConfigError(f"{where}.seeds_format", "parquet", "csv, or parquet with pyarrow "
-                          "installed (pip install pyarrow)")
+                          "installed (pip install 'jaxmarket[parquet]')")
     return TrainConfig(**vals)
 
 
