@@ -4,41 +4,47 @@ The game: every *player* agent group (the groups whose actions are solved for) c
 its actions ``[n, P]`` from an :class:`ActionSet` (a box ``[low, high]`` per agent and
 product, or a grid of values per agent and product); the payoff of a joint action is the
 reward :meth:`MarketEnv.step_env` gives each agent for **one period from the reset
-state** (``reset_env(key(0))``, ``time = 0``: demand processes at their period-0 level,
+state** (``reset(key(0))``, ``time = 0``: demand processes at their period-0 level, the
 price history at the initial prices), every other agent group at its reset action or at
 the ``fixed`` actions given for it. Alternating moves are evaluated as simultaneous (the
-static game; :func:`static_game`). Where the period is random (a demand process or distributor that draws
-with its key, a fixed group that acts at random) the payoff is the **mean over a fixed
-set of** ``samples`` **keys** (:func:`sample_keys`; the same keys for every profile, so
-the game is deterministic and its equilibria exact for that sample).
+static game, :func:`static_game`). Where the period is random (a demand process or a
+distributor that draws with its key, a fixed group that acts at random) the payoff is
+the **mean over a fixed set of** ``samples`` **keys** (:func:`sample_keys`; the same keys
+for every profile, so the game is deterministic and its equilibria exact for that
+sample).
 
 Two solutions per player group (:func:`solve`):
 
 * ``nash`` -- a pure Nash equilibrium of all player agents, by Gauss-Seidel
-  best-response iteration over the *cells* (agent, product): each cell in turn moves to
-  the value maximising its own agent's reward, the others held; a sweep visits every
-  cell; the iteration stops when a sweep moves no cell by more than ``tol`` of its
-  range (``converged``) or after ``max_sweeps``. A continuous cell's best response is a
-  vectorised (``vmap``) search over ``coarse`` evenly spaced values of its bounds plus
-  its current value, then ``levels - 1`` zooms, each ``coarse`` values spanning one
-  spacing either side of the best so far (the spacing shrinks ``(coarse - 1) / 2``-fold
-  per zoom; with the defaults to ~1.5e-8 of the range). Ties -- a flat maximum, a range
-  of payoff-equivalent bids -- go to the tied value nearest the middle of the tied
-  values, so a float32 plateau around a smooth optimum resolves to its centre. A cell
-  with several products' rewards coupled (budgets) is optimised product by product.
+  best-response iteration over the *cells* (agent, product) from the reset actions:
+  each cell in turn moves to the value maximising its own agent's reward, the others
+  held. A continuous cell's best response is a vectorised search (one ``vmap``ped batch
+  of market steps) over ``coarse`` evenly spaced values of its bounds plus its current
+  value, then ``levels - 1`` zooms of ``coarse + 1`` values spanning one spacing either
+  side of the best so far (``coarse / 2``-fold finer each; with the defaults ~1.5e-8 of
+  the range); a grid cell's is exact over its grid. Ties -- a flat maximum, a range of
+  payoff-equivalent bids -- go to the tied value nearest the middle of the tied values,
+  so the float32 plateau around a smooth optimum resolves to its centre. It stops
+  (``converged``) when a sweep moves no cell by more than ``tol`` of its range or raises
+  no cell's reward by more than :data:`GAIN_RTOL` relative (float32 rounding), or after
+  ``max_sweeps``. Several products of one agent are optimised product by product.
 * ``joint`` -- the group's joint optimum: its agents maximise the **sum of the group's
   rewards** as one player, every other player agent best-responding (with one player
-  group: the plain maximum of the group's summed reward). From the Nash point, a
-  symmetric search first (one value per product for all the group's agents, clipped to
-  each agent's bounds), then coordinate ascent cell by cell on the sum (asymmetric
-  sellers, budgets, several products), each move only if the sum does not fall.
+  group: the maximum of the group's summed reward). From the Nash point, a symmetric
+  search first (one value per product for all the group's agents, clipped to each
+  agent's bounds), then coordinate ascent cell by cell on the sum (asymmetric sellers,
+  budgets, several products), a cell moving only where the sum rises beyond float32
+  rounding (:data:`JOINT_MARGIN`).
 
 Grids (every player cell on a grid, at most ``max_table`` joint profiles) are solved
-exactly on the table of every profile's rewards (``vmap`` over the step): every pure
-equilibrium (no agent gains more than ``rtol`` relative, 1e-6, from any change of its
-own grid actions), best-response iteration on the table (``nash``: the equilibrium it
-reaches from the reset actions snapped to the grids) and the exact joint optimum.
-Larger grids use the iteration with grid cells (no list of equilibria).
+exactly on the table of every profile's rewards: every pure equilibrium (no agent gains
+more than :data:`TABLE_RTOL` relative from any change of its own grid actions),
+best-response iteration on the table (``nash``: the equilibrium it reaches from the
+reset actions snapped to the grids) and the exact joint optimum (ties: the most even
+split). Larger grids use the iteration with grid cells (no list of equilibria).
+
+One program is compiled per game structure (:func:`_batch`: a batch of market steps);
+the search runs on the host around it.
 
     sets = {"sellers": ActionSet.box(low, high)}
     result = solve(env, params, sets)
@@ -72,6 +78,8 @@ DEFAULT_SAMPLES = 256
 JOINT_MARGIN = 2.0 ** -22
 #: converged: no best response raises its objective by more than this, relative
 GAIN_RTOL = 2.0 ** -22
+#: most pure equilibria listed (``num_pure_equilibria`` counts them all)
+MAX_LISTED = 1000
 #: relative tolerance of "no agent gains" on a table of float32 rewards
 TABLE_RTOL = 1e-6
 
@@ -431,15 +439,15 @@ def _table_solve(game: Game, search: Search) -> dict[str, Any]:
     stable_agent = [_stable(table, axes_of[a], table[..., a]) for a in range(A)]
     nash_mask = np.logical_and.reduce(stable_agent)
     index = tuple(int(np.argmin(np.abs(values[c] - game.start[c]))) for c in range(N))
-    index, sweeps, _ = _table_iteration(table, axes_of, game.cell_agent, index,
-                                                search.max_sweeps)
+    index, sweeps, _ = _table_iteration(table, game.cell_agent, index, search.max_sweeps)
     equilibria = np.argwhere(nash_mask)
     if not nash_mask[index] and len(equilibria):   # a cycle: the equilibrium nearest its end
         index = tuple(equilibria[np.argmin(np.abs(equilibria - np.asarray(index)).sum(1))])
     value = lambda idx: np.array([values[c][i] for c, i in enumerate(idx)], np.float32)
     out = {"nash": value(index), "nash_reward": table[index], "nash_sweeps": sweeps,
            "nash_converged": bool(nash_mask[index]), "nash_gain": 0.0, "joint": {},
-           "pure_equilibria": [value(e) for e in equilibria]}
+           "pure_equilibria": [value(e) for e in equilibria[:MAX_LISTED]],
+           "num_pure_equilibria": len(equilibria)}
     for gi in range(len(game.groups)):
         members = np.flatnonzero(game.agent_group == gi)
         total = table[..., members].sum(-1)
@@ -457,7 +465,7 @@ def _table_solve(game: Game, search: Search) -> dict[str, Any]:
     return out
 
 
-def _table_iteration(table, axes_of, cell_agent, index, max_sweeps):
+def _table_iteration(table, cell_agent, index, max_sweeps):
     """Gauss-Seidel best responses on the table, cell by cell (ties: the middle tied
     index); ``(index, sweeps, converged)``."""
     index = list(index)
@@ -492,10 +500,11 @@ def solve(env: MarketEnv, params: MarketParams, action_sets: Mapping[str, Action
     ``nash_gain`` (the largest improvement a cell found in the last sweep), ``samples``,
     ``action_set`` (``"grid"`` or ``"box"``); on a tabulated grid also
     ``pure_equilibria`` (every pure equilibrium, ``[K][n][P]``: this group's part of
-    each) and ``num_pure_equilibria``. Where a group is on a grid and ``continuous``,
-    ``continuous`` holds the same solution (``nash``, ``joint``, their rewards,
-    ``converged``) of the game in which every grid is replaced by the interval it spans:
-    the continuous benchmarks of the literature (Calvano et al.'s ``p_N``, ``p_M``)."""
+    each; the first :data:`MAX_LISTED`) and ``num_pure_equilibria``. Where a group is
+    on a grid and ``continuous``, ``continuous`` holds the same solution (``nash``,
+    ``joint``, their rewards, ``converged``) of the game in which every grid is replaced
+    by the interval it spans: the continuous benchmarks of the literature (Calvano et
+    al.'s ``p_N``, ``p_M``)."""
     if samples is None:
         samples = 1 if is_deterministic(env) else DEFAULT_SAMPLES
     out = _solve(make_game(env, params, action_sets, fixed, samples), search)
@@ -530,7 +539,7 @@ def _solve(game: Game, search: Search) -> dict[str, dict[str, Any]]:
                "nash_gain": found["nash_gain"]}
         if "pure_equilibria" in found:
             res["pure_equilibria"] = [game.split(e)[g].tolist() for e in found["pure_equilibria"]]
-            res["num_pure_equilibria"] = len(found["pure_equilibria"])
+            res["num_pure_equilibria"] = found["num_pure_equilibria"]
         out[g] = res
     return out
 

@@ -22,9 +22,9 @@ first one from the reset state (module docstring of :mod:`jaxmarket.market.equil
 
 :func:`profit_gain` is Calvano et al.'s normalised profit gain of a group,
 ``Delta = (pi - pi_N) / (pi_M - pi_N)`` with ``pi`` the group's mean reward per agent
-(a run summary's ``final[group]["mean_reward"]``), ``pi_N`` and ``pi_M`` the mean per agent
-of ``nash_reward`` and ``joint_reward`` (of the ``continuous`` benchmarks for a grid); :func:`summary_profit_gain` gives it for every
-group of a run's summary.
+(a run summary's ``final[group]["mean_reward"]``), ``pi_N`` and ``pi_M`` the mean per
+agent of ``nash_reward`` and ``joint_reward`` (of the ``continuous`` benchmarks for a
+grid); :func:`summary_profit_gain` gives it for every group of a run's summary.
 """
 
 from __future__ import annotations
