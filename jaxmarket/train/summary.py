@@ -28,6 +28,9 @@ from jaxmarket.train.tracking import count_rows, read_last_rows, read_metrics, r
 
 # the 95% percentile-bootstrap intervals over seeds: resamples and the generator's seed
 BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED = 10_000, 0
+# resampled values held at once (8 bytes each): 10,000 resamples of 8192 seeds would be
+# 650 MB per column without batches
+BOOTSTRAP_BATCH = 2**22
 
 
 def _final(header: list[str], tail: np.ndarray, group: str, num_products: int) -> dict:
@@ -112,7 +115,8 @@ def seed_stats(values: Any) -> dict:
                 warnings.simplefilter("ignore")
                 res = bootstrap((flat[:, varies],), np.mean, axis=0, vectorized=True,
                                 n_resamples=BOOTSTRAP_RESAMPLES, confidence_level=0.95,
-                                method="percentile",
+                                method="percentile", batch=max(1, BOOTSTRAP_BATCH
+                                                               // (S * int(varies.sum()))),
                                 rng=np.random.default_rng(BOOTSTRAP_SEED))
             low[varies] = res.confidence_interval.low
             high[varies] = res.confidence_interval.high
