@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -159,6 +160,83 @@ def market_step_cost(repeats: int = 3, config: str | None = None, num_envs: int 
             "samples": [], "spread": None}
 
 
+def memory_bandwidth(repeats: int = 7, kib: tuple[int, ...] = (256, 4096, 24576, 262144),
+                     passes: int = 0, **_) -> dict:
+    """Read bandwidth (GB/s) of ``sum(x + acc)`` over float32 arrays of ``kib`` KiB each
+    (default: one that fits L2, one L3, one that fills most of L3, one far beyond it),
+    each read ``passes`` times per call in a ``fori_loop`` (default: about 256 MiB per
+    call); the loop carries the sum, so no pass can be skipped. One value per size:
+    ``{"value": GB/s of the first size, "by_kib": {kib: GB/s}, ...}``."""
+    by_kib, samples = {}, {}
+    for size in kib:
+        x = jnp.linspace(0.0, 1.0, size * 1024 // 4, dtype=jnp.float32)
+        k = passes or max(1, (256 * 1024) // size)
+        fn = jax.jit(lambda x, k=k: jax.lax.fori_loop(
+            0, k, lambda i, acc: acc + jnp.sum(x + acc) * 1e-9, jnp.float32(0.0)))
+        r = rate(float(x.nbytes) * k, timed(fn, (x,), repeats), "GB/s")
+        by_kib[size], samples[size] = r["value"], r["samples"]
+    first = kib[0]
+    return {"value": by_kib[first], "unit": "GB/s", "by_kib": by_kib,
+            "samples": samples[first], "spread": None, "samples_by_kib": samples}
+
+
+def row_gather(repeats: int = 7, table_kib: tuple[int, ...] = (256, 4096, 24576, 262144),
+               rows: int = 1 << 16, width: int = 16, **_) -> dict:
+    """Random 64-byte rows (``width`` float32) gathered from a table of ``table_kib``
+    KiB, ``rows`` per call, summed: the access pattern of tabular Q-learning (one row
+    per seller and state per period). ns per row and GB/s per table size."""
+    by_kib = {}
+    key = jax.random.key(0)
+    for size in table_kib:
+        n_rows = max(1, size * 1024 // (4 * width))
+        table = jnp.linspace(0.0, 1.0, n_rows * width, dtype=jnp.float32).reshape(n_rows, width)
+        index = jax.random.randint(key, (rows,), 0, n_rows)
+        fn = jax.jit(lambda t, i: jnp.sum(t[i], axis=0))
+        times = timed(fn, (table, index), repeats)
+        best = statistics.median(times)
+        by_kib[size] = {"ns_per_row": round(1e9 * best / rows, 3),
+                        "gbs": round(rows * width * 4 / best / 1e9, 2)}
+    return {"value": by_kib[table_kib[0]]["ns_per_row"], "unit": "ns/row", "by_kib": by_kib,
+            "samples": [], "spread": None}
+
+
+def calvano_cost(repeats: int = 5, sessions: int = 512, length: int = 2000,
+                 bandwidth: dict | None = None, **_) -> dict:
+    """``benchmarks/calvano.py``'s fast chunk (two sellers, the published settings) per
+    session-period, on every XLA device of this process, beside its roofline: the bytes a
+    session-period must move (per seller: its row of the current state read, its row of
+    the next state read, one cache line of the current row written back; 64-byte rows)
+    at the measured read bandwidth of a working set of the batch's tables' size."""
+    import calvano
+
+    with jax.threefry_partitionable(False):
+        setup = calvano.make_setup()
+        devices = len(jax.devices())
+        devices = max(d for d in range(1, devices + 1) if sessions % d == 0)
+        chunk = calvano.make_fast_chunk(setup, length, devices)
+        carry = chunk(calvano.init_sessions(setup, jax.random.key(0), sessions), jnp.uint32(0))
+        jax.block_until_ready(carry)
+        times = []
+        for r in range(repeats):
+            t0 = time.perf_counter()
+            carry = jax.block_until_ready(chunk(carry, jnp.uint32(length * (r + 1))))
+            times.append(time.perf_counter() - t0)
+    per = [1e9 * t / (sessions * length) for t in times]
+    n, line = setup.firms, 64
+    nbytes = n * 3 * line
+    table_kib = calvano.q_table_bytes(n, sessions) // 1024
+    bw = bandwidth or memory_bandwidth(repeats=3, kib=(table_kib,))
+    gbs = bw["by_kib"].get(table_kib, bw["value"])
+    roof = nbytes / gbs
+    return {"value": round(statistics.median(per), 2), "unit": "ns/session-period",
+            "best": round(min(per), 2), "samples": [round(x, 2) for x in per],
+            "spread": round((max(per) - min(per)) / statistics.median(per), 3),
+            "sessions": sessions, "devices": devices, "length": length,
+            "bytes_per_session_period": nbytes, "tables_kib": table_kib,
+            "read_gbs": gbs, "roofline_ns": round(roof, 3),
+            "distance": round(statistics.median(per) / roof, 1)}
+
+
 def roofline_ns(flops: float, nbytes: float, gflops: float, gbs: float) -> dict:
     """Roofline time (ns) of ``flops`` and ``nbytes`` at ``gflops`` GFLOP/s and
     ``gbs`` GB/s: the larger of the two bounds, and which one it is."""
@@ -202,8 +280,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--market", action="store_true",
                     help="also time the bench_b market step per cell (market_step_cost) "
                          "and put it beside the roofline of the probes just measured")
+    ap.add_argument("--calvano", action="store_true",
+                    help="also the cache-level read bandwidths (memory_bandwidth), random "
+                         "64-byte row gathers (row_gather) and calvano.py's fast chunk per "
+                         "session-period beside its roofline (calvano_cost)")
     ap.add_argument("--json", action="store_true", help="last line: JSON result")
     args = ap.parse_args(argv)
+    if args.calvano and "xla_force_host_platform_device_count" not in os.environ.get(
+            "XLA_FLAGS", ""):   # one XLA CPU device per core, as calvano.py (JAX not started)
+        os.environ["XLA_FLAGS"] = (f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_"
+                                   f"platform_device_count={os.cpu_count() or 1}").strip()
     info = machine()
     out = run(args.probe, args.repeats, args.mb, args.rounds)
     if args.market:   # measured beside the probes, same process
@@ -215,9 +301,16 @@ def main(argv: list[str] | None = None) -> int:
                                          fl["value"], bw["value"])
             mk["distance"] = round(mk["value"] / max(mk["roofline"]["ns"], 1e-9), 1)
         out["market_step"] = mk
+    if args.calvano:
+        out["memory_bandwidth"] = memory_bandwidth(max(3, args.repeats // 2))
+        out["row_gather"] = row_gather(max(3, args.repeats // 2))
+        out["calvano"] = calvano_cost(max(3, args.repeats // 2))
     print(f"machine: {info['cpu']}, {info['nproc']} cores, load {info['load_avg']}, "
           f"jax {info['jax']} ({info['backend']})")
     for name, r in out.items():
+        if name in ("memory_bandwidth", "row_gather", "calvano"):
+            print(f"  {name:<14} {json.dumps({k: v for k, v in r.items() if 'samples' not in k})}")
+            continue
         if name == "market_step":
             rf = r.get("roofline", {})
             print(f"  market step    {r['value']:>9.4f} ns/cell ({r['cells_per_market']} cells, "

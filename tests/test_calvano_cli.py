@@ -235,3 +235,47 @@ def test_grid_mode_runs_each_cell_with_its_own_parameters(capsys):
     # ... and differs from the cell with the default alpha (so the check above has teeth)
     assert (cells[1]["profit_gain"], cells[1]["mean_convergence_period"]) != \
         (cells[3]["profit_gain"], cells[3]["mean_convergence_period"])
+
+
+# -- the fast step (make_fast_chunk) against the learner's act/update (make_chunk) -------
+
+def test_unrolled_threefry_is_jax_threefry():
+    # Bug caught: a round, rotation or key-schedule slip in the unrolled hash (the fast
+    # step's random streams would silently differ from jax.random's).
+    from jax.extend.random import threefry_2x32
+    rng = np.random.default_rng(0)
+    k = rng.integers(0, 2**32, size=2, dtype=np.uint32)
+    x = rng.integers(0, 2**32, size=16, dtype=np.uint32)
+    y0, y1 = calvano.threefry2x32(jnp.uint32(k[0]), jnp.uint32(k[1]), jnp.asarray(x[:8]),
+                                  jnp.asarray(x[8:]))
+    expected = np.asarray(threefry_2x32((jnp.uint32(k[0]), jnp.uint32(k[1])), jnp.asarray(x)))
+    np.testing.assert_array_equal(np.concatenate([y0, y1]), expected)
+
+
+def test_fast_step_runs_the_learners_sessions():
+    # Bugs caught: a fast step whose draws, state index, table layout, update rounding,
+    # greedy cache or convergence rule depart from the q_learning learner's act/update by
+    # as much as one bit (a session's trajectory would then differ: Q tables, greedy
+    # play, convergence periods), for the duopoly through run() (convergence, greedy
+    # scoring) and for three sellers chunk by chunk (odd draw count, m^3 states).
+    kw = {"sessions": 8, "beta": 2e-3, "window": 1000, "chunk": 1000, "max_periods": 20000,
+          "progress": False}
+    learner = calvano.run(step="learner", **kw)
+    fast = calvano.run(step="fast", **kw)
+    assert learner["converged_share"] > 0   # the comparison covers converged sessions
+    for key in learner:
+        if key not in ("wall_s", "compile_s", "step", "ns_per_session_period"):
+            assert fast[key] == learner[key], key
+
+    setup = calvano.make_setup(firms=3, alpha=0.3, beta=2e-2, window=30)
+    with jax.threefry_partitionable(False):   # as run() draws
+        carries = [calvano.init_sessions(setup, jax.random.key(2), 4) for _ in range(2)]
+        reference = calvano.make_chunk(setup, 60)
+        fast_chunk = calvano.make_fast_chunk(setup, 60, draws_per_pass=20)
+        for first in (0, 60, 120):
+            carries = [reference(carries[0], jnp.uint32(first)),
+                       fast_chunk(carries[1], jnp.uint32(first))]
+    (state_a, obs_a, _), (state_b, obs_b, _) = carries
+    for a, b in zip(jax.tree.leaves((state_a, obs_a)), jax.tree.leaves((state_b, obs_b))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert np.asarray(state_a.step).min() > 0
