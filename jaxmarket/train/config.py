@@ -37,6 +37,12 @@ TRAIN_FIELDS = {
     "seeds_format": Field("choice", "csv", choices=("csv", "parquet"),
                           doc="the per-seed rows: seeds.csv, or seeds.parquet/ (a directory "
                               "of Parquet parts, one per chunk; needs pyarrow)"),
+    "profit_gain": Field("choice", "auto", choices=("auto", True, False),
+                         doc="summary.json's profit_gain per group from the static Nash and "
+                             "joint optimum of the market's own reward (docs/equilibrium.md; "
+                             "about a second at the end of a run): auto computes it where a "
+                             "period is deterministic (a random one averages 256 keys per "
+                             "profile: minutes for large markets), true always, false never"),
 }
 
 # log_every "auto": at most this many rows in metrics.csv, and iterations x seeds rows in
@@ -60,6 +66,7 @@ class TrainConfig:
     # the row interval, resolved ("auto" -> auto_log_every), and the per-seed format
     log_every: int = 1
     seeds_format: str = "csv"
+    profit_gain: Any = "auto"
 
 
 def auto_log_every(num_iterations: int, num_seeds: int) -> int:

@@ -99,6 +99,13 @@ def fixed_actions(plan: RunPlan, samples: int) -> dict[str, np.ndarray]:
     return out
 
 
+def deterministic(plan: RunPlan) -> bool:
+    """Whether a period's payoff is a function of the actions alone (no demand or
+    distributor draw, no fixed group acting at random): one key gives the static game."""
+    random = any(plan.learner_settings[g][0] in RANDOM_KINDS for g in plan.groups)
+    return is_deterministic(plan.env) and not random
+
+
 def equilibrium(config_or_plan: RunPlan | Mapping[str, Any] | str,
                 overrides: list[str] | tuple[str, ...] | None = None, *,
                 samples: int | None = None, search: Search = DEFAULT_SEARCH
@@ -119,8 +126,7 @@ def equilibrium(config_or_plan: RunPlan | Mapping[str, Any] | str,
     if not groups:
         return {}
     if samples is None:
-        random = any(plan.learner_settings[g][0] in RANDOM_KINDS for g in plan.groups)
-        samples = 1 if is_deterministic(plan.env) and not random else DEFAULT_SAMPLES
+        samples = 1 if deterministic(plan) else DEFAULT_SAMPLES
     sets = {g: action_set(plan, g) for g in groups}
     return solve(plan.env, plan.params, sets, fixed=fixed_actions(plan, samples),
                  samples=samples, search=search)
@@ -175,5 +181,5 @@ def summary_profit_gain(plan: RunPlan, summary: Mapping[str, Any],
     return out
 
 
-__all__ = ["BANDIT_GRID_KINDS", "FIXED_KINDS", "action_set", "equilibrium", "fixed_actions",
+__all__ = ["BANDIT_GRID_KINDS", "FIXED_KINDS", "action_set", "deterministic", "equilibrium", "fixed_actions",
            "learning_groups", "profit_gain", "summary_profit_gain"]

@@ -365,7 +365,7 @@ class Trainer:
         self.stage = "writing summary.json"
         summary = write_summary(self.run_dir, self.env, stopped=stopped, iterations=done_iters,
                                 final=final, log_every=tcfg.log_every,
-                                seeds_format=tcfg.seeds_format)
+                                seeds_format=tcfg.seeds_format, plan=self.plan)
         tracker.artifact(self.run_dir / "summary.json")
         tracker.artifact(self.run_dir / "metrics.csv")
         if jax.process_count() > 1:

@@ -24,6 +24,8 @@ from jaxmarket.market.state import current_actions
 from jaxmarket.models.metrics import asymptotic, auc
 from jaxmarket.train.components.auction import auction_summary
 from jaxmarket.train.devices import to_host
+from jaxmarket.train.equilibrium import (deterministic, equilibrium, profit_gain,
+                                         summary_profit_gain)
 from jaxmarket.train.tracking import count_rows, read_last_rows, read_metrics, read_seed_rows
 
 # the 95% percentile-bootstrap intervals over seeds: resamples and the generator's seed
@@ -196,9 +198,20 @@ def _convergence(final: dict) -> dict:
 
 # ------------------------------------------------------------------ the file
 
+def _profit_gains(plan: Any, summary: dict) -> dict:
+    """``profit_gain`` (and each seed's, in ``per_seed``) of every group with both a static
+    Nash and a joint optimum."""
+    eq = equilibrium(plan)
+    gains = summary_profit_gain(plan, summary, eq)
+    for g, seeds in (summary.get("per_seed") or {}).items():
+        if g in gains:
+            seeds["profit_gain"] = profit_gain(seeds, eq[g])
+    return {"profit_gain": gains} if gains else {}
+
+
 def write_summary(run_dir: Path, env: MarketEnv, stopped: str | None, iterations: int,
                   final: dict | None = None, log_every: int = 1,
-                  seeds_format: str = "csv") -> dict:
+                  seeds_format: str = "csv", plan: Any = None) -> dict:
     """``final[group]`` = ``mean_price`` (list, one per product), ``mean_reward`` and
     ``mean_traffic`` (list per product), averaged over seeds, agents (already in the
     metrics) and the last 10% of the rows recorded, ``ceil(0.1 * rows)``
@@ -210,7 +223,12 @@ def write_summary(run_dir: Path, env: MarketEnv, stopped: str | None, iterations
     ``mean_reward``, ``mean_price`` and the cross-play matrix over the same window.
     ``models[group]`` (groups with an external model) holds the final, mean (AUC) and
     asymptotic values of its ground-truth errors. With ``final`` (:func:`final_state`):
-    ``agents[group]`` (per agent, from the final state) and ``convergence[group]``."""
+    ``agents[group]`` (per agent, from the final state) and ``convergence[group]``.
+    With ``plan`` (``train.profit_gain``: auto = where a period is deterministic, else
+    ``profit_gain_skipped`` says why): ``profit_gain[group]`` = ``(pi - pi_N) /
+    (pi_M - pi_N)`` of the window's mean reward against the market's static Nash and
+    joint optimum (jaxmarket.train.equilibrium) and ``per_seed[group]["profit_gain"]``,
+    where both exist."""
     path = run_dir / "metrics.csv"
     rows = count_rows(path)
     n_tail = max(1, int(np.ceil(0.1 * rows)))
@@ -243,6 +261,12 @@ def write_summary(run_dir: Path, env: MarketEnv, stopped: str | None, iterations
         summary["agents"] = _agents(final)
         if final["convergence"]:
             summary["convergence"] = _convergence(final)
+    if plan is not None and plan.train.profit_gain is not False:
+        if plan.train.profit_gain is True or deterministic(plan):
+            summary.update(_profit_gains(plan, summary))
+        else:
+            summary["profit_gain_skipped"] = ("random periods (the static game averages 256 "
+                                              "keys per profile): set train.profit_gain: true")
     tmp = run_dir / "summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=2))
     tmp.replace(run_dir / "summary.json")
