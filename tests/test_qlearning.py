@@ -552,7 +552,7 @@ def test_calvano_script_gives_the_same_sessions_on_one_or_two_devices():
         summaries.append(json.loads(out.stdout.strip().splitlines()[-1]))
     one, two = summaries
     assert (one["devices"], two["devices"]) == (1, 2)
-    for key in ("wall_s", "compile_s", "devices"):
+    for key in ("wall_s", "compile_s", "devices", "ns_per_session_period"):  # timings
         one.pop(key), two.pop(key)
     assert one["converged_share"] > 0  # the sessions did learn something to compare
     assert one == two
