@@ -111,7 +111,7 @@ def test_console_script_subcommands_delegate_to_the_modules(capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("config error: market.num_products") and "\n" not in err
     # every command is the module's own CLI (its --help names it)
-    for command in ("train", "check", "plot", "sweep", "collect", "offline", "record"):
+    for command in ("train", "check", "plot", "sweep", "collect", "offline", "record", "impulse"):
         with pytest.raises(SystemExit) as exc:
             jaxmarket_main([command, "--help"])
         assert exc.value.code == 0

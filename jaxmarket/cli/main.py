@@ -9,6 +9,7 @@ Commands:
   collect record a scenario's transitions as an offline dataset
   offline train and evaluate an offline learner on a dataset
   record  render an episode of a trained run or a dataset to a GIF or MP4
+  impulse the impulse response of a trained Q-learning run (docs/analysis.md)
 
 jaxmarket COMMAND --help shows a command's own options."""
 
@@ -21,6 +22,7 @@ from jaxmarket.cli import parser as make_parser
 from jaxmarket.cli import run_cli
 from jaxmarket.cli.check import main as check_main
 from jaxmarket.cli.collect import main as collect_main
+from jaxmarket.cli.impulse import main as impulse_main
 from jaxmarket.cli.offline import main as offline_main
 from jaxmarket.cli.plot import main as plot_main
 from jaxmarket.cli.record import main as record_main
@@ -29,7 +31,7 @@ from jaxmarket.cli.train import main as train_main
 
 COMMANDS = {"train": train_main, "check": check_main, "plot": plot_main,
             "sweep": sweep_main, "collect": collect_main, "offline": offline_main,
-            "record": record_main}
+            "record": record_main, "impulse": impulse_main}
 
 
 def package_version() -> str:
