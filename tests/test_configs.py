@@ -109,6 +109,8 @@ def test_readme_starts_with_the_two_commands_on_python3():
     for cmd in (first, second):
         assert cmd.startswith("python3 -m venv .venv && .venv/bin/pip install -e ")
     assert first.endswith(".venv/bin/python -m jaxmarket.train")
-    assert "'.[test]'" in second and second.endswith("-m pytest -n 2")
+    assert "'.[test]'" in second and second.endswith("-m pytest -n 2 -m 'not slow'")
     ci = (ROOT / ".ci" / "run").read_text()
     assert 'grep -m1 -E "pytest" README.md' in ci   # CI runs exactly the README's test line
+    assert "pytest -n 2 -m slow" in ci              # and then the tests it leaves out
+    assert "tests/test_clients.py" in ci            # and the outside clients
