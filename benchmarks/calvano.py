@@ -177,6 +177,12 @@ def make_chunk(setup: CalvanoSetup, length: int, devices: int = 1):
         return carry
 
     chunk = jax.vmap(one_session, in_axes=(0, None))
+    return _compile_chunk(chunk, devices)
+
+
+def _compile_chunk(chunk, devices: int):
+    """``chunk(sessions_state, first_period)`` jitted with the sessions donated; with
+    several devices the sessions are split over them (``shard_map``)."""
     if devices > 1:
         mesh = Mesh(np.asarray(jax.devices()[:devices]), ("sessions",))
         chunk = jax.shard_map(chunk, mesh=mesh, in_specs=(PartitionSpec("sessions"),
@@ -336,12 +342,7 @@ def make_fast_chunk(setup: CalvanoSetup, length: int, devices: int = 1,
         out = jax.lax.map(lambda c: run_block(*c, first_period), split)
         return jax.tree.map(lambda x: x.reshape((sessions,) + x.shape[2:]), out)
 
-    if devices > 1:
-        mesh = Mesh(np.asarray(jax.devices()[:devices]), ("sessions",))
-        chunk = jax.shard_map(chunk, mesh=mesh, in_specs=(PartitionSpec("sessions"),
-                                                          PartitionSpec()),
-                              out_specs=PartitionSpec("sessions"))
-    return jax.jit(chunk, donate_argnums=0)
+    return _compile_chunk(chunk, devices)
 
 
 def init_sessions(setup: CalvanoSetup, key: jax.Array, sessions: int):
