@@ -429,10 +429,40 @@ def check_arguments(firms: int, alpha: float, beta: float, sessions: int = 1,
                          f"{have / 2**30:.1f} GiB; use fewer sessions")
 
 
+#: The ways of running the periods (``--step``): the same sessions, bit for bit.
+STEPS = ("kernel", "fast", "learner")
+
+
+def default_step() -> str:
+    """``kernel`` where numba is installed (``pip install -e '.[bench]'``), else ``fast``."""
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        return "fast"
+    return "kernel"
+
+
+def chunk_maker(step: str):
+    """``make(setup, length, devices) -> chunk`` of a ``--step`` value; a ``ValueError``
+    naming the flag for anything else, or for ``kernel`` without numba."""
+    if step == "learner":
+        return make_chunk
+    if step == "fast":
+        return make_fast_chunk
+    if step == "kernel":
+        try:
+            from calvano_kernel import make_kernel_chunk
+        except ImportError as error:
+            raise ValueError(f"--step kernel needs numba ({error}); install it with "
+                             f"pip install -e '.[bench]', or use --step fast") from None
+        return make_kernel_chunk
+    raise ValueError(f"--step: got {step!r}; allowed: {', '.join(STEPS)}")
+
+
 def run(sessions: int = 1000, beta: float = 4e-6, window: int = 100_000,
         max_periods: int = 10_000_000, chunk: int = 20_000, seed: int = 0,
-        progress: bool = True, compact: bool = True, devices: int | None = None,
-        firms: int = 2, alpha: float = 0.15, step: str = "fast") -> dict:
+        progress: bool = True, compact: bool | None = None, devices: int | None = None,
+        firms: int = 2, alpha: float = 0.15, step: str | None = None) -> dict:
     """Run every session until all have converged or ``max_periods``; return a summary.
 
     Sessions run in lockstep in a batch; once at most 3/4 of the batch is still learning,
@@ -441,12 +471,17 @@ def run(sessions: int = 1000, beta: float = 4e-6, window: int = 100_000,
     time. A session's randomness depends only on its own key and the period number, so
     compaction does not change any session's trajectory. ``devices`` (default: all of
     ``jax.devices()``) splits the batch across devices (see :func:`make_chunk`).
-    ``step="fast"`` runs the periods with :func:`make_fast_chunk`, ``"learner"`` with
-    the learner's own ``act``/``update`` (:func:`make_chunk`): the same sessions.
+    ``step="kernel"`` (the default where numba is installed) runs the periods with
+    ``calvano_kernel.make_kernel_chunk``, ``"fast"`` (the default without numba) with
+    :func:`make_fast_chunk`, ``"learner"`` with the learner's own ``act``/``update``
+    (:func:`make_chunk`): the same sessions, bit for bit. ``compact`` (default: for every
+    step but the kernel) compacts the batch as above.
     """
-    if step not in ("fast", "learner"):
-        raise ValueError(f"--step: got {step!r}; allowed: fast, learner")
-    make = make_fast_chunk if step == "fast" else make_chunk
+    step = default_step() if step is None else step
+    make = chunk_maker(step)
+    # the kernel plays a converged session's periods for a few ns (greedy, no draws):
+    # compacting the batch (new gathers to compile for every batch size) costs it more
+    compact = step != "kernel" if compact is None else compact
     start = time.perf_counter()
     check_arguments(firms, alpha, beta, sessions)
     # The non-partitionable threefry draws two 32-bit words per hash instead of one: half
@@ -460,6 +495,7 @@ def run(sessions: int = 1000, beta: float = 4e-6, window: int = 100_000,
                              f"devices of this process)")
         full_state, full_obs, keys = init_sessions(setup, jax.random.key(seed), sessions)
         chunks: dict[int, object] = {}
+        kernel_compile_s = [0.0]          # numba's, which CompileTimer does not see
 
         def run_chunk(carry, first_period):
             """One chunk on as many devices as divide the batch."""
@@ -467,6 +503,7 @@ def run(sessions: int = 1000, beta: float = 4e-6, window: int = 100_000,
             use = max(d for d in range(1, devices + 1) if size % d == 0)
             if use not in chunks:
                 chunks[use] = make(setup, chunk, use)
+                kernel_compile_s[0] += getattr(chunks[use], "compile_s", 0.0)
             return chunks[use](carry, first_period)
 
         batch = np.arange(sessions)        # sessions in the running batch (padding last)
@@ -502,6 +539,7 @@ def run(sessions: int = 1000, beta: float = 4e-6, window: int = 100_000,
         del carry
         profits = np.asarray(greedy_cycle_profits(setup, full_state, full_obs), np.float64)
     wall = time.perf_counter() - start
+    compile_s = compiled.seconds + kernel_compile_s[0]
     gain = economics.profit_gain(profits.mean(axis=1), setup.pi_nash, setup.pi_monopoly)
     converged = np.asarray(full_state.converged)
     steps = np.asarray(full_state.step, dtype=np.float64)
@@ -518,7 +556,7 @@ def run(sessions: int = 1000, beta: float = 4e-6, window: int = 100_000,
         "beta": setup.hyper["exploration_decay"],
         "convergence_window": setup.hyper["convergence_window"],
         "wall_s": wall,
-        "compile_s": compiled.seconds,
+        "compile_s": compile_s,
         # added with --firms / --alpha (the keys above are unchanged)
         "firms": setup.firms,
         "alpha": setup.hyper["learning_rate"],
@@ -538,7 +576,7 @@ def run(sessions: int = 1000, beta: float = 4e-6, window: int = 100_000,
         # (every slot of the running batch, padding included, each period), and the
         # target of 1000 sessions within 60 s
         "step": step,
-        "ns_per_session_period": 1e9 * (wall - compiled.seconds) / max(session_periods, 1),
+        "ns_per_session_period": 1e9 * (wall - compile_s) / max(session_periods, 1),
         "target_met": bool(sessions >= 1000 and wall <= 60.0),
     }
 
@@ -620,8 +658,10 @@ def main(argv: list[str] | None = None) -> dict:
                         help="grid mode: these learning rates (default: --alpha)")
     parser.add_argument("--grid-beta", type=_float_list, default=None, metavar="B1,B2,..",
                         help="grid mode: these exploration decays (default: --beta)")
-    parser.add_argument("--step", choices=("fast", "learner"), default="fast",
-                        help="fast: the periods restated for XLA:CPU (default); learner: "
+    parser.add_argument("--step", choices=STEPS, default=None,
+                        help="kernel: each session's periods in one compiled loop (numba; "
+                             "the default where numba is installed); fast: the periods "
+                             "restated for XLA:CPU (the default without numba); learner: "
                              "the q_learning learner's act/update (the same sessions)")
     parser.add_argument("--json", action="store_true", help="print a JSON summary last")
     parser.add_argument("--save-strategies", metavar="DIR", default=None,
@@ -642,6 +682,7 @@ def main(argv: list[str] | None = None) -> dict:
         if args.devices is not None and not 1 <= args.devices <= len(jax.devices()):
             raise ValueError(f"--devices: got {args.devices}; allowed: 1 .. "
                              f"{len(jax.devices())} (the XLA devices of this process)")
+        chunk_maker(args.step or default_step())
         if args.save_strategies is not None and grid_mode:
             raise ValueError("--save-strategies: one run only, not grid mode")
     except ValueError as error:
