@@ -173,9 +173,9 @@ def profile_programs(args, config: dict, cart: tuple[int, int]) -> list[tuple[st
     one_epoch = copy.deepcopy(config)
     for lrn in one_epoch["learners"].values():
         lrn["update_epochs"] = 1
-    grouped = copy.deepcopy(config)
-    for lrn in grouped["learners"].values():
-        lrn["group_by_policy"] = True
+    per_slot = copy.deepcopy(config)
+    for lrn in per_slot["learners"].values():
+        lrn["group_by_policy"] = False
     rnd = copy.deepcopy(config)
     rnd["learners"] = {g: {"kind": "random"} for g in rnd["learners"]}
 
@@ -195,9 +195,9 @@ def profile_programs(args, config: dict, cart: tuple[int, int]) -> list[tuple[st
         ("no update (act + market + record)", lambda: market_program(
             config, it, seed, _edit_learners(_no_update))),
         ("market metrics off", no_metrics),
-        ("group_by_policy", lambda: market_program(grouped, it, seed)),
-        ("group_by_policy, no update", lambda: market_program(
-            grouped, it, seed, _edit_learners(_no_update))),
+        ("per-slot (group_by_policy: false)", lambda: market_program(per_slot, it, seed)),
+        ("per-slot, no update", lambda: market_program(
+            per_slot, it, seed, _edit_learners(_no_update))),
         ("random learner (loop + market + record)", lambda: market_program(rnd, it, seed)),
         ("cartpole", lambda: cartpole_program(*cart, config["train"]["rollout_length"], it,
                                               seed)),
@@ -242,8 +242,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="policies: one CartPole seed per market policy (24 x 8 envs); "
                          "slots: one policy over all the slots (1 x 192 envs)")
     ap.add_argument("--profile", action="store_true", help="time variants with parts off")
-    ap.add_argument("--no-grouped", action="store_true",
-                    help="skip the market with the learners' group_by_policy: true")
+    ap.add_argument("--no-per-slot", action="store_true",
+                    help="skip the market with the learners' group_by_policy: false (the "
+                         "per-slot layout, the default before it was auto)")
     ap.add_argument("--json", action="store_true", help="last line: JSON result")
     args = ap.parse_args(argv)
     log = (lambda s: print(s, flush=True))
@@ -285,17 +286,17 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(out))
         return 0
 
-    grouped_config = copy.deepcopy(config)
-    for lrn in grouped_config["learners"].values():
-        lrn["group_by_policy"] = True
+    per_slot_config = copy.deepcopy(config)
+    for lrn in per_slot_config["learners"].values():
+        lrn["group_by_policy"] = False
     market = market_program(config, args.iterations, args.seed)
     log(f"market compiled in {market.compile_s:.1f}s")
     programs = [market]
-    if not args.no_grouped:
-        grouped = market_program(grouped_config, args.iterations, args.seed,
-                                 name="market_grouped")
-        log(f"market (group_by_policy) compiled in {grouped.compile_s:.1f}s")
-        programs.append(grouped)
+    if not args.no_per_slot:
+        per_slot = market_program(per_slot_config, args.iterations, args.seed,
+                                  name="market_per_slot")
+        log(f"market (group_by_policy: false) compiled in {per_slot.compile_s:.1f}s")
+        programs.append(per_slot)
     cartpole = cartpole_program(*cart, T, args.iterations, args.seed)
     log(f"cartpole compiled in {cartpole.compile_s:.1f}s")
     programs.append(cartpole)
@@ -325,28 +326,23 @@ def main(argv: list[str] | None = None) -> int:
     log(f"market   {ms['agent_steps_per_s']:>12,.0f} agent-steps/s ({out['ms_per_iteration']:.2f}"
         f" ms/iteration; best {ms['agent_steps_per_s_best']:,.0f}, worst "
         f"{ms['agent_steps_per_s_worst']:,.0f}); compile {ms['compile_s']:.1f}s")
-    if not args.no_grouped:
-        gs = summary(grouped, times["market_grouped"])
-        g_ratios = ratios_of(grouped)
-        out.update(group_by_policy=gs,
-                   group_by_policy_agent_steps_per_s=gs["agent_steps_per_s"],
-                   group_by_policy_ratio=statistics.median(g_ratios),
-                   group_by_policy_ratios=g_ratios,
-                   group_by_policy_target_met=bool(statistics.median(g_ratios)
-                                                   >= TARGET_RATIO))
-        log(f"  group_by_policy {gs['agent_steps_per_s']:>12,.0f} agent-steps/s "
-            f"({1e3 * gs['run_s'] / args.iterations:.2f} ms/iteration; best "
-            f"{gs['agent_steps_per_s_best']:,.0f}); compile {gs['compile_s']:.1f}s")
+    if not args.no_per_slot:
+        ps = summary(per_slot, times["market_per_slot"])
+        p_ratios = ratios_of(per_slot)
+        out.update(per_slot=ps, per_slot_agent_steps_per_s=ps["agent_steps_per_s"],
+                   per_slot_ratio=statistics.median(p_ratios), per_slot_ratios=p_ratios)
+        log(f"  group_by_policy: false {ps['agent_steps_per_s']:>12,.0f} agent-steps/s "
+            f"({1e3 * ps['run_s'] / args.iterations:.2f} ms/iteration; best "
+            f"{ps['agent_steps_per_s_best']:,.0f}); compile {ps['compile_s']:.1f}s")
     log(f"cartpole {cs['agent_steps_per_s']:>12,.0f} agent-steps/s "
         f"({out['cartpole_ms_per_iteration']:.2f} ms/iteration; best "
         f"{cs['agent_steps_per_s_best']:,.0f}, worst {cs['agent_steps_per_s_worst']:,.0f}); "
         f"compile {cs['compile_s']:.1f}s")
     log(f"market / cartpole: {ratio:.3f} (median of rounds {ratios}); target >= "
         f"{TARGET_RATIO}: {'met' if out['target_met'] else 'NOT met'}")
-    if not args.no_grouped:
-        log(f"market (group_by_policy) / cartpole: {out['group_by_policy_ratio']:.3f} "
-            f"(rounds {g_ratios}); target: "
-            f"{'met' if out['group_by_policy_target_met'] else 'NOT met'}")
+    if not args.no_per_slot:
+        log(f"market (group_by_policy: false) / cartpole: {out['per_slot_ratio']:.3f} "
+            f"(rounds {p_ratios})")
     if args.json:
         print(json.dumps(out))
     return 0

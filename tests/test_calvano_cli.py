@@ -279,3 +279,58 @@ def test_fast_step_runs_the_learners_sessions():
     for a, b in zip(jax.tree.leaves((state_a, obs_a)), jax.tree.leaves((state_b, obs_b))):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert np.asarray(state_a.step).min() > 0
+
+
+# -- the kernel step (calvano_kernel.make_kernel_chunk, numba) against the learner -------
+
+def test_kernel_step_runs_the_learners_sessions():
+    # Bugs caught: a kernel whose hash, exploration test (eps_t looked up at the wrong
+    # step or for the wrong beta), rounding (the contracted r + delta max Q), greedy cache
+    # (the tie rule, the rescan when the greedy entry falls), convergence count or
+    # greedy play after convergence departs from the q_learning learner by one bit.
+    kw = {"sessions": 8, "beta": 2e-3, "window": 1000, "chunk": 1000, "max_periods": 20000,
+          "progress": False}
+    learner = calvano.run(step="learner", **kw)
+    kernel = calvano.run(step="kernel", **kw)
+    assert kernel["step"] == "kernel"
+    assert learner["converged_share"] > 0   # converged sessions are compared too
+    for key in learner:
+        if key not in ("wall_s", "compile_s", "step", "ns_per_session_period"):
+            assert kernel[key] == learner[key], key
+
+    from calvano_kernel import make_kernel_chunk
+    for firms, alpha, beta, window, sessions in ((3, 0.3, 2e-2, 30, 4), (2, 0.3, 5e-2, 15, 6)):
+        setup = calvano.make_setup(firms=firms, alpha=alpha, beta=beta, window=window)
+        with jax.threefry_partitionable(False):   # as run() draws
+            carries = [calvano.init_sessions(setup, jax.random.key(3), sessions)
+                       for _ in range(2)]
+            if firms == 2:   # two sessions explore 4x slower: one eps_t row per beta
+                def slower(state):
+                    decay = state.hyper["exploration_decay"].at[:2].multiply(0.25)
+                    return state.replace(hyper={**state.hyper, "exploration_decay": decay})
+                carries = [(slower(c[0]),) + c[1:] for c in carries]
+            reference = calvano.make_chunk(setup, 70)
+            kernel_chunk = make_kernel_chunk(setup, 70)
+            for first in (0, 70, 140, 210):
+                carries = [reference(carries[0], jnp.uint32(first)),
+                           kernel_chunk(carries[1], jnp.uint32(first))]
+        (state_a, obs_a, _), (state_b, obs_b, _) = carries
+        for a, b in zip(jax.tree.leaves((state_a, obs_a)), jax.tree.leaves((state_b, obs_b))):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        steps = np.asarray(state_a.step)
+        assert steps.min() > 0
+        if firms == 2:   # some sessions converged mid-run, some still learn
+            converged = np.asarray(state_a.converged)
+            assert converged.any() and not converged.all(), steps
+
+
+def test_kernel_step_without_numba_is_a_flag_error(monkeypatch):
+    # Bug caught: a missing numba ending in an ImportError traceback, or the default
+    # step still asking for the kernel.
+    monkeypatch.setitem(sys.modules, "numba", None)
+    monkeypatch.delitem(sys.modules, "calvano_kernel", raising=False)
+    assert calvano.default_step() == "fast"
+    with pytest.raises(ValueError, match=r"--step kernel needs numba.*\.\[bench\]"):
+        calvano.chunk_maker("kernel")
+    with pytest.raises(ValueError, match="--step: got 'quick'; allowed: kernel, fast, learner"):
+        calvano.chunk_maker("quick")

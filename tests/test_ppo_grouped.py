@@ -40,7 +40,7 @@ def test_one_minibatch_update_equals_the_default_update():
     # with one minibatch and one epoch, each policy's loss is the mean over all its
     # samples in both layouts (order only changes rounding): same step, same actions
     hyper = {"update_epochs": 1, "num_minibatches": 1, "learning_rate": 0.01}
-    plain, spec = make(**hyper)
+    plain, spec = make(**hyper, group_by_policy=False)
     grouped, _ = make(**hyper, group_by_policy=True)
     state = plain.init(jax.random.key(0), spec)
     grouped_state = grouped.init(jax.random.key(0), spec)
@@ -85,3 +85,38 @@ def test_unequal_slots_per_policy_is_a_config_error():
                        num_policies=2, policy_index=(0, 0, 1))
     with pytest.raises(ConfigError, match="group_by_policy"):
         PPO.make(check_mapping(PPO.hyper_fields, {"group_by_policy": True}, "l"), spec)
+
+
+def test_auto_groups_equal_layouts_and_keeps_per_slot_parameters_otherwise():
+    # Bugs caught: auto not taking the grouped path where it can (the slow per-slot path
+    # by default), or failing (a config error) where the policies drive unequal slots.
+    hyper = {"update_epochs": 2, "num_minibatches": 2}
+    auto, spec = make(**hyper)                     # default: auto
+    grouped, _ = make(**hyper, group_by_policy=True)
+    plain, _ = make(**hyper, group_by_policy=False)
+    state = auto.init(jax.random.key(0), spec)
+    batch = batch_of(auto, state, jax.random.key(4))
+    a, b, c = (jax.jit(x.update)(state, batch)[0] for x in (auto, grouped, plain))
+    for x, y, z in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params),
+                       jax.tree.leaves(c.params)):
+        np.testing.assert_array_equal(x, y)        # auto = grouped, bit for bit
+    assert any(not np.array_equal(x, z) for x, z in
+               zip(jax.tree.leaves(a.params), jax.tree.leaves(c.params)))  # != per slot
+
+    uneven = LearnerSpec(num_agents=3, obs_dim=D, num_products=1,
+                         action_low=np.zeros((3, 1), np.float32),
+                         action_high=np.ones((3, 1), np.float32),
+                         num_policies=2, policy_index=(0, 0, 1))
+    fields = PPO.hyper_fields
+    learners = [PPO.make(check_mapping(fields, {**hyper, **extra}, "l"), uneven)
+                for extra in ({}, {"group_by_policy": False})]
+    state = learners[0].init(jax.random.key(1), uneven)
+    k_obs, k_act, k_rew = jax.random.split(jax.random.key(5), 3)
+    obs = jax.random.normal(k_obs, (T, 3, D))
+    action, aux = jax.vmap(learners[0].act, in_axes=(None, 0, 0))(
+        state, obs, jax.random.split(k_act, T))
+    batch = Transition(obs=obs, action=action, reward=jax.random.normal(k_rew, (T, 3)),
+                       next_obs=obs, done=jnp.zeros((T, 3), bool), aux=aux)
+    x, y = (jax.jit(learner.update)(state, batch)[0] for learner in learners)
+    for u, v in zip(jax.tree.leaves(x.params), jax.tree.leaves(y.params)):
+        np.testing.assert_array_equal(u, v)        # auto = per slot here

@@ -548,6 +548,7 @@ def test_calvano_script_gives_the_same_sessions_on_one_or_two_devices():
         out = subprocess.run(
             [sys.executable, str(script), "--sessions", "8", "--beta", "2e-3", "--window",
              "1000", "--chunk", "1000", "--max-periods", "20000", "--devices", str(devices),
+             "--step", "fast",
              "--json"], capture_output=True, text=True, env=env, check=True)
         summaries.append(json.loads(out.stdout.strip().splitlines()[-1]))
     one, two = summaries

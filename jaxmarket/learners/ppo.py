@@ -91,10 +91,13 @@ HYPER_FIELDS: dict[str, Field] = {
     "update_epochs": Field("int", 4, low=1),
     "num_minibatches": Field("int", 4, low=1),
     "normalize_advantages": Field("bool", True, doc="per minibatch and per policy"),
-    "group_by_policy": Field("bool", False, doc="evaluate each policy's slots as one batch "
-                             "and give every minibatch an equal share of each policy's "
-                             "samples (needs equal slots per policy; other rounding and "
-                             "minibatches than the default)"),
+    "group_by_policy": Field("choice", "auto", choices=("auto", True, False),
+                             doc="evaluate each policy's slots as one batch and give every "
+                             "minibatch an equal share of each policy's samples, shuffled "
+                             "per policy (each policy updates as a PPO of its own would); "
+                             "auto: wherever every policy drives the same number of slots; "
+                             "true: required (a config error otherwise); false: per-slot "
+                             "parameters and minibatches mixing the policies' samples"),
 }
 
 
@@ -563,16 +566,19 @@ def ppo_settings(hyper: Mapping[str, Any], spec: LearnerSpec) -> PPOSettings:
         max_grad_norm=h["max_grad_norm"], adam_eps=h["adam_eps"],
         clip_value_loss=h["clip_value_loss"], normalize_advantages=h["normalize_advantages"],
         hyper=tuple((name, h[name]) for name in HYPERPARAMS),
-        groups=policy_groups(index, spec.policies) if h["group_by_policy"] else None)
+        groups=policy_groups(index, spec.policies, h["group_by_policy"]))
 
 
-def policy_groups(index: np.ndarray, num_policies: int) -> tuple | None:
-    """``group_by_policy``'s slots of each policy (in slot order); None for one policy
-    (already one batch). Every policy must drive the same number of slots."""
-    if num_policies == 1:
+def policy_groups(index: np.ndarray, num_policies: int, mode="auto") -> tuple | None:
+    """``group_by_policy``'s slots of each policy (in slot order), or None: the per-slot
+    layout (``mode`` false; ``auto`` where the policies drive unequal numbers of slots)
+    or one policy (already one batch). ``mode`` true requires equal slot counts."""
+    if num_policies == 1 or mode is False:
         return None
     counts = np.bincount(index, minlength=num_policies)
     if not np.all(counts == counts[0]):
+        if mode == "auto":
+            return None
         raise ConfigError("group_by_policy", True,
                           "false, or a layout where every policy drives the same number "
                           f"of agent slots (here: {sorted(set(counts.tolist()))})")
