@@ -18,9 +18,16 @@ precomputed ``[m^n, n]`` payoff table built with :func:`jaxmarket.economics.logi
 table keeps this benchmark independent of the market simulator). The Nash and
 joint-monopoly prices and profits of ``n`` sellers come from :mod:`jaxmarket.economics`.
 
-Sessions that have converged stop learning (the learner's own rule) and, once a quarter
-of the batch has converged, are compacted out of the running batch (a session's
-randomness depends only on its key and the period, so compaction changes no result).
+The periods run in one of three ways (``--step``), the same sessions bit for bit:
+``kernel`` (the default where numba is installed, ``pip install -e '.[bench]'``; in
+``calvano_kernel.py``) plays each session's periods of a chunk in one compiled loop on
+every core; ``fast`` (the default without numba) restates them for XLA:CPU
+(:func:`make_fast_chunk`); ``learner`` runs the learner's ``act``/``update``.
+
+Sessions that have converged stop learning (the learner's own rule) and, with the XLA
+steps, once a quarter of the batch has converged, are compacted out of the running batch
+(a session's randomness depends only on its key and the period, so compaction changes
+no session).
 A session stops after ``--max-periods`` (default 1e7, not the published 1e9: at
 beta = 4e-6, eps is below 1e-17 after 1e7 periods, and the cap keeps a session that
 never settles from holding the whole run).
