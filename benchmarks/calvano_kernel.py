@@ -28,12 +28,12 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from numba import njit, prange
-from numba.core import types
-from numba.extending import intrinsic
 from numba import float32 as f32
 from numba import int32 as i32
+from numba import njit, prange
 from numba import uint32 as u32
+from numba.core import types
+from numba.extending import intrinsic
 
 _INT32_MAX = np.iinfo(np.int32).max
 
@@ -56,45 +56,39 @@ def _rotl(x, r):
 
 
 @njit(inline="always")
+def _mix(x0, x1, r):
+    """One Threefry round: ``x0 += x1; x1 = rotl(x1, r) ^ x0``."""
+    x0 = u32(x0 + x1)
+    return x0, u32(_rotl(x1, r) ^ x0)
+
+
+@njit(inline="always")
+def _group(x0, x1, a, b, c, d):
+    """Four rounds with rotations ``a, b, c, d``."""
+    x0, x1 = _mix(x0, x1, a)
+    x0, x1 = _mix(x0, x1, b)
+    x0, x1 = _mix(x0, x1, c)
+    return _mix(x0, x1, d)
+
+
+@njit(inline="always")
 def threefry2x32(k0, k1, x0, x1):
     """Threefry-2x32 with 20 rounds (Salmon et al. 2011), JAX's default hash: rotations
     (13, 15, 26, 6) and (17, 29, 16, 24) in alternate groups of four rounds, a key
-    injection ``ks[(i+1) % 3], ks[(i+2) % 3] + i + 1`` after each group,
+    injection ``ks[(i+1) % 3], ks[(i+2) % 3] + i + 1`` after group ``i``,
     ``ks = (k0, k1, k0 ^ k1 ^ 0x1BD11BDA)``."""
     k2 = u32(k0 ^ k1 ^ u32(0x1BD11BDA))
-    x0 = u32(x0 + k0)
-    x1 = u32(x1 + k1)
-    # group 0: rotations A, inject (k1, k2 + 1)
-    x0 = u32(x0 + x1); x1 = _rotl(x1, 13); x1 = u32(x0 ^ x1)   # noqa: E702
-    x0 = u32(x0 + x1); x1 = _rotl(x1, 15); x1 = u32(x0 ^ x1)   # noqa: E702
-    x0 = u32(x0 + x1); x1 = _rotl(x1, 26); x1 = u32(x0 ^ x1)   # noqa: E702
-    x0 = u32(x0 + x1); x1 = _rotl(x1, 6); x1 = u32(x0 ^ x1)    # noqa: E702
-    x0 = u32(x0 + k1); x1 = u32(x1 + k2 + u32(1))              # noqa: E702
-    # group 1: rotations B, inject (k2, k0 + 2)
-    x0 = u32(x0 + x1); x1 = _rotl(x1, 17); x1 = u32(x0 ^ x1)   # noqa: E702
-    x0 = u32(x0 + x1); x1 = _rotl(x1, 29); x1 = u32(x0 ^ x1)   # noqa: E702
-    x0 = u32(x0 + x1); x1 = _rotl(x1, 16); x1 = u32(x0 ^ x1)   # noqa: E702
-    x0 = u32(x0 + x1); x1 = _rotl(x1, 24); x1 = u32(x0 ^ x1)   # noqa: E702
-    x0 = u32(x0 + k2); x1 = u32(x1 + k0 + u32(2))              # noqa: E702
-    # group 2: rotations A, inject (k0, k1 + 3)
-    x0 = u32(x0 + x1); x1 = _rotl(x1, 13); x1 = u32(x0 ^ x1)   # noqa: E702
-    x0 = u32(x0 + x1); x1 = _rotl(x1, 15); x1 = u32(x0 ^ x1)   # noqa: E702
-    x0 = u32(x0 + x1); x1 = _rotl(x1, 26); x1 = u32(x0 ^ x1)   # noqa: E702
-    x0 = u32(x0 + x1); x1 = _rotl(x1, 6); x1 = u32(x0 ^ x1)    # noqa: E702
-    x0 = u32(x0 + k0); x1 = u32(x1 + k1 + u32(3))              # noqa: E702
-    # group 3: rotations B, inject (k1, k2 + 4)
-    x0 = u32(x0 + x1); x1 = _rotl(x1, 17); x1 = u32(x0 ^ x1)   # noqa: E702
-    x0 = u32(x0 + x1); x1 = _rotl(x1, 29); x1 = u32(x0 ^ x1)   # noqa: E702
-    x0 = u32(x0 + x1); x1 = _rotl(x1, 16); x1 = u32(x0 ^ x1)   # noqa: E702
-    x0 = u32(x0 + x1); x1 = _rotl(x1, 24); x1 = u32(x0 ^ x1)   # noqa: E702
-    x0 = u32(x0 + k1); x1 = u32(x1 + k2 + u32(4))              # noqa: E702
-    # group 4: rotations A, inject (k2, k0 + 5)
-    x0 = u32(x0 + x1); x1 = _rotl(x1, 13); x1 = u32(x0 ^ x1)   # noqa: E702
-    x0 = u32(x0 + x1); x1 = _rotl(x1, 15); x1 = u32(x0 ^ x1)   # noqa: E702
-    x0 = u32(x0 + x1); x1 = _rotl(x1, 26); x1 = u32(x0 ^ x1)   # noqa: E702
-    x0 = u32(x0 + x1); x1 = _rotl(x1, 6); x1 = u32(x0 ^ x1)    # noqa: E702
-    x0 = u32(x0 + k2); x1 = u32(x1 + k0 + u32(5))              # noqa: E702
-    return x0, x1
+    x0, x1 = u32(x0 + k0), u32(x1 + k1)
+    x0, x1 = _group(x0, x1, 13, 15, 26, 6)
+    x0, x1 = u32(x0 + k1), u32(x1 + k2 + u32(1))
+    x0, x1 = _group(x0, x1, 17, 29, 16, 24)
+    x0, x1 = u32(x0 + k2), u32(x1 + k0 + u32(2))
+    x0, x1 = _group(x0, x1, 13, 15, 26, 6)
+    x0, x1 = u32(x0 + k0), u32(x1 + k1 + u32(3))
+    x0, x1 = _group(x0, x1, 17, 29, 16, 24)
+    x0, x1 = u32(x0 + k1), u32(x1 + k2 + u32(4))
+    x0, x1 = _group(x0, x1, 13, 15, 26, 6)
+    return u32(x0 + k2), u32(x1 + k0 + u32(5))
 
 
 #: Periods whose random bits one session draws at a time (a loop over independent
