@@ -3,8 +3,10 @@
 :func:`make_kernel_chunk` runs exactly the sessions of :func:`calvano.make_chunk` (the
 ``q_learning`` learner's ``act``/``update``) and :func:`calvano.make_fast_chunk`, bit for
 bit: the same random streams (JAX's Threefry-2x32, :func:`threefry2x32` below), the same
-float32 arithmetic in the same order, the same tie rule for the greedy price, the same
-convergence rule (``tests/test_calvano_cli.py`` compares the three).
+float32 arithmetic in the same order (``r + delta max Q`` as one fused multiply-add:
+XLA:CPU contracts it inside the learner's fused kernel), the same tie rule for the
+greedy price, the same convergence rule (``tests/test_calvano_cli.py`` compares the
+three).
 
 Why a hand-written loop: a session-period is a short chain of dependent table reads and
 writes (``Q[s, a]``, ``max_a' Q[s', a']``, the greedy price), and XLA:CPU runs the
