@@ -72,7 +72,7 @@ LONG = (
     "tests/test_packaging.py::test_wheel_ships_the_configs_and_the_command_and_trains_outside_the_checkout",
     "tests/test_train.py::test_resume_after_kill_is_bit_identical",
     "tests/test_poi_obs.py::test_rival_model_learns_a_constant_rival",
-    # the learning runs
+    # 13-27 s each: the population Latin square, learning runs, the PBT notebook
     "tests/test_population.py::test_every_learner_kind_trains_under_every_mapping",
     "tests/test_ppo.py::test_shared_policy_gets_all_gradients_and_the_other_none",
     "tests/test_ppo.py::test_learns_contextual_bandit_with_two_opposite_policies",
