@@ -51,11 +51,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 # The long runs, marked slow here in one place (besides the full reproductions marked in
 # their files): the README's test command leaves them out (`-m 'not slow'`) to stay
 # within 15 minutes on 2 cores; `.ci/run` runs them right after it (`-m slow`), so CI
-# runs every test. What stays here: the memory measurements (1 GB runs), the multi-process
-# and multi-device runs, the Ctrl-C and kill resumes, the wheel install, the heaviest
-# shipped configs and population runs, the learning reproductions (13-105 s each on the
-# quiet 2-core machine, `pytest --durations=0`, 2026-12-03; docs/testing.md). The tests
-# of 5-17 s that were here under load went back into the README's command.
+# runs every test. Here: the memory measurements (1 GB runs), the multi-process and
+# multi-device runs, the Ctrl-C and kill resumes, the wheel install, the heaviest shipped
+# configs and population runs, the learning reproductions, then every other test of 12 s
+# or more (`pytest --durations`, 2026-12-03; docs/testing.md).
 LONG = (
     "tests/test_reliability_memory.py::",
     "tests/test_cli.py::test_ctrl_c_checkpoints_the_chunk_prints_one_line_and_resumes_identically",
@@ -80,6 +79,19 @@ LONG = (
     "tests/test_offline_algos.py::test_td3_bc_and_discrete_cql_find_the_best_price",
     "tests/test_calvano_cli.py::test_three_firm_economics_match_a_scipy_solve",
     "tests/test_qlearning.py::test_reduced_calvano_is_supra_competitive",
+    # 12-18 s each in the README command on 2026-12-03 (fresh clone: 14m42s with them)
+    "tests/test_poi_obs.py::test_rival_model_targets_are_the_rivals_prices_of_the_rollout",
+    "tests/test_notebooks.py::test_notebook_runs_in_quick_mode[quickstart]",
+    "tests/test_configs.py::test_every_shipped_config_trains[poi_demand]",
+    "tests/test_member_hyper.py::test_ppo_hyperparameters_per_policy_match_learners_built_with_those_values",
+    "tests/test_poi.py::test_surprise_restarts_beta_and_the_heldout_error_is_against_the_true_demand",
+    "tests/test_member_hyper.py::test_pbt_on_actor_critic_ppo_copies_parameters_and_adam_state",
+    "tests/test_docs.py::test_python_block_runs_and_prints_what_its_comments_say[docs/learners/ppo.md:130]",
+    "tests/test_poi.py::test_nan_model_loss_stops_the_run",
+    "tests/test_notebooks.py::test_notebook_runs_in_quick_mode[calvano_collusion]",
+    "tests/test_calvano_cli.py::test_fast_step_runs_the_learners_sessions",
+    "tests/test_ppo.py::test_discrete_head_grid_prices_and_log_prob",
+    "tests/test_ppo.py::test_each_policy_loss_is_the_mean_over_its_own_samples",
 )
 
 
