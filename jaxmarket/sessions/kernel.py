@@ -1,12 +1,14 @@
-"""Calvano's periods as one compiled loop per session (numba): ``--step kernel``.
+"""The session engine's ``kernel`` backend: each session's periods of a chunk as one
+compiled loop per thread (numba; ``pip install 'jaxmarket[sessions]'``).
 
-:func:`make_kernel_chunk` runs exactly the sessions of :func:`calvano.make_chunk` (the
-``q_learning`` learner's ``act``/``update``) and :func:`calvano.make_fast_chunk`, bit for
-bit: the same random streams (JAX's Threefry-2x32, :func:`threefry2x32` below), the same
-float32 arithmetic in the same order (``r + delta max Q`` as one fused multiply-add:
-XLA:CPU contracts it inside the learner's fused kernel), the same tie rule for the
-greedy price, the same convergence rule (``tests/test_calvano_cli.py`` compares the
-three).
+:func:`make_kernel_chunk` runs exactly the sessions of
+:func:`jaxmarket.sessions.engine.xla_chunk` (the ``q_learning`` learner's
+``act``/``update``), bit for bit: the same random streams (JAX's Threefry-2x32,
+:func:`threefry2x32` below), the same float32 arithmetic in the same order (``r + delta
+max Q`` and ``Q + alpha (target - Q)`` each one fused multiply-add, as XLA:CPU contracts
+them inside the engine's fused period), the same tie rule for the greedy price, the same convergence rule
+(``tests/test_sessions_engine.py`` compares the two). It plays the games of
+:func:`jaxmarket.sessions.game.kernel_reason`: Calvano et al.'s learner.
 
 Why a hand-written loop: a session-period is a short chain of dependent table reads and
 writes (``Q[s, a]``, ``max_a' Q[s', a']``, the greedy price), and XLA:CPU runs the
@@ -114,7 +116,8 @@ def _draw_bits(k0, k1, c0, c1, first, count, keys, out):
 
 @njit(parallel=True, cache=True)
 def _run_sessions(rows, state_index, step, stable, converged, k0, k1, alpha, beta_row,
-                  eps, step_lo, table, radix, c0, c1, first, length, discount, window):
+                  eps, step_lo, table, radix, c0, c1, first, length, discount, window,
+                  tail, tail_start):
     """Advance every session ``length`` periods in place.
 
     ``rows [S, n, m^n, m + 1]`` float32: seller ``j``'s Q row of state ``s`` and, in column
@@ -124,12 +127,14 @@ def _run_sessions(rows, state_index, step, stable, converged, k0, k1, alpha, bet
     * ``key_t = fold_in(key, first + k)``, ``u_j = bits(key_t)_j 2^-32``; seller ``j``
       explores iff ``u_j < eps_t`` with price ``min(floor(u_j / eps_t m), m - 1)``, else
       plays its greedy price;
-    * ``Q_j[s, a_j] += alpha_j (pi_j(a) + delta max_a' Q_j[s', a'] - Q_j[s, a_j])`` with
+    * ``Q_j[s, a_j] += alpha_j (pi_j(a) + delta max_a' Q_j[s', a'] - Q_j[s, a_j])`` (two
+      fused multiply-adds) with
       ``s' = a``, the greedy price re-taken (first index of the row's maximum);
     * the stable count restarts when any greedy price changed; convergence once it
       reaches ``window``; the step advances (to at most 2^31 - 1).
 
-    A converged session plays its greedy prices and does not learn."""
+    A converged session plays its greedy prices and does not learn. ``tail [S, n]``
+    adds each period's rewards from period ``tail_start`` on."""
     sessions, n = rows.shape[0], rows.shape[1]
     m = rows.shape[3] - 1
     half = c0.shape[0]
@@ -152,11 +157,14 @@ def _run_sessions(rows, state_index, step, stable, converged, k0, k1, alpha, bet
                 gr[j, r] = i32(q[j, r, m])
         for start in range(0, length, PASS):
             if done:   # greedy play to the end of the chunk
-                for _ in range(length - start):
+                for k in range(length - start):
                     nxt = 0
                     for j in range(n):
                         nxt += gr[j, s] * radix[j]
                     s = nxt
+                    if first + start + k >= tail_start:
+                        for j in range(n):
+                            tail[i, j] += table[s, j]
                 break
             todo = min(PASS, length - start)
             _draw_bits(k0[i], k1[i], c0, c1, u32(first + start), todo, keys, bits)
@@ -166,6 +174,9 @@ def _run_sessions(rows, state_index, step, stable, converged, k0, k1, alpha, bet
                     for j in range(n):
                         nxt += gr[j, s] * radix[j]
                     s = nxt
+                    if first + start + k >= tail_start:
+                        for j in range(n):
+                            tail[i, j] += table[s, j]
                     continue
                 row = st - step_lo
                 for j in range(n):
@@ -183,7 +194,7 @@ def _run_sessions(rows, state_index, step, stable, converged, k0, k1, alpha, bet
                     target = fma32(discount, best, table[nxt, j])
                     aj = a[j]
                     old = q[j, s, aj]
-                    new = old + alpha[i, j] * (target - old)
+                    new = fma32(alpha[i, j], f32(target - old), old)
                     q[j, s, aj] = new
                     greedy = gr[j, s]
                     if aj != greedy:   # only Q[s, a] moved: it wins or ties first
@@ -205,6 +216,9 @@ def _run_sessions(rows, state_index, step, stable, converged, k0, k1, alpha, bet
                     st += 1
                 done = stb >= window
                 s = nxt
+                if first + start + k >= tail_start:
+                    for j in range(n):
+                        tail[i, j] += table[s, j]
         for j in range(n):
             for r in range(q.shape[1]):
                 q[j, r, m] = f32(gr[j, r])
@@ -214,23 +228,21 @@ def _run_sessions(rows, state_index, step, stable, converged, k0, k1, alpha, bet
         converged[i] = done
 
 
-def make_kernel_chunk(setup, length: int, devices: int = 1):
-    """``(carry, first_period) -> carry`` as :func:`calvano.make_chunk` returns it, run by
-    :func:`_run_sessions` on every core (``devices`` is accepted for the same signature;
-    numba's threads take the place of XLA devices)."""
-    del devices
-    n, m = setup.firms, setup.grid.shape[0]
-    hyper = setup.hyper
-    discount = np.float32(hyper["discount"])
-    window = int(hyper["convergence_window"])
-    radix = np.asarray(setup.radix, np.int32)
-    table = np.array(setup.profit_table, np.float32)
-    low, spacing = float(setup.grid[0]), float(setup.grid[1] - setup.grid[0])
-    prices = np.asarray(setup.grid, np.float32)
+def make_kernel_chunk(game, length: int, tail_start: int):
+    """``(sessions, first_period) -> sessions`` as
+    :func:`jaxmarket.sessions.engine.xla_chunk` returns it, run by :func:`_run_sessions`
+    on every core (numba's threads)."""
+    from jaxmarket.sessions.engine import Sessions
+    n, m = game.sellers, game.grid.size
+    discount = np.float32(game.settings.discount)
+    window = int(game.settings.convergence_window)
+    radix = np.asarray(game.radix, np.int32)
+    table = np.array(game.reward, np.float32)
     half = (n + 1) // 2
     counts = np.arange(2 * half, dtype=np.uint32)
     counts[n:] = 0
     c0, c1 = counts[:half].copy(), counts[half:].copy()
+    tail_start = np.int64(tail_start)
 
     @jax.jit
     def eps_table(neg_beta, step_lo, span):
@@ -239,8 +251,8 @@ def make_kernel_chunk(setup, length: int, devices: int = 1):
         t = (step_lo + jnp.arange(span.shape[0], dtype=jnp.int32)).astype(jnp.float32)
         return jnp.exp(neg_beta[:, None] * t[None, :])
 
-    def chunk(carry, first_period):
-        state, obs, key = carry
+    def chunk(sessions, first_period):
+        state = sessions.learner
         policy = np.asarray(state.policy_index)
         neg_beta = -np.take_along_axis(np.asarray(state.hyper["exploration_decay"],
                                                   np.float32), policy, axis=1)
@@ -255,30 +267,31 @@ def make_kernel_chunk(setup, length: int, devices: int = 1):
         span = (int(learning.max()) - step_lo if learning.size else 0) + int(length)
         eps = np.array(eps_table(jnp.asarray(betas, jnp.float32), jnp.int32(step_lo),
                                  jnp.zeros(span, jnp.int8)))
-        digits = np.clip(np.round((np.asarray(obs)[:, 0] - low) / spacing), 0, m - 1)
-        state_index = (digits.astype(np.int32) * radix).sum(axis=-1).astype(np.int32)
-        key_data = np.array(jax.random.key_data(key), np.uint32)
+        index = np.asarray(sessions.index, np.int32)
+        state_index = (index * radix).sum(axis=-1).astype(np.int32)
+        key_data = np.array(jax.random.key_data(sessions.key), np.uint32)
         rows = np.array(state.rows, np.float32)
         stable = np.array(state.stable_periods, np.int32)
+        tail = np.array(sessions.tail, np.float32)
         _run_sessions(rows, state_index, step, stable, converged,
                       np.ascontiguousarray(key_data[:, 0]), np.ascontiguousarray(key_data[:, 1]),
                       alpha, beta_row, eps, step_lo, table, radix, c0, c1,
-                      np.uint32(first_period), int(length), discount, window)
-        last = prices[(state_index[:, None] // radix) % m]                     # [S, n]
+                      np.uint32(first_period), int(length), discount, window, tail, tail_start)
+        index = ((state_index[:, None] // radix) % m).astype(np.int32)      # [S, n]
         state = state.replace(rows=jnp.asarray(rows), step=jnp.asarray(step),
                               stable_periods=jnp.asarray(stable),
                               converged=jnp.asarray(converged))
-        obs = jnp.broadcast_to(jnp.asarray(last)[:, None, :], (last.shape[0], n, n))
-        return state, obs, key
+        return Sessions(state, jnp.asarray(index), jnp.asarray(tail), sessions.key)
 
     # numba compiles on the first call (or loads its cache): do it here, on one session of
-    # one period, and say how long it took (run() counts it as compile time)
+    # one period, and say how long it took
     started = time.perf_counter()
     _run_sessions(np.zeros((1, n, m ** n, m + 1), np.float32), np.zeros(1, np.int32),
                   np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, bool),
                   np.zeros(1, np.uint32), np.zeros(1, np.uint32), np.zeros((1, n), np.float32),
                   np.zeros((1, n), np.int32), np.ones((1, 1), np.float32), 0, table, radix,
-                  c0, c1, np.uint32(0), 1, discount, window)
+                  c0, c1, np.uint32(0), 1, discount, window, np.zeros((1, n), np.float32),
+                  np.int64(0))
     chunk.compile_s = time.perf_counter() - started
     return chunk
 
@@ -287,5 +300,3 @@ def numba_threads() -> int:
     """Threads :func:`_run_sessions` spreads sessions over."""
     import numba
     return int(numba.get_num_threads())
-
-

@@ -1,0 +1,394 @@
+"""The session engine: many independent sessions of a tabular pricing game, played
+against the market's outcome tables (:mod:`jaxmarket.sessions.game`).
+
+A period of one session: the sellers observe ``obs[j_t]`` of the profile in force and
+act with the group's own ``q_learning`` ``act``; under ``market.move_order:
+alternating`` only seller ``t mod n`` changes its price; the new profile's rewards and
+observations come from the tables; the learner's own ``update`` learns from that
+one-period transition. Sessions are ``vmap``ped, periods are a ``lax.scan`` in chunks,
+and a session's randomness is ``fold_in(session_key, t)``: neither the chunk length
+nor which other sessions share a batch changes a session.
+
+Keys, in this order: ``init_key, start_key, run_key = split(key, 3)``; the first profile
+of every session is ``randint(start_key, (S, n), 0, m)``, session ``s`` runs on
+``split(run_key, S)[s]``, and a random initial Q (``q_init: uniform``) draws one
+``init`` per session from ``split(init_key, S)``. The engine runs under
+``jax.threefry_partitionable(False)`` (the hash the kernel backend writes out).
+
+Stopping (``stop``): ``converged`` ends the run once every session has met its
+learner's convergence rule (a converged session stops learning and plays greedily, as
+in Calvano et al.), or after ``periods``; ``periods`` runs every session for exactly
+``periods`` periods. ``window``: the last periods of the run whose played rewards are
+averaged into ``tail_reward`` (``stop: periods``).
+
+Backends (``backend``): ``xla`` runs the learner's ``act``/``update`` (any device:
+CPU, GPU, TPU); ``kernel`` (:mod:`jaxmarket.sessions.kernel`, numba) plays each
+session's periods of a chunk in one compiled loop per thread, the same sessions bit for
+bit; ``auto`` takes the kernel where numba is installed, the platform is a CPU and the
+game is one the kernel plays (:func:`~jaxmarket.sessions.game.kernel_reason`), else
+``xla``. With ``xla`` and ``stop: converged``, the running batch is compacted to the
+sessions still learning (padded with converged ones, batch sizes on a fixed ladder, a
+function of the count alone), so converged sessions stop costing time.
+
+The result of a session (:func:`greedy_cycle`): from its final state, the greedy
+strategies are played for a burn-in of ``m^n`` turn cycles (the play is then on its
+limit cycle) and each seller's reward is averaged over exactly one cycle: Calvano et
+al.'s measure of the converged play.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, PartitionSpec
+
+from jaxmarket.learners.base import Transition
+from jaxmarket.sessions.game import SessionGame, kernel_reason
+
+BACKENDS = ("auto", "xla", "kernel")
+STOPS = ("converged", "periods")
+#: the smallest step of the compaction ladder (sessions)
+GRANULARITY = 64
+
+
+class Sessions(NamedTuple):
+    """The state of every session (a pytree, leading axis: session)."""
+
+    learner: Any          # the learner's state, one per session
+    index: jax.Array      # [S, n] int32 the grid-index profile in force
+    tail: jax.Array       # [S, n] float32 rewards summed over the tail window
+    key: jax.Array        # [S] the sessions' keys
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How a run of sessions goes (``train.*`` of a sessions run)."""
+
+    sessions: int
+    periods: int                 # the cap (stop: converged) or every session's length
+    chunk: int = 20_000
+    stop: str = "converged"
+    window: int = 1000
+    backend: str = "auto"
+    devices: int = 1
+
+    def __post_init__(self):
+        if self.sessions < 1 or self.periods < 1 or self.chunk < 1:
+            raise ValueError(f"sessions ({self.sessions}), periods ({self.periods}) and chunk "
+                             f"({self.chunk}) must be >= 1")
+        if self.stop not in STOPS:
+            raise ValueError(f"stop: got {self.stop!r}; allowed: {', '.join(STOPS)}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend: got {self.backend!r}; allowed: {', '.join(BACKENDS)}")
+
+
+@dataclass(frozen=True)
+class SessionResult:
+    """What :func:`run` returns (numpy arrays, leading axis: session)."""
+
+    game: SessionGame
+    cycle_reward: np.ndarray    # [S, n] reward averaged over the greedy limit cycle
+    cycle_fees: np.ndarray      # [S, n] fees averaged over the greedy limit cycle
+    cycle_price: np.ndarray     # [S, n] price averaged over the greedy limit cycle
+    cycle_length: np.ndarray    # [S] periods of the greedy limit cycle
+    greedy_index: np.ndarray    # [S, n] greedy grid indices at the final profile
+    greedy_price: np.ndarray    # [S, n]
+    greedy_reward: np.ndarray   # [S, n] one-shot reward of the greedy profile
+    greedy_fees: np.ndarray     # [S, n] fees of the greedy profile (auctions: payments)
+    tail_reward: np.ndarray     # [S, n] mean played reward over the last ``window`` periods
+    converged: np.ndarray       # [S] bool, the learner's convergence rule
+    stable_periods: np.ndarray  # [S] periods since a seller's greedy strategy last changed
+    step: np.ndarray            # [S] periods learnt from (the period of convergence)
+    periods: int                # periods the run played
+    window: int
+    session_periods: int        # slot-periods stepped (padding included)
+    backend: str
+    wall_s: float
+    sessions: Sessions = dataclasses.field(repr=False, default=None)
+
+
+def choose_backend(game: SessionGame, backend: str = "auto") -> tuple[str, str | None]:
+    """``(backend, note)``: the backend a run uses and, where ``auto`` fell back to
+    ``xla``, why. ``kernel`` where the kernel cannot run is a ``ValueError``."""
+    reason = kernel_reason(game)
+    if reason is None and importlib.util.find_spec("numba") is None:
+        reason = "numba is not installed (pip install 'jaxmarket[sessions]')"
+    if backend == "kernel":
+        if reason is not None:
+            raise ValueError(f"backend kernel: {reason}; use backend xla")
+        return "kernel", None
+    if backend == "xla":
+        return "xla", None
+    if reason is None and jax.default_backend() != "cpu":
+        reason = f"the platform is {jax.default_backend()} (the kernel runs on CPU threads)"
+    return ("xla", f"session backend xla: {reason}") if reason else ("kernel", None)
+
+
+def _uses_init_key(game: SessionGame) -> bool:
+    """Whether the learner's initial state is random (``q_init: uniform``)."""
+    return game.settings.q_init == "uniform"
+
+
+def init_sessions(game: SessionGame, sessions: int, key: jax.Array) -> Sessions:
+    """Initial learner states, first profiles and session keys (module docstring)."""
+    with jax.threefry_partitionable(False):
+        init_key, start_key, run_key = jax.random.split(key, 3)
+        if _uses_init_key(game):
+            states = jax.vmap(lambda k: game.learner.init(k, game.spec))(
+                jax.random.split(init_key, sessions))
+        else:
+            # the same initial Q in every session: one computed op by op, copied
+            one = game.learner.init(init_key, game.spec)
+            states = jax.tree.map(
+                lambda x: jnp.array(jnp.broadcast_to(x, (sessions,) + x.shape)), one)
+        index = jax.random.randint(start_key, (sessions, game.sellers), 0, game.grid.size)
+        keys = jax.random.split(run_key, sessions)
+    tail = jnp.zeros((sessions, game.sellers), jnp.float32)
+    return Sessions(states, index.astype(jnp.int32), tail, keys)
+
+
+def _seats(game: SessionGame):
+    if game.turns is None:
+        return None, 1
+    num_turns, first = game.turns
+    return jnp.asarray((first + np.arange(game.sellers)) % num_turns, jnp.uint32), num_turns
+
+
+def xla_chunk(game: SessionGame, length: int, tail_start: int, devices: int = 1):
+    """Jitted ``(sessions, first_period) -> sessions`` of ``length`` periods of every
+    session (the learner's ``act``/``update``; module docstring)."""
+    learner, n = game.learner, game.sellers
+    prices = game.grid.prices
+    seat, num_turns = _seats(game)
+
+    def period(carry, t):
+        state, index, tail, session_key = carry
+        obs = game.obs[game.row(index)]
+        _, aux = learner.act(state, obs, jax.random.fold_in(session_key, t))
+        chosen = aux["action_index"]
+        index = chosen if seat is None else jnp.where(t % num_turns == seat, chosen, index)
+        row = game.row(index)
+        reward = game.reward[row]
+        batch = Transition(obs=obs[None], action=prices[index][None, :, None],
+                           reward=reward[None], next_obs=game.obs[row][None],
+                           done=jnp.zeros((1, n), bool), aux={"action_index": chosen[None]})
+        state, _ = learner.update(state, batch)
+        tail = tail + jnp.where(t >= tail_start, reward, 0.0)
+        return (state, index, tail, session_key), None
+
+    def one_session(carry, first_period):
+        periods = first_period + jnp.arange(length, dtype=jnp.uint32)
+        carry, _ = jax.lax.scan(period, tuple(carry), periods)
+        return Sessions(*carry)
+
+    chunk = jax.vmap(one_session, in_axes=(0, None))
+    if devices > 1:
+        mesh = Mesh(np.asarray(jax.devices()[:devices]), ("sessions",))
+        chunk = jax.shard_map(chunk, mesh=mesh, in_specs=(PartitionSpec("sessions"),
+                                                          PartitionSpec()),
+                              out_specs=PartitionSpec("sessions"))
+    return jax.jit(chunk, donate_argnums=0)
+
+
+def greedy_cycle(game: SessionGame, sessions: Sessions, first_period: int):
+    """``(reward [S, n], fees [S, n], price [S, n], length [S])``: greedy play from each
+    session's state and profile, from period ``first_period`` on: a burn-in of ``m^n``
+    turn cycles, then the averages over exactly one limit cycle and its length in
+    periods (module docstring)."""
+    seat, num_turns = _seats(game)
+    horizon = game.grid.size ** game.sellers   # states at a turn-cycle boundary
+    prices = game.grid.prices
+
+    def one(state, index):
+        greedy = state.replace(converged=jnp.ones_like(state.converged))
+
+        def period(index, t):
+            _, aux = game.learner.act(greedy, game.obs[game.row(index)], jax.random.key(0))
+            chosen = aux["action_index"]
+            index = chosen if seat is None else jnp.where(t % num_turns == seat, chosen, index)
+            row = game.row(index)
+            return index, jnp.stack([game.reward[row], game.fees[row], prices[index]])
+
+        def turn_cycle(index, _):
+            t = jnp.uint32(first_period) + jnp.arange(num_turns, dtype=jnp.uint32)
+            index, out = jax.lax.scan(period, index, t)
+            return index, (index, out.sum(axis=0))
+
+        index, _ = jax.lax.scan(turn_cycle, index, None, length=horizon)
+        _, (after, sums) = jax.lax.scan(turn_cycle, index, None, length=horizon + 1)
+        same = jnp.all(after[1:] == after[0], axis=-1)            # [horizon]
+        cycle = jnp.argmax(same) + 1                               # first return
+        on = (jnp.arange(horizon + 1) < cycle)[:, None, None]
+        mean = jnp.sum(jnp.where(on, sums, 0.0), axis=0) / (cycle * num_turns)
+        return mean[0], mean[1], mean[2], cycle * num_turns
+
+    # the cycle starts where the last turn cycle ended: the profile after period
+    # ``first_period - 1`` is the one from which ``first_period``'s seat moves
+    return jax.jit(jax.vmap(one))(sessions.learner, sessions.index)
+
+
+def _greedy_now(game: SessionGame, sessions: Sessions) -> jax.Array:
+    """Each session's greedy grid indices ``[S, n]`` at the observation of its profile."""
+
+    def one(state, index):
+        greedy = state.replace(converged=jnp.ones_like(state.converged))
+        _, aux = game.learner.act(greedy, game.obs[game.row(index)], jax.random.key(0))
+        return aux["action_index"]
+
+    return jax.jit(jax.vmap(one))(sessions.learner, sessions.index)
+
+
+def ladder(sessions: int, granularity: int = GRANULARITY) -> list[int]:
+    """The batch sizes compaction uses, largest first: ``sessions``, then each 3/4 of
+    the one before, rounded up to ``granularity``."""
+    sizes, size = [sessions], sessions
+    while size > granularity:
+        size = min(size - 1, -(-int(size * 0.75) // granularity) * granularity)
+        sizes.append(size)
+    return sizes
+
+
+def batch_size(learning: int, sessions: int) -> int:
+    """The smallest size of :func:`ladder` that holds ``learning`` sessions."""
+    return min(s for s in ladder(sessions) if s >= learning)
+
+
+class Runner:
+    """Chunk by chunk: ``advance(sessions, done) -> (sessions, done)``; the caller
+    checkpoints between chunks. ``finished(sessions, done)`` says when to stop."""
+
+    def __init__(self, game: SessionGame, settings: Settings, compact: bool | None = None):
+        self.game, self.settings = game, settings
+        self.backend, self.note = choose_backend(game, settings.backend)
+        available = len(jax.devices())
+        if not 1 <= settings.devices <= available:
+            raise ValueError(f"devices: got {settings.devices}; allowed: 1 .. {available}")
+        self.tail_start = settings.periods - min(settings.window, settings.periods)
+        default = (self.backend == "xla" and settings.stop == "converged"
+                   and game.turns is None)
+        self.compact = default if compact is None else compact
+        self.session_periods = 0
+        self._chunks: dict[tuple[int, int], Callable] = {}
+
+    def _chunk(self, length: int, size: int):
+        key = (length, size)
+        if key not in self._chunks:
+            if self.backend == "kernel":
+                from jaxmarket.sessions.kernel import make_kernel_chunk
+                self._chunks[key] = make_kernel_chunk(self.game, length, self.tail_start)
+            else:
+                use = max(d for d in range(1, self.settings.devices + 1) if size % d == 0)
+                self._chunks[key] = xla_chunk(self.game, length, self.tail_start, use)
+        return self._chunks[key]
+
+    def learning(self, sessions: Sessions) -> np.ndarray:
+        return ~np.asarray(sessions.learner.converged, bool)
+
+    def finished(self, sessions: Sessions, done: int) -> bool:
+        if done >= self.settings.periods:
+            return True
+        return self.settings.stop == "converged" and not self.learning(sessions).any()
+
+    def advance(self, sessions: Sessions, done: int) -> tuple[Sessions, int]:
+        """One chunk (the last one may be shorter) of the sessions still running."""
+        length = min(self.settings.chunk, self.settings.periods - done)
+        total = int(sessions.index.shape[0])
+        with jax.threefry_partitionable(False):
+            if not self.compact:
+                self.session_periods += length * total
+                return self._chunk(length, total)(sessions, jnp.uint32(done)), done + length
+            learning = self.learning(sessions)
+            size = batch_size(int(learning.sum()), total)
+            if size == total:
+                self.session_periods += length * total
+                return self._chunk(length, total)(sessions, jnp.uint32(done)), done + length
+            still = np.flatnonzero(learning)
+            pad = np.flatnonzero(~learning)[:size - still.size]
+            batch = jnp.asarray(np.concatenate([still, pad]))
+            part = jax.tree.map(lambda x: x[batch], sessions)
+            part = self._chunk(length, size)(part, jnp.uint32(done))
+            self.session_periods += length * size
+            keep = jnp.asarray(still)
+            n = still.size
+            sessions = jax.tree.map(lambda x, v: x.at[keep].set(v[:n]), sessions, part)
+            return sessions, done + length
+
+    def result(self, sessions: Sessions, done: int, wall_s: float) -> SessionResult:
+        game = self.game
+        with jax.threefry_partitionable(False):
+            reward, fees, price, length = greedy_cycle(game, sessions, done)
+            greedy = _greedy_now(game, sessions)
+        row = game.row(greedy)
+        window = min(self.settings.window, done)
+        state = sessions.learner
+        return SessionResult(
+            game=game, cycle_reward=np.asarray(reward, np.float64),
+            cycle_fees=np.asarray(fees, np.float64), cycle_price=np.asarray(price, np.float64),
+            cycle_length=np.asarray(length), greedy_index=np.asarray(greedy),
+            greedy_price=np.asarray(game.grid.prices[greedy]),
+            greedy_reward=np.asarray(game.reward[row], np.float64),
+            greedy_fees=np.asarray(game.fees[row], np.float64),
+            tail_reward=np.asarray(sessions.tail, np.float64) / max(window, 1),
+            converged=np.asarray(state.converged), stable_periods=np.asarray(state.stable_periods),
+            step=np.asarray(state.step), periods=done, window=window,
+            session_periods=self.session_periods, backend=self.backend, wall_s=wall_s,
+            sessions=sessions)
+
+
+def run(game: SessionGame, settings: Settings, key: jax.Array,
+        on_chunk: Callable[[Sessions, int], None] | None = None,
+        compact: bool | None = None) -> SessionResult:
+    """Every session from its start until :meth:`Runner.finished`; ``on_chunk(sessions,
+    done)`` after each chunk (progress lines, checkpoints)."""
+    start = time.perf_counter()
+    runner = Runner(game, settings, compact)
+    sessions, done = init_sessions(game, settings.sessions, key), 0
+    while not runner.finished(sessions, done):
+        sessions, done = runner.advance(sessions, done)
+        if on_chunk is not None:
+            on_chunk(sessions, done)
+    return runner.result(sessions, done, time.perf_counter() - start)
+
+
+def run_sessions(plan: Any, sessions: int, periods: int, key: jax.Array,
+                 window: int = 1000, chunk: int = 10_000, game: SessionGame | None = None,
+                 stop: str = "periods", backend: str = "auto") -> SessionResult:
+    """``sessions`` sessions of ``plan``'s market (a resolved :class:`RunPlan`) for
+    ``periods`` periods each (``stop``: module docstring)."""
+    from jaxmarket.sessions.game import make_game
+    game = make_game(plan) if game is None else game
+    return run(game, Settings(sessions, periods, chunk, stop, window, backend), key)
+
+
+def profit_gain(reward: np.ndarray, nash: float, joint: float) -> np.ndarray:
+    """``Delta = (pi - pi_N) / (pi_M - pi_N)`` per session, ``pi`` the mean over sellers
+    of ``reward [S, n]``."""
+    return (np.asarray(reward, np.float64).mean(axis=-1) - nash) / (joint - nash)
+
+
+def bootstrap_ci(values: np.ndarray, statistic: str = "mean", resamples: int = 2000,
+                 seed: int = 0) -> list[float]:
+    """95% percentile bootstrap interval of the mean or median of ``values``
+    (``scipy.stats.bootstrap``); one value gives ``[v, v]``."""
+    from scipy.stats import bootstrap
+    values = np.asarray(values, np.float64)
+    if values.size < 2 or np.ptp(values) == 0:
+        v = float(np.median(values) if statistic == "median" else values.mean())
+        return [v, v]
+    fn = np.median if statistic == "median" else np.mean
+    res = bootstrap((values,), fn, n_resamples=resamples, confidence_level=0.95,
+                    method="percentile", random_state=np.random.default_rng(seed))
+    return [float(res.confidence_interval.low), float(res.confidence_interval.high)]
+
+
+__all__ = ["BACKENDS", "STOPS", "Runner", "SessionResult", "Sessions", "Settings",
+           "bootstrap_ci", "choose_backend", "greedy_cycle", "init_sessions", "ladder",
+           "profit_gain", "run", "run_sessions", "xla_chunk"]

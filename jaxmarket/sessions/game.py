@@ -1,0 +1,193 @@
+"""The tables of a session design: a tabular pricing game as outcome tables.
+
+The experiments of the algorithmic-pricing literature (Calvano et al. 2020, Klein 2021,
+Asker et al. 2022, Banchio & Skrzypacz 2022) run hundreds of independent sessions of
+a few Q-learning sellers for 10^5 - 10^7 periods each. Stepping the general market for
+every period of every session costs far more than the learning does, so the session
+engine first asks the market for its one-shot outcome of *every* joint grid action
+(``m^n`` profiles, ``vmap``ped over :meth:`MarketEnv.step_env` from the reset state) and
+then plays all sessions against those tables (:mod:`jaxmarket.sessions.engine`)::
+
+    reward[j] [n], obs[j] [n, D], fees[j] [n]    for every profile j = sum_i a_i m^(n-1-i)
+
+This is exact for markets whose period outcome depends only on the prices in force:
+one agent group (a seller group, the only one), constant demand, a deterministic
+distributor and observations of the current profile (``empty``, ``own_price``,
+``competitor_prices``, ``market_price``, ``history`` with ``k: 1``). Anything else is
+refused with the reason (:func:`check_game`); ``train.engine: auto`` then trains it with
+the general loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxmarket.learners.base import LEARNERS, Learner, LearnerSpec
+from jaxmarket.learners.controller import group_learner_spec
+from jaxmarket.learners.qlearning import (PriceGrid, QLearningSettings, grid_of,
+                                          qlearning_settings)
+from jaxmarket.market.env import MarketEnv
+from jaxmarket.market.equilibrium import is_deterministic
+from jaxmarket.market.spec import thaw
+from jaxmarket.market.state import current_actions
+from jaxmarket.train.plan import RunPlan
+
+#: observation kinds that are a function of the current price profile
+PROFILE_OBSERVATIONS = ("empty", "own_price", "competitor_prices", "market_price", "history")
+#: most joint profiles the tables may hold
+MAX_PROFILES = 1 << 22
+
+
+@dataclass(frozen=True)
+class SessionGame:
+    """The tables of one market and the learner that plays it (one session)."""
+
+    group: str
+    learner: Learner
+    spec: LearnerSpec
+    grid: PriceGrid
+    radix: tuple[int, ...]     # m^(n-1-i): profile (grid indices) -> table row
+    reward: jax.Array          # [m^n, n] float32
+    obs: jax.Array             # [m^n, n, D] float32
+    fees: jax.Array            # [m^n, n] float32 money each seller received
+    turns: tuple[int, int] | None
+    settings: QLearningSettings  # the learner's resolved settings
+
+    @property
+    def sellers(self) -> int:
+        return len(self.radix)
+
+    def row(self, index: jax.Array) -> jax.Array:
+        """Table row of grid-index profiles ``[..., n]``."""
+        return jnp.sum(index * jnp.asarray(self.radix, jnp.int32), axis=-1)
+
+
+def check_game(plan: RunPlan) -> str:
+    """The one agent group of a plan the tables can represent exactly (its name), or a
+    ``ValueError`` saying why not."""
+    env = plan.env
+    groups = env.spec.agent_groups
+    if len(groups) != 1 or groups[0].side != "seller":
+        raise ValueError("session engine: needs exactly one agent group, a seller group; got "
+                         + ", ".join(f"{g.name} ({g.side})" for g in groups))
+    g = groups[0]
+    kind = plan.learner_settings[g.name][0]
+    if kind != "q_learning":
+        raise ValueError(f"session engine: plays q_learning sellers; learners.{g.name} is "
+                         f"{kind!r}")
+    if plan.models.get(g.name) is not None:
+        raise ValueError(f"session engine: learners.{g.name}.external_model changes rewards "
+                         f"period by period; use python -m jaxmarket.train")
+    moving = [c.name for c in env.spec.consumers if c.demand_kind != "constant"]
+    if moving:
+        raise ValueError(f"session engine: consumer demand must be constant; {moving} change")
+    if not is_deterministic(env):
+        raise ValueError(f"session engine: the distributor {env.spec.distributor!r} draws at "
+                         f"random each period; the tables hold one outcome per profile")
+    for part in thaw(g.observation) or []:
+        obs_kind = part.get("kind") if isinstance(part, Mapping) else part
+        if obs_kind not in PROFILE_OBSERVATIONS or (obs_kind == "history"
+                                                    and part.get("k", 1) != 1):
+            raise ValueError(f"session engine: observation {part!r} is not a function of the "
+                             f"current prices (allowed: {', '.join(PROFILE_OBSERVATIONS)}, "
+                             f"history with k: 1)")
+    return g.name
+
+
+def simultaneous(env: MarketEnv) -> MarketEnv:
+    """The same market with every seller moving every period (for one-shot outcomes)."""
+    if getattr(env.spec, "move_order", "simultaneous") == "simultaneous":
+        return env
+    return MarketEnv(dataclasses.replace(env.spec, move_order="simultaneous"))
+
+
+def outcome_tables(env: MarketEnv, params: Any, group: str, prices: jax.Array):
+    """``(reward [J, n], obs [J, n, D], fees [J, n])`` of one step from the reset state
+    for each price profile ``prices [J, n]`` of ``group`` (the market's own step)."""
+    env = simultaneous(env)
+
+    def one(profile: jax.Array):
+        key = jax.random.key(0)
+        _, state = env.reset_env(key, params)
+        actions = current_actions(env.spec, state)
+        actions[group] = profile[:, None]
+        obs, _, rewards, _, info = env.step_env(key, state, actions, params)
+        return rewards[group], obs[group], info["fees"][group].sum(axis=-1)
+
+    return jax.jit(jax.vmap(one))(prices)
+
+
+def make_game(plan: RunPlan) -> SessionGame:
+    """The tables of ``plan``'s market on its learner's grid, and that learner (one
+    session, payoffs read from the table)."""
+    group = check_game(plan)
+    hyper = plan.learner_settings[group][1]
+    env_spec = group_learner_spec(plan.env, plan.params, group)
+    settings = qlearning_settings(hyper, env_spec)
+    grid = grid_of(settings)
+    n, m = env_spec.num_agents, grid.size
+    if m ** n > MAX_PROFILES:
+        raise ValueError(f"session engine: {m}^{n} joint prices are too many for the tables "
+                         f"(at most {MAX_PROFILES})")
+    profiles = np.indices((m,) * n).reshape(n, -1).T                     # [J, n]
+    reward, obs, fees = outcome_tables(plan.env, plan.params, group,
+                                       grid.prices[jnp.asarray(profiles)])
+    radix = tuple(m ** (n - 1 - i) for i in range(n))
+    weights = jnp.asarray(radix, jnp.int32)
+
+    def payoff(prices: jax.Array) -> jax.Array:
+        """One-shot payoffs of a profile ``[n, 1]`` (snapped to the grid) -> ``[n]``."""
+        return reward[jnp.sum(grid.nearest_index(prices[:, 0]) * weights)]
+
+    spec = dataclasses.replace(env_spec, payoff=payoff)
+    learner = LEARNERS["q_learning"].make(hyper, spec)
+    return SessionGame(group, learner, spec, grid, radix, reward.astype(jnp.float32),
+                       obs.astype(jnp.float32), fees.astype(jnp.float32), spec.turns,
+                       settings)
+
+
+def pure_nash(game: SessionGame) -> np.ndarray:
+    """``[K, n]`` grid-index profiles of the one-shot game's pure Nash equilibria: no
+    seller gains by a unilateral change of its grid price (from the reward table)."""
+    m, n = game.grid.size, game.sellers
+    reward = np.asarray(game.reward, np.float64).reshape((m,) * n + (n,))
+    stable = np.ones((m,) * n, bool)
+    for i in range(n):   # n is a handful of sellers, not a batch axis
+        own = np.take(reward, i, axis=-1)
+        best = own.max(axis=i, keepdims=True)
+        stable &= own >= best - 1e-9 * np.maximum(1.0, np.abs(best))
+    return np.argwhere(stable)
+
+
+def kernel_reason(game: SessionGame) -> str | None:
+    """Why the per-thread kernel (:mod:`jaxmarket.sessions.kernel`) cannot play ``game``
+    (None: it can). The kernel plays Calvano et al.'s learner: every seller moves every
+    period, its state is the price profile in force (each seller's state index of
+    ``obs[j]`` is ``j``), exploration ``eps_t = exp(-beta t)``, the Q-learning update
+    on the price it took, one Q table per seller."""
+    s = game.settings
+    checks = ((game.turns is None, "sellers move in turns"),
+              (s.boltzmann is None, "Boltzmann exploration"),
+              (s.epsilon_start == 1.0, "an epsilon schedule with start != 1"),
+              (s.feedback == "taken", "full feedback"),
+              (s.target == "simultaneous", "sequential targets"),
+              (s.exclusive_policies, "sellers sharing a Q table"))
+    for ok, what in checks:
+        if not ok:
+            return what
+    rows = np.arange(game.reward.shape[0])
+    states = np.asarray(game.grid.state_index(game.obs))           # [J, n]
+    if states.shape != (rows.size, game.sellers) or np.any(states != rows[:, None]):
+        return "a state other than the price profile in force (memory 1, every seller's price)"
+    return None
+
+
+__all__ = ["SessionGame", "check_game", "kernel_reason", "make_game", "outcome_tables",
+           "pure_nash"]
