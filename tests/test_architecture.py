@@ -19,6 +19,7 @@ LAYERS = [
     ("learners", ("jaxmarket.learners",)),
     ("models", ("jaxmarket.models",)),
     ("train", ("jaxmarket.train",)),
+    ("sessions", ("jaxmarket.sessions",)),
     ("offline", ("jaxmarket.offline",)),
     ("adapters", ("jaxmarket.adapters",)),
     ("cli", ("jaxmarket.cli",)),

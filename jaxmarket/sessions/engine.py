@@ -18,8 +18,9 @@ of every session is ``randint(start_key, (S, n), 0, m)``, session ``s`` runs on
 Stopping (``stop``): ``converged`` ends the run once every session has met its
 learner's convergence rule (a converged session stops learning and plays greedily, as
 in Calvano et al.), or after ``periods``; ``periods`` runs every session for exactly
-``periods`` periods. ``window``: the last periods of the run whose played rewards are
-averaged into ``tail_reward`` (``stop: periods``).
+``periods`` periods. ``window``: the last periods before ``periods`` whose played
+rewards are averaged into ``tail_reward`` (defined where every session played them:
+``tail_complete``).
 
 Backends (``backend``): ``xla`` runs the learner's ``act``/``update`` (any device:
 CPU, GPU, TPU); ``kernel`` (:mod:`jaxmarket.sessions.kernel`, numba) plays each
@@ -104,6 +105,7 @@ class SessionResult:
     greedy_reward: np.ndarray   # [S, n] one-shot reward of the greedy profile
     greedy_fees: np.ndarray     # [S, n] fees of the greedy profile (auctions: payments)
     tail_reward: np.ndarray     # [S, n] mean played reward over the last ``window`` periods
+    tail_complete: bool         # every session played the whole window (else no tail)
     converged: np.ndarray       # [S] bool, the learner's convergence rule
     stable_periods: np.ndarray  # [S] periods since a seller's greedy strategy last changed
     step: np.ndarray            # [S] periods learnt from (the period of convergence)
@@ -337,6 +339,8 @@ class Runner:
             greedy_reward=np.asarray(game.reward[row], np.float64),
             greedy_fees=np.asarray(game.fees[row], np.float64),
             tail_reward=np.asarray(sessions.tail, np.float64) / max(window, 1),
+            tail_complete=bool(done >= self.settings.periods
+                               and (not self.compact or not np.any(state.converged))),
             converged=np.asarray(state.converged), stable_periods=np.asarray(state.stable_periods),
             step=np.asarray(state.step), periods=done, window=window,
             session_periods=self.session_periods, backend=self.backend, wall_s=wall_s,

@@ -67,6 +67,10 @@ class TrainConfig:
     log_every: int = 1
     seeds_format: str = "csv"
     profit_gain: Any = "auto"
+    engine: str = "auto"
+    session_stop: str = "converged"
+    session_window: int = 1000
+    session_backend: str = "auto"
 
 
 def auto_log_every(num_iterations: int, num_seeds: int) -> int:

@@ -1,0 +1,472 @@
+"""A session-engine run as a run directory: what ``python -m jaxmarket.train`` does
+when ``train.engine`` resolves to ``sessions``.
+
+The train settings map onto the engine: ``train.num_seeds`` sessions (each one
+independent run of the design, as the papers' sessions), at most ``train.num_iterations``
+periods each (``train.rollout_length`` must be 1: one period per update),
+``train.chunk_size`` periods per compiled chunk, a checkpoint every
+``train.checkpoint_every`` chunks, ``train.session_stop`` (``converged``: every session
+stops at its learner's convergence rule, as in Calvano et al.; ``periods``: every
+session plays all periods), ``train.session_window`` (the played-profit window at the
+end of a ``periods`` run) and ``train.session_backend`` (``auto | xla | kernel``,
+:mod:`jaxmarket.sessions.engine`). The sessions' key is ``jax.random.key(seed)``.
+
+The run directory::
+
+    config.yaml     the resolved config (what --resume continues)
+    run.json        versions, commit, command, host, backend, times
+    summary.json    engine, backend, profit_gain[group] (Delta of the converged greedy
+                    cycle, its 95% CI), benchmarks[group] (pi_N, pi_M and how),
+                    convergence (share, periods), per-session distributions
+    sessions.csv    one row per session: converged, convergence period, cycle length,
+                    cycle prices and profits per seller, greedy prices and fees at the
+                    final profile, Delta, and (where every session played the last
+                    train.session_window periods) the played profits and their Delta
+    strategies.npz  every session's final Q tables and greedy strategies
+                    (python -m jaxmarket.impulse RUN)
+    checkpoints/    the sessions after a chunk (orbax), resumed bit for bit
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import platform
+import shlex
+import socket
+import sys
+import time
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import yaml
+
+from jaxmarket.config.errors import ConfigError, Interrupted
+from jaxmarket.config.loader import load_config
+from jaxmarket.sessions import engine as eng
+from jaxmarket.sessions.game import SessionGame, check_game, make_game
+from jaxmarket.train.config import resolve_train
+from jaxmarket.train.equilibrium import equilibrium
+from jaxmarket.train.plan import RunPlan, resolve
+from jaxmarket.train.rundir import (StorageError, check_config_record, describe_os_error,
+                                    lock_dir, read_run_config, storage_cause,
+                                    write_config_record)
+from jaxmarket.train.run import git_commit, require_new_dir
+
+SESSIONS_FILE = "sessions.csv"
+STRATEGIES_FILE = "strategies.npz"
+RUN_RECORD = "run.json"
+#: what ``--resume DIR key=value`` may change in a sessions run
+RESUME_OVERRIDES = ("train.num_iterations", "train.checkpoint_every")
+
+
+# ------------------------------------------------------------------ which engine
+
+def _learner_kinds(config: dict) -> dict[str, Any]:
+    learners = config.get("learners") or {}
+    return {g: (v or {}).get("kind") if isinstance(v, dict) else v for g, v in learners.items()}
+
+
+def session_plan(config: dict) -> RunPlan:
+    """The plan of one session (``train.num_seeds: 1``): the market and the learner's
+    settings the tables are made from; the run's own size is never built."""
+    small = {**config, "train": {**(config.get("train") or {}), "num_seeds": 1,
+                                 "num_envs": 1, "chunk_size": 1}}
+    return resolve(small, validate_only=True)
+
+
+def choose_engine(config: dict) -> tuple[str, str | None, RunPlan | None]:
+    """``(engine, reason, plan)`` for a loaded config: ``train.engine`` (``auto``:
+    sessions wherever :func:`~jaxmarket.sessions.game.check_game` accepts the design,
+    with ``reason`` saying why not otherwise); ``plan`` the one-session plan when the
+    engine is sessions. ``sessions`` on a design it cannot play is a ConfigError."""
+    tcfg = resolve_train(config.get("train"))
+    if tcfg.engine == "loop":
+        return "loop", None, None
+    reason, plan = None, None
+    kinds = _learner_kinds(config)
+    if set(kinds.values()) != {"q_learning"}:
+        reason = ("the session engine plays q_learning sellers; learners: " +
+                  ", ".join(f"{g} {k}" for g, k in kinds.items()))
+    elif tcfg.rollout_length != 1 or tcfg.num_envs != 1:
+        reason = "the session engine steps one period per update of one market (train." \
+                 "rollout_length: 1, train.num_envs: 1)"
+    elif tcfg.schedule is not None or tcfg.early_stop is not None:
+        reason = "train.schedule and train.early_stop run in the loop"
+    else:
+        plan = session_plan(config)
+        try:
+            check_game(plan)
+        except ValueError as err:
+            reason = str(err).removeprefix("session engine: ")
+    if reason is None:
+        return "sessions", None, plan
+    if tcfg.engine == "sessions":
+        raise ConfigError("train.engine", "sessions", f"auto or loop for this design "
+                          f"({reason})")
+    return "loop", reason, None
+
+
+# ------------------------------------------------------------------ the run
+
+def _version(name: str) -> str:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _atomic_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _saveable(sessions: eng.Sessions) -> dict:
+    """The sessions as orbax saves them: plain arrays (the keys as their data)."""
+    plain = sessions._replace(key=jax.random.key_data(sessions.key))
+    return {f"leaf{i:05d}": np.asarray(x) for i, x in enumerate(jax.tree.leaves(plain))}
+
+
+def _unsaveable(saved: dict, like: eng.Sessions) -> eng.Sessions:
+    plain = like._replace(key=jax.random.key_data(like.key))
+    leaves, treedef = jax.tree.flatten(plain)
+    out = jax.tree.unflatten(treedef, [jnp.asarray(saved[f"leaf{i:05d}"])
+                                       for i in range(len(leaves))])
+    return out._replace(key=jax.random.wrap_key_data(out.key))
+
+
+class SessionRun:
+    """One sessions run directory (module docstring)."""
+
+    def __init__(self, config: dict, plan: RunPlan, run_dir: Path):
+        self.config, self.plan, self.run_dir = config, plan, Path(run_dir)
+        self.tcfg = resolve_train(config.get("train"))
+        self.seed = int(config.get("seed", 0))
+        self.game: SessionGame = make_game(plan)
+        self.settings = eng.Settings(
+            sessions=self.tcfg.num_seeds, periods=self.tcfg.num_iterations,
+            chunk=self.tcfg.chunk_size, stop=self.tcfg.session_stop,
+            window=self.tcfg.session_window, backend=self.tcfg.session_backend)
+        self.runner = eng.Runner(self.game, self.settings)
+        self._ckpt = None
+        self.progress_every = 30.0
+
+    @property
+    def ckpt(self) -> ocp.CheckpointManager:
+        if self._ckpt is None:
+            self._ckpt = ocp.CheckpointManager(
+                (self.run_dir / "checkpoints").absolute(),
+                options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True,
+                                                     enable_async_checkpointing=False))
+        return self._ckpt
+
+    def initial(self) -> tuple[eng.Sessions, int]:
+        return eng.init_sessions(self.game, self.settings.sessions,
+                                 jax.random.key(self.seed)), 0
+
+    def restore(self) -> tuple[eng.Sessions, int]:
+        like, _ = self.initial()
+        step = self.ckpt.latest_step()
+        if step is None:
+            return like, 0
+        saved = self.ckpt.restore(step, args=ocp.args.StandardRestore(_saveable(like)))
+        return _unsaveable(saved, like), int(step)
+
+    def save(self, sessions: eng.Sessions, done: int) -> None:
+        if self.ckpt.latest_step() != done:
+            self.ckpt.save(done, args=ocp.args.StandardSave(_saveable(sessions)))
+            self.ckpt.wait_until_finished()
+
+    def record(self, command: str | None, start: int) -> dict:
+        commit, dirty = git_commit()
+        device = jax.local_devices()[0]
+        return {"engine": "sessions", "backend": self.runner.backend,
+                "jaxmarket_version": _version("jaxmarket"), "jax_version": jax.__version__,
+                "python_version": platform.python_version(), "git_commit": commit,
+                "git_dirty": dirty,
+                "command": command if command is not None else shlex.join(sys.argv),
+                "host": socket.gethostname(),
+                "devices": {"platform": device.platform, "kind": device.device_kind},
+                "seed": self.seed, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "start_period": start, "end_period": None, "wall_s": None,
+                "status": "running"}
+
+    def write_record(self, segments: list[dict]) -> None:
+        record = {**segments[0], "status": segments[-1]["status"],
+                  "end_period": segments[-1]["end_period"],
+                  "wall_s": round(sum(s["wall_s"] or 0.0 for s in segments), 3),
+                  "segments": segments}
+        _atomic_text(self.run_dir / RUN_RECORD, json.dumps(record, indent=2) + "\n")
+
+    def train(self, sessions: eng.Sessions, done: int, segments: list[dict]) -> dict:
+        """Chunks from period ``done`` until the engine stops; the run's files."""
+        started = last = time.perf_counter()
+        chunks, every = 0, self.tcfg.checkpoint_every
+        status = "failed"
+        try:
+            while not self.runner.finished(sessions, done):
+                sessions, done = self.runner.advance(sessions, done)
+                chunks += 1
+                if chunks % every == 0 or self.runner.finished(sessions, done):
+                    self.save(sessions, done)
+                now = time.perf_counter()
+                if now - last >= self.progress_every or self.runner.finished(sessions, done):
+                    last = now
+                    converged = float(np.mean(np.asarray(sessions.learner.converged)))
+                    rate = self.runner.session_periods / max(now - started, 1e-9)
+                    print(f"period {done:>11,d}  sessions converged {converged:6.1%}  "
+                          f"{rate:,.0f} session-periods/s  {now - started:7.1f} s",
+                          flush=True)
+            result = self.runner.result(sessions, done, time.perf_counter() - started)
+            summary = self.write_outputs(result)
+            status = "finished"
+            return summary
+        except KeyboardInterrupt:
+            status = "interrupted"
+            raise Interrupted(f"interrupted; continue with: python -m jaxmarket.train "
+                              f"--resume {self.run_dir}") from None
+        finally:
+            segments[-1].update(end_period=done, status=status,
+                                wall_s=round(time.perf_counter() - started, 3))
+            try:
+                self.write_record(segments)
+            except OSError:
+                pass
+
+    # -------------------------------------------------------------- outputs
+
+    def benchmarks(self) -> dict:
+        """``{nash_profit, joint_profit, nash_price, joint_price, method}`` of the group
+        (the static game of the market's own reward, :mod:`jaxmarket.train.equilibrium`)."""
+        group = self.game.group
+        eq = equilibrium(self.plan).get(group)
+        if eq is None:
+            return {}
+        cont = eq.get("continuous", eq)
+        mean = lambda v: None if v is None else float(np.mean(np.asarray(v, np.float64)))  # noqa: E731
+        where = ("continuous actions over the grid's interval" if "continuous" in eq
+                 else "the group's own actions")
+        return {"nash_profit": mean(cont.get("nash_reward")),
+                "joint_profit": mean(cont.get("joint_reward")),
+                "nash_price": mean(cont.get("nash")), "joint_price": mean(cont.get("joint")),
+                "method": f"static Nash and joint optimum of one period of the market's "
+                          f"reward, {where} (jaxmarket.train.equilibrium; exact: the "
+                          f"period is deterministic)"}
+
+    def write_outputs(self, result: eng.SessionResult) -> dict:
+        group, game = self.game.group, self.game
+        bench = self.benchmarks()
+        nash, joint = bench.get("nash_profit"), bench.get("joint_profit")
+        defined = (nash is not None and joint is not None
+                   and abs(joint - nash) > 1e-6 * max(1.0, abs(nash), abs(joint)))
+        delta = eng.profit_gain(result.cycle_reward, nash, joint) if defined else None
+        played = (eng.profit_gain(result.tail_reward, nash, joint)
+                  if defined and result.tail_complete else None)
+        steps = result.step.astype(np.float64)
+        conv = result.converged
+        summary: dict[str, Any] = {
+            "engine": "sessions", "backend": result.backend, "group": group,
+            "sessions": int(conv.size), "periods": int(result.periods),
+            "stop": self.settings.stop,
+            "final": {group: {"mean_reward": float(result.cycle_reward.mean()),
+                              "mean_price": float(result.cycle_price.mean()),
+                              "measured_on": "the greedy limit cycle of each session"}},
+            "benchmarks": {group: bench},
+            "convergence": {
+                "share": float(conv.mean()),
+                "mean_period": float(steps[conv].mean()) if conv.any() else None,
+                "median_period": float(np.median(steps[conv])) if conv.any() else None,
+                "max_period": float(steps[conv].max()) if conv.any() else None},
+            "per_session": {"cycle_reward": _dist(result.cycle_reward.mean(axis=1)),
+                            "cycle_price": _dist(result.cycle_price.mean(axis=1)),
+                            "cycle_length": _dist(result.cycle_length)},
+        }
+        if delta is not None:
+            summary["profit_gain"] = {group: float(delta.mean())}
+            summary["profit_gain_ci95"] = {group: eng.bootstrap_ci(delta)}
+            summary["per_session"]["profit_gain"] = _dist(delta)
+        else:
+            summary["profit_gain_skipped"] = "pi_M equals pi_N (or no static benchmark)"
+        if played is not None:
+            summary["played_profit_gain"] = {group: float(played.mean())}
+            summary["played_profit_gain_ci95"] = {group: eng.bootstrap_ci(played)}
+        elif delta is not None:
+            summary["played_profit_gain_skipped"] = (
+                "sessions stopped at convergence before train.num_iterations (set "
+                "train.session_stop: periods for the played profits of the last "
+                "train.session_window periods)")
+        _atomic_text(self.run_dir / SESSIONS_FILE, sessions_csv(result, delta, played))
+        write_strategies(self.run_dir / STRATEGIES_FILE, result, bench)
+        _atomic_text(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+        return summary
+
+
+def _dist(values: np.ndarray) -> dict:
+    v = np.asarray(values, np.float64)
+    q = np.percentile(v, [5, 25, 50, 75, 95])
+    return {"mean": float(v.mean()), "sd": float(v.std()), "min": float(v.min()),
+            "p5": float(q[0]), "p25": float(q[1]), "median": float(q[2]),
+            "p75": float(q[3]), "p95": float(q[4]), "max": float(v.max())}
+
+
+def sessions_csv(result: eng.SessionResult, delta, played) -> str:
+    """One row per session (module docstring)."""
+    n = result.game.sellers
+    header = (["session", "converged", "convergence_period", "cycle_length"]
+              + [f"cycle_price_{i}" for i in range(n)] + [f"cycle_profit_{i}" for i in range(n)]
+              + [f"greedy_price_{i}" for i in range(n)] + [f"greedy_fees_{i}" for i in range(n)]
+              + ["profit_gain"]
+              + ([f"played_profit_{i}" for i in range(n)] if result.tail_complete else [])
+              + (["played_profit_gain"] if played is not None else []))
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(header)
+    for s in range(result.converged.size):
+        row = [s, int(result.converged[s]), int(result.step[s]), int(result.cycle_length[s])]
+        row += [repr(float(x)) for x in result.cycle_price[s]]
+        row += [repr(float(x)) for x in result.cycle_reward[s]]
+        row += [repr(float(x)) for x in result.greedy_price[s]]
+        row += [repr(float(x)) for x in result.greedy_fees[s]]
+        row += [repr(float(delta[s])) if delta is not None else ""]
+        if result.tail_complete:
+            row += [repr(float(x)) for x in result.tail_reward[s]]
+        if played is not None:
+            row += [repr(float(played[s]))]
+        w.writerow(row)
+    return out.getvalue()
+
+
+def write_strategies(path: Path, result: eng.SessionResult, bench: dict) -> None:
+    """The ``strategies.npz`` :func:`jaxmarket.analysis.impulse_response` reads: Q
+    tables, greedy strategies, the last profile, the grid and the profit table."""
+    game, state = result.game, result.sessions.learner
+    memory = game.settings.num_digits // game.sellers if game.sellers else 0
+    rows = np.asarray(state.rows, np.float32)
+    m = game.grid.size
+    last = np.asarray(result.sessions.index, np.int32) if memory else \
+        np.zeros((rows.shape[0], 0), np.int32)
+    tmp = path.with_name(path.name + ".tmp.npz")
+    np.savez_compressed(
+        tmp, q=rows[..., :m], greedy=rows[..., m].astype(np.int32), last=last,
+        converged=np.asarray(state.converged, bool),
+        grid=np.asarray(game.grid.prices, np.float64),
+        profit_table=np.asarray(game.reward, np.float64), memory=memory,
+        p_nash=_nan(bench.get("nash_price")), p_monopoly=_nan(bench.get("joint_price")),
+        pi_nash=_nan(bench.get("nash_profit")), pi_monopoly=_nan(bench.get("joint_profit")))
+    tmp.replace(path)
+
+
+def _nan(x) -> float:
+    return math.nan if x is None else float(x)
+
+
+# ------------------------------------------------------------------ commands
+
+def _storage(run_dir: Path, err: OSError) -> StorageError:
+    return StorageError(f"storage error while writing {run_dir}: {describe_os_error(err)}; "
+                        f"continue with python -m jaxmarket.train --resume {run_dir}")
+
+
+def start(config: dict, plan: RunPlan, run_dir: str | Path, command: str | None = None,
+          progress_every: float | None = None) -> dict:
+    """A new sessions run in ``run_dir`` (new or empty)."""
+    run_dir = require_new_dir(run_dir, "that run: python -m jaxmarket.train --resume")
+    run = SessionRun(config, plan, run_dir)
+    if progress_every is not None:
+        run.progress_every = progress_every
+    lock = lock_dir(run_dir)
+    lock.acquire()
+    try:
+        try:
+            _atomic_text(run_dir / "config.yaml", yaml.safe_dump(config, sort_keys=False))
+            write_config_record(run_dir, config)
+        except OSError as err:
+            if storage_cause(err) is None:
+                raise
+            raise _storage(run_dir, err) from None
+        print(f"run directory: {run_dir}")
+        print(_engine_line(run))
+        segments = [run.record(command, 0)]
+        sessions, done = run.initial()
+        summary = run.train(sessions, done, segments)
+    finally:
+        lock.release()
+    return {**summary, "run_dir": str(run_dir)}
+
+
+def _engine_line(run: SessionRun) -> str:
+    line = (f"engine: sessions ({run.settings.sessions} sessions of at most "
+            f"{run.settings.periods:,d} periods, backend {run.runner.backend})")
+    return line + (f"\nnote: {run.runner.note}" if run.runner.note else "")
+
+
+def check_resume_overrides(overrides: list[str]) -> None:
+    for item in overrides:
+        key = item.split("=", 1)[0].strip()
+        if key not in RESUME_OVERRIDES:
+            raise ConfigError("--resume overrides", item, "only " + ", ".join(RESUME_OVERRIDES)
+                              + " (everything else is fixed by the run's config.yaml)")
+
+
+def resume(run_dir: str | Path, config: dict, plan: RunPlan, overrides: list[str],
+           command: str | None = None, progress_every: float | None = None) -> dict:
+    """Continue a sessions run from its last checkpoint (bit for bit the sessions of an
+    uninterrupted run)."""
+    run_dir = Path(run_dir)
+    lock = lock_dir(run_dir)
+    lock.acquire()
+    try:
+        check_config_record(run_dir, read_run_config(run_dir), RESUME_OVERRIDES)
+        run = SessionRun(config, plan, run_dir)
+        if progress_every is not None:
+            run.progress_every = progress_every
+        sessions, done = run.restore()
+        if run.settings.periods < done:
+            raise ConfigError("train.num_iterations", run.settings.periods,
+                              f"an integer >= {done} (the run's last checkpoint)")
+        if overrides:
+            _atomic_text(run_dir / "config.yaml", yaml.safe_dump(config, sort_keys=False))
+        write_config_record(run_dir, config)
+        print(f"resuming {run_dir} from period {done}" if done else
+              f"no checkpoint in {run_dir}: starting it from period 0")
+        print(_engine_line(run))
+        try:
+            previous = json.loads((run_dir / RUN_RECORD).read_text()).get("segments", [])
+        except (OSError, ValueError, AttributeError):
+            previous = []
+        segments = list(previous) + [run.record(command, done)]
+        summary = run.train(sessions, done, segments)
+    finally:
+        lock.release()
+    return {**summary, "run_dir": str(run_dir)}
+
+
+def finish_message(summary: dict) -> str:
+    """The last lines of a sessions run: Delta with its CI, convergence, the files."""
+    d, group = summary["run_dir"], summary["group"]
+    conv = summary["convergence"]
+    lines = []
+    if "profit_gain" in summary:
+        lo, hi = summary["profit_gain_ci95"][group]
+        lines.append(f"profit gain Delta ({group}, converged greedy cycle): "
+                     f"{summary['profit_gain'][group]:.4f}  95% CI [{lo:.4f}, {hi:.4f}]")
+    period = conv["mean_period"]
+    lines.append(f"{summary['sessions']} sessions, {conv['share']:.1%} converged"
+                 + (f" (mean period {period:,.0f})" if period is not None else "")
+                 + f"; {summary['periods']:,d} periods")
+    lines += [f"files in {d}/: summary.json, sessions.csv (one row per session), "
+              "strategies.npz, run.json, checkpoints/",
+              f"next: python -m jaxmarket.impulse {d}"]
+    return "\n".join(lines)
+
+
+__all__ = ["RESUME_OVERRIDES", "SessionRun", "choose_engine", "finish_message", "resume",
+           "session_plan", "sessions_csv", "start"]
