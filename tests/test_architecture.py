@@ -48,7 +48,7 @@ def layer(module: str) -> int:
 
 
 # python -m jaxmarket.NAME: one-screen modules that call into jaxmarket.cli
-ENTRY_POINTS = ("check", "plot", "sweep", "collect", "record", "impulse")
+ENTRY_POINTS = ("check", "plot", "sweep", "collect", "record", "impulse", "reproduce")
 
 
 def sources() -> dict[str, ast.Module]:

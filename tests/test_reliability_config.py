@@ -131,7 +131,7 @@ def test_check_of_a_huge_size_builds_nothing_of_its_size(capsys, monkeypatch, ov
         return real(env, params, config, specs=specs)
 
     monkeypatch.setattr(plan_module, "build_controller", spy)
-    rc, out, err, _ = check(capsys, "configs/calvano.yaml", override)
+    rc, out, err, _ = check(capsys, "configs/calvano.yaml", "train.engine=loop", override)
     assert rc == rc_want, err
     assert max(built, default=0) <= PROBE_SLOTS
     assert built or rc == 2
@@ -139,6 +139,7 @@ def test_check_of_a_huge_size_builds_nothing_of_its_size(capsys, monkeypatch, ov
         assert err.count("\n") == 1
     else:
         assert out.splitlines()[-1].startswith("memory: ")
+        assert out.splitlines()[-2] == "engine: loop"
 
 
 def test_a_probe_keeps_the_runs_minibatches_where_it_has_fewer_samples(capsys):
@@ -165,6 +166,10 @@ def test_slots_must_fit_int32():
 
 # ---------------------------------------------------------------- memory
 
+# calvano.yaml as a loop run of 8 seeds (the shipped file runs 1000 sessions on the
+# session engine)
+CALVANO8 = ["train.num_seeds=8", "train.chunk_size=50000", "train.num_iterations=2500000"]
+
 
 def test_a_run_over_the_device_memory_is_refused_naming_the_biggest_term(monkeypatch):
     monkeypatch.setenv(memory.MEMORY_ENV, str(2**40))
@@ -175,7 +180,7 @@ def test_a_run_over_the_device_memory_is_refused_naming_the_biggest_term(monkeyp
     assert err.value.field == "train.num_envs" and err.value.value == 20000
     assert f"the biggest part is {fits.biggest.what}" in err.value.allowed
     monkeypatch.setenv(memory.MEMORY_ENV, str(2**30))
-    q60 = ["learners.sellers.grid_size=60", "learners.sellers.memory=2", HISTORY2]
+    q60 = ["learners.sellers.grid_size=60", "learners.sellers.memory=2", HISTORY2, *CALVANO8]
     with pytest.raises(ConfigError) as err:   # 16 Q tables of 60**4 states: per policy
         resolve("configs/calvano.yaml", q60, validate_only=True)
     assert err.value.field == "learners.sellers" and err.value.value == "q_learning"
@@ -186,14 +191,14 @@ def test_a_run_over_the_device_memory_is_refused_naming_the_biggest_term(monkeyp
 def test_the_q_table_term_is_the_bytes_counted_by_hand():
     """calvano: 2 sellers x 8 seeds = 16 Q tables of (15**2 states) x (15 actions + the
     greedy column) float32, plus a few numbers per policy and slot."""
-    plan = resolve("configs/calvano.yaml")
+    plan = resolve("configs/calvano.yaml", CALVANO8)
     term = next(t for t in plan.memory.terms if t.what.startswith("learner state"))
     table = 16 * 15**2 * 16 * 4
     assert table <= term.bytes <= table + 16 * 64   # + per-policy counters, hypers
 
 
 @pytest.mark.parametrize("name,overrides", [
-    ("bench_b", ["train.num_envs=200"]), ("calvano", ["train.num_envs=300"]),
+    ("bench_b", ["train.num_envs=200"]), ("calvano", ["train.num_envs=300", *CALVANO8]),
     ("population_sync", ["train.num_envs=2048"])])
 def test_the_probe_estimate_equals_the_exact_one(name, overrides):
     """Above PROBE_SLOTS the estimate is scaled from a probe's shapes; the built plan's

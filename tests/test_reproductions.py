@@ -1,15 +1,12 @@
-"""The pricing lab's designs (configs/klein2021, asker2022_*, banchio2022_*) and their
-session runner: the market's outcome tables against the designs' closed forms, the
+"""The pricing lab's designs (configs/klein2021, asker2022_*, banchio2022_*) and the
+session engine: the market's outcome tables against the designs' closed forms, the
 static Nash of the homogeneous Bertrand grid, reduced runs of the synchronous and
-asynchronous learners of Asker et al. through both the session runner and the
-training loop, ``benchmarks/reproduce.py``'s JSON, and the config errors of
-mismatched learners and markets."""
+asynchronous learners of Asker et al. through both the session engine and the
+training loop (``train.engine=loop``), and the config errors of mismatched learners and
+markets. ``jaxmarket reproduce`` itself: tests/test_reproduce.py."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -18,10 +15,11 @@ import pytest
 
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.loader import load_config
+from jaxmarket.sessions.engine import run_sessions
+from jaxmarket.sessions.game import make_game, pure_nash
 from jaxmarket.train.plan import resolve
 from jaxmarket.train.run import final_learner_state, start_run
 from jaxmarket.train.tracking import read_metrics
-from jaxmarket.train.sessions import make_game, pure_nash, run_sessions
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -106,32 +104,12 @@ def test_full_feedback_through_the_training_loop(tmp_path):
     slot axis) also end at a static Nash profile."""
     run_dir = tmp_path / "run"
     start_run(str(CONFIGS / "asker2022_sync.yaml"), [
-        "train.num_seeds=2", "train.num_iterations=3000", "train.chunk_size=1000"],
+        "train.engine=loop", "train.num_seeds=2", "train.num_iterations=3000",
+        "train.chunk_size=1000"],
         str(run_dir))
     state = final_learner_state(run_dir).learners["sellers"]
     greedy = np.asarray(state.greedy)[:, 0].reshape(2, 2)   # [seed, seller], one state
     assert {tuple(int(x) for x in row) for row in greedy} <= bertrand_grid_nash()
-
-
-def test_reproduce_script_prints_the_documented_json(tmp_path):
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "reproduce.py"),
-                          "asker2022_sync", "--sessions", "4", "--periods", "3000", "--json"],
-                         capture_output=True, text=True, check=True, cwd=tmp_path).stdout
-    result = json.loads(out.strip().splitlines()[-1])
-    assert {"name", "figure", "value", "ci95", "published", "sessions", "converged_share",
-            "wall_s"} <= set(result)
-    assert result["name"] == "asker2022_sync" and result["sessions"] == 4
-    nash_prices = sorted({float(ASKER_GRID[i]) for i, _ in bertrand_grid_nash()})
-    assert any(abs(result["value"] - p) < 1e-5 for p in nash_prices)
-    low, high = result["ci95"]
-    assert low <= result["value"] <= high
-    assert result["static_nash_prices"] == pytest.approx(nash_prices, abs=1e-5)
-
-
-def test_reproduce_script_refuses_firms_for_two_player_designs():
-    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "reproduce.py"),
-                          "klein2021", "--firms", "3"], capture_output=True, text=True)
-    assert run.returncode == 2 and "--firms" in run.stderr
 
 
 def config(name: str, **changes) -> dict:
@@ -169,7 +147,8 @@ def test_cournot_through_the_training_loop_reports_quantities_and_the_clearing_p
     ``price/firms`` the clearing price P = 1 - (q_1 + q_2) of the same periods, and the
     reward the profit P q of each firm on average."""
     run_dir = tmp_path / "run"
-    start_run(str(CONFIGS / "cournot.yaml"), ["train.num_seeds=1", "train.num_iterations=200",
+    start_run(str(CONFIGS / "cournot.yaml"), ["train.engine=loop", "train.num_seeds=1",
+                                               "train.num_iterations=200",
                                                "train.chunk_size=100"], str(run_dir))
     header, data = read_metrics(run_dir / "metrics.csv")
     q = data[:, header.index("quantity/firms/p0")]        # mean over the two firms
@@ -187,7 +166,8 @@ def test_alternating_market_through_the_training_loop(tmp_path):
     """configs/klein2021.yaml trained by the loop: the sequential learner's clock counts
     the market's periods, and after two periods both sellers have had a turn."""
     run_dir = tmp_path / "run"
-    start_run(str(CONFIGS / "klein2021.yaml"), ["train.num_seeds=2", "train.num_iterations=5",
+    start_run(str(CONFIGS / "klein2021.yaml"), ["train.engine=loop", "train.num_seeds=2",
+                                                 "train.num_iterations=5",
                                                  "train.chunk_size=5"], str(run_dir))
     state = final_learner_state(run_dir).learners["sellers"]
     assert int(state.clock) == 5

@@ -81,9 +81,10 @@ def test_log_every_keeps_the_rows_at_its_multiples_and_the_last_iteration(runs):
 
 
 def test_auto_log_every_is_1_for_short_runs_and_bounds_the_rows_of_long_ones():
-    for path in sorted(CONFIGS.glob("*.yaml")):   # the lengths the regression runs use
+    for path in sorted(CONFIGS.glob("*.yaml")):   # the sizes the regression runs use
         train_cfg = dict(yaml.safe_load(path.read_text()).get("train") or {})
-        assert resolve_train({**train_cfg, "num_iterations": 400}).log_every == 1, path.name
+        short = {**train_cfg, "num_iterations": 400, "num_seeds": 8}
+        assert resolve_train(short).log_every == 1, path.name
     for n, s in [(400, 8), (10_000, 10), (10_001, 1), (2_500_000, 8), (10**6, 1000),
                  (123_457, 3)]:
         every = auto_log_every(n, s)
@@ -193,6 +194,7 @@ def test_summary_over_seeds_and_per_agent_figures_join_the_files_and_the_final_s
 def test_q_learning_sessions_report_their_convergence(tmp_path):
     d = tmp_path / "q"
     train(str(CONFIGS / "calvano.yaml"), "--run-dir", str(d), "train.num_iterations=60",
+          "train.engine=loop",
           "train.chunk_size=30", "train.num_seeds=4", "learners.sellers.exploration_decay=0.5",
           "learners.sellers.convergence_window=8")
     run = jaxmarket.load_run(d)

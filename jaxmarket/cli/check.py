@@ -1,7 +1,8 @@
 """python -m jaxmarket.check [CONFIG] [key=value ...]: print the resolved scenario
 (groups, shapes, kinds, parameters, the train settings and each learner with its
 defaults filled in) or the configuration error on one line (exit code 2). Without
-CONFIG it checks the shipped default, configs/legacy_default.yaml. The last line is the
+CONFIG it checks the shipped default, configs/legacy_default.yaml. The line before the
+last names the engine train.engine resolves to (and why not sessions); the last is the
 memory the run needs against the device's (a run that cannot fit is a configuration
 error naming the setting to lower); --json prints that estimate as JSON instead.
 
@@ -13,6 +14,7 @@ Nash equilibrium and joint optimum; with --json the last line is that result as 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -26,6 +28,8 @@ from jaxmarket.config.loader import load_config
 from jaxmarket.market.demand import DEMANDS
 from jaxmarket.market.distributors import DISTRIBUTORS
 from jaxmarket.market.spec import resolve_market, thaw
+from jaxmarket.sessions import run as session_run
+from jaxmarket.sessions.game import make_game
 from jaxmarket.train.config import TRAIN_FIELDS
 from jaxmarket.train.equilibrium import equilibrium
 from jaxmarket.train.pbt import split_pbt
@@ -170,11 +174,21 @@ def main(argv: list[str]) -> int:
     config = load_config(positional or DEFAULT_CONFIG, overrides)
     if args.equilibrium:
         return print_equilibrium(config, args.json)
+    plan, engine, reason = None, "loop", None
+    if "learners" in config:
+        engine, reason, plan = session_run.choose_engine(config)
+        if engine == "sessions":   # the session engine's plan and memory estimate
+            plan = dataclasses.replace(plan, memory=session_run.memory(make_game(plan),
+                                                                      plan.train))
     if args.json:
         if "learners" not in config:
             print(describe(config))
             return 0
-        print(json.dumps(resolve(config, validate_only=True).memory.as_dict(), indent=1))
+        plan = plan or resolve(config, validate_only=True)
+        print(json.dumps({**plan.memory.as_dict(), "engine": engine}, indent=1))
         return 0
-    print(describe(config))
+    lines = describe(config, plan).split("\n")
+    if "learners" in config:   # before the memory line, which stays the last
+        lines.insert(len(lines) - 1, f"engine: {engine}" + (f" ({reason})" if reason else ""))
+    print("\n".join(lines))
     return 0

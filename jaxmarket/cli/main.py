@@ -10,6 +10,7 @@ Commands:
   offline train and evaluate an offline learner on a dataset
   record  render an episode of a trained run or a dataset to a GIF or MP4
   impulse the impulse response of a trained Q-learning run (docs/analysis.md)
+  reproduce reproduce a published result from its design file (docs/reproductions.md)
 
 jaxmarket COMMAND --help shows a command's own options."""
 
@@ -26,12 +27,14 @@ from jaxmarket.cli.impulse import main as impulse_main
 from jaxmarket.cli.offline import main as offline_main
 from jaxmarket.cli.plot import main as plot_main
 from jaxmarket.cli.record import main as record_main
+from jaxmarket.cli.reproduce import main as reproduce_main
 from jaxmarket.cli.sweep.main import main as sweep_main
 from jaxmarket.cli.train import main as train_main
 
 COMMANDS = {"train": train_main, "check": check_main, "plot": plot_main,
             "sweep": sweep_main, "collect": collect_main, "offline": offline_main,
-            "record": record_main, "impulse": impulse_main}
+            "record": record_main, "impulse": impulse_main,
+            "reproduce": reproduce_main}
 
 
 def package_version() -> str:

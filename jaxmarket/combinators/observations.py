@@ -38,15 +38,34 @@ class ObservationDef:
     build: Callable[[Mapping[str, Any]], ObsFn]
     fields: Mapping[str, Field] = field(default_factory=dict)
     doc: str = ""
+    # the action kinds whose scale the features are on (a tabular learner may snap them
+    # to its action grid): "all" (the sellers' own action values), a tuple of action
+    # kinds, or () (another quantity: traffic, rewards, budgets, time)
+    action_scale: str | tuple[str, ...] = ()
+
+    def on_action_scale(self, action: str) -> bool:
+        return self.action_scale == "all" or action in self.action_scale
 
 
 OBSERVATIONS: Registry[ObservationDef] = Registry("observation component")
 
 
 def _component(kind: str, build: Callable[[Mapping[str, Any]], ObsFn],
-               fields: Mapping[str, Field] | None = None) -> ObservationDef:
+               fields: Mapping[str, Field] | None = None,
+               action_scale: str | tuple[str, ...] = ()) -> ObservationDef:
     """The definition of a component documented by its builder's docstring."""
-    return ObservationDef(kind, build, fields or {}, build.__doc__ or "")
+    return ObservationDef(kind, build, fields or {}, build.__doc__ or "", action_scale)
+
+
+def off_action_scale(config: Sequence[Any], action: str) -> str | None:
+    """The observation components of ``config`` that are not on the scale of ``action``
+    (named, for an error message), or None when all are."""
+    off = []
+    for item in config or ():
+        kind = item.get("kind") if isinstance(item, Mapping) else item
+        if kind in OBSERVATIONS and not OBSERVATIONS[kind].on_action_scale(action):
+            off.append(str(kind))
+    return None if not off else (", ".join(off) + f" (the action is {action})")
 
 
 def _empty(s) -> ObsFn:
@@ -165,19 +184,21 @@ def _history(s) -> ObsFn:
     return obs
 
 
-OBSERVATIONS.register(_component("empty", _empty))
-OBSERVATIONS.register(_component("own_price", _own_price))
+OBSERVATIONS.register(_component("empty", _empty, action_scale="all"))
+OBSERVATIONS.register(_component("own_price", _own_price, action_scale="all"))
 OBSERVATIONS.register(_component("own_traffic", _own_traffic))
 OBSERVATIONS.register(_component("own_reward", _own_reward))
 OBSERVATIONS.register(_component(
     "competitor_prices", _competitor_prices,
-    {"summary": Field("any", "all", doc="'all' or a list from min, mean, max")}))
+    {"summary": Field("any", "all", doc="'all' or a list from min, mean, max")},
+    action_scale="all"))
 OBSERVATIONS.register(_component(
     "budgets", _budgets, {"summary": Field("choice", "mean", choices=("mean", "all"))}))
 OBSERVATIONS.register(_component(
     "time", _time, {"period": Field("float", None, low=0.0, low_open=True, optional=True)}))
-OBSERVATIONS.register(_component("history", _history, {"k": Field("int", 1, low=1)}))
-OBSERVATIONS.register(_component("market_price", _market_price))
+OBSERVATIONS.register(_component("history", _history, {"k": Field("int", 1, low=1)},
+                                 action_scale="all"))
+OBSERVATIONS.register(_component("market_price", _market_price, action_scale=("price",)))
 
 
 def history_length(config: Sequence[Mapping[str, Any]]) -> int:

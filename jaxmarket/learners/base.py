@@ -68,6 +68,10 @@ class LearnerSpec:
     # actions (another agent group moves too, stochastic demand, a random distributor),
     # or None when it is: what counterfactual ("full feedback") updates rely on
     payoff_caveat: str | None = None
+    # Which observed features are not on the scale of the group's actions (named, for
+    # an error), or None when all are: a tabular learner may then snap them to its
+    # action grid
+    obs_scale: str | None = field(default=None, compare=False)
 
     @property
     def agents_per_market(self) -> int:

@@ -12,6 +12,7 @@ from typing import Any, Mapping
 import jax
 import numpy as np
 
+from jaxmarket.combinators.observations import off_action_scale
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.fields import check_mapping, lookup_kind
 from jaxmarket.learners.base import LEARNERS, Learner, LearnerSpec
@@ -36,7 +37,8 @@ def group_learner_spec(env: MarketEnv, params: MarketParams, group: str,
                        num_policies=num_policies, policy_index=policy_index,
                        payoff=one_shot_payoff(env, params, group),
                        turns=group_turns(env.spec, group),
-                       payoff_caveat=payoff_caveat(env.spec, group))
+                       payoff_caveat=payoff_caveat(env.spec, group),
+                       obs_scale=off_action_scale(thaw(g.observation) or (), g.action))
 
 
 def move_order(spec: MarketSpec) -> str:

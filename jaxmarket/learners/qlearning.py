@@ -54,6 +54,7 @@ agent for ``s`` (and one for the bootstrap ``max_a' Q[s', a']``, which is next p
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -112,6 +113,12 @@ HYPER_FIELDS: dict[str, Field] = {
                       doc="taken: learn from the action played; full: update every "
                           "action's Q of the visited state with the payoff it would have "
                           "earned against the rivals' actual actions (needs memory 0)"),
+    "obs_grid": Field("any", default=None, optional=True,
+                      doc="the grid observations are discretised on: {low, high, size} "
+                          "(size: default grid_size); null: the action grid, allowed only "
+                          "where every observed feature is on the action's scale (the "
+                          "sellers' own actions: own_price, competitor_prices, history, a "
+                          "price market's market_price)"),
     "target": Field("choice", default="simultaneous", choices=("simultaneous", "sequential"),
                     doc="sequential: Klein (2021)'s target for alternating moves, "
                         "Q(s,a) <- (1-alpha) Q + alpha [pi_t + delta pi_t+1 + ... + "
@@ -366,10 +373,16 @@ class QLearningSettings:
     feedback: str = "taken"                         # "taken" | "full"
     target: str = "simultaneous"                    # "simultaneous" | "sequential"
     turns: tuple[int, int] | None = None            # LearnerSpec.turns: (n, first)
+    obs_grid: tuple[float, float, int] | None = None  # (low, high, size); None: the action grid
+
+    @property
+    def obs_size(self) -> int:
+        """Values per observed feature (the action grid's m unless ``obs_grid``)."""
+        return self.grid_size if self.obs_grid is None else self.obs_grid[2]
 
     @property
     def num_states(self) -> int:
-        return self.grid_size ** self.num_digits
+        return self.obs_size ** self.num_digits
 
     @property
     def session_shape(self) -> tuple[int, ...]:
@@ -392,6 +405,42 @@ class QLearningSettings:
 def grid_of(settings: QLearningSettings) -> PriceGrid:
     return price_grid(settings.grid_low, settings.grid_high, settings.grid_size,
                       settings.num_digits, settings.grid_values)
+
+
+def obs_grid_of(settings: QLearningSettings) -> PriceGrid:
+    """The grid whose :meth:`PriceGrid.state_index` numbers the states: the action grid,
+    or ``obs_grid``'s ``linspace(low, high, size)``."""
+    if settings.obs_grid is None:
+        return grid_of(settings)
+    low, high, size = settings.obs_grid
+    return price_grid(low, high, size, settings.num_digits)
+
+
+def obs_grid_settings(value: Any, hyper: Mapping[str, Any], spec: LearnerSpec,
+                      num_digits: int) -> tuple[float, float, int] | None:
+    """``obs_grid`` resolved: ``(low, high, size)``, or None for the action grid where
+    the observation is on the action's scale (a ConfigError where it is not)."""
+    if value is None:
+        if num_digits > 0 and spec.obs_scale is not None:
+            raise _error("obs_grid", None, f"a grid {{low, high, size}} for the observations: "
+                         f"{spec.obs_scale} is not on the action grid's scale, and snapping "
+                         f"it to the action grid would merge distinct states")
+        return None
+    if not isinstance(value, Mapping) or not {"low", "high"} <= set(value) or \
+            not set(value) <= {"low", "high", "size"}:
+        raise _error("obs_grid", value, "{low: L, high: H, size: N} (size: default grid_size)")
+    low, high = value["low"], value["high"]
+    size = value.get("size", hyper["grid_size"])
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                  for v in (low, high))
+    if not numbers or not high > low:
+        raise _error("obs_grid", value, "finite numbers low < high")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 2:
+        raise _error("obs_grid.size", size, "an integer >= 2")
+    if num_digits * np.log(size) >= np.log(_INT32_MAX + 1.0):
+        raise _error("obs_grid.size", size, f"size^(memory * num_sellers) below 2^31 "
+                     f"({size}^{num_digits} states)")
+    return float(low), float(high), int(size)
 
 
 def per_slot(settings: QLearningSettings, x: jax.Array) -> jax.Array:
@@ -627,9 +676,9 @@ def counterfactual_payoffs(settings: QLearningSettings, actions: jax.Array) -> j
 
 
 def update(settings: QLearningSettings, state: QLearningState, batch: Transition):
-    grid = grid_of(settings)
-    s = grid.state_index(batch.obs)                         # [T, A]
-    s_next = grid.state_index(batch.next_obs)
+    grid, states = grid_of(settings), obs_grid_of(settings)
+    s = states.state_index(batch.obs)                       # [T, A]
+    s_next = states.state_index(batch.next_obs)
     aux = batch.aux if isinstance(batch.aux, Mapping) else {}
     a = aux.get("action_index")
     a = grid.nearest_index(batch.action[..., 0]) if a is None else a.astype(jnp.int32)
@@ -735,7 +784,8 @@ def qlearning_settings(hyper: Mapping[str, Any], spec: LearnerSpec) -> QLearning
         agents_per_market=spec.agents_per_market, payoff=spec.payoff,
         grid_values=None if grid is None else tuple(float(v) for v in grid),
         q_init_args=q_init_args, feedback=hyper["feedback"], target=hyper["target"],
-        turns=spec.turns, **exploration_settings(hyper))
+        turns=spec.turns, obs_grid=obs_grid_settings(hyper["obs_grid"], hyper, spec, num_digits),
+        **exploration_settings(hyper))
 
 
 def make(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:

@@ -66,7 +66,7 @@ import numpy as np
 
 from jaxmarket.market.distributors import DISTRIBUTORS
 from jaxmarket.market.env import MarketEnv
-from jaxmarket.market.spec import MarketParams, thaw
+from jaxmarket.market.spec import MarketParams, freeze, thaw
 from jaxmarket.market.state import current_actions
 
 #: demand processes that do not draw with their key
@@ -143,6 +143,24 @@ def is_deterministic(env: MarketEnv) -> bool:
     return DISTRIBUTORS[spec.distributor].is_deterministic(options)
 
 
+def outcomes(env: MarketEnv) -> tuple[tuple[float, MarketEnv], ...] | None:
+    """A period's finitely many outcomes ``((probability, market), ...)``, each market
+    deterministic: ``((1, env),)`` for a deterministic period, the distributor's declared
+    outcomes (:attr:`DistributorDef.outcomes`, e.g. Cournot's demand shock) where the
+    demand is deterministic, else None (a draw that is not finite)."""
+    if is_deterministic(env):
+        return ((1.0, env),)
+    spec = env.spec
+    if any(c.demand_kind not in DETERMINISTIC_DEMANDS for c in spec.consumers):
+        return None
+    options = dict(thaw(spec.distributor_options) or {})
+    found = DISTRIBUTORS[spec.distributor].outcome_options(options)
+    if found is None:
+        return None
+    return tuple((p, MarketEnv(dataclasses.replace(spec, distributor_options=freeze(o))))
+                 for p, o in found)
+
+
 def sample_keys(samples: int) -> jax.Array:
     """The ``samples`` keys a period's payoff is averaged over (key 0 alone for one)."""
     if samples == 1:
@@ -170,6 +188,9 @@ class Structure:
     env: MarketEnv
     groups: tuple[str, ...]
     shapes: tuple[tuple[int, int], ...]
+    # a period's finite outcomes ((probability, deterministic market), ...): the payoff
+    # is their exact expectation (None: the mean over the sample keys)
+    outcomes: tuple[tuple[float, MarketEnv], ...] | None = None
 
 
 def payoff(structure: Structure, x: jax.Array, data: Any) -> jax.Array:
@@ -182,13 +203,18 @@ def payoff(structure: Structure, x: jax.Array, data: Any) -> jax.Array:
         acts[g] = x[at:at + n * P].reshape(n, P)
         at += n * P
 
-    def one(key, others):
+    def one(key, others, env=env):
         _, _, rewards, _, _ = env.step_env(key, state, {**acts, **others}, params)
         return jnp.concatenate([rewards[g] for g in structure.groups])
 
-    if keys.shape[0] == 1:   # a deterministic period: no batch of keys to trace
-        return one(keys[0], jax.tree.map(lambda a: a[0], fixed))
-    return jax.vmap(one)(keys, fixed).mean(axis=0)
+    def expected(env):
+        if keys.shape[0] == 1:   # a deterministic period: no batch of keys to trace
+            return one(keys[0], jax.tree.map(lambda a: a[0], fixed), env)
+        return jax.vmap(lambda k, o: one(k, o, env))(keys, fixed).mean(axis=0)
+
+    if structure.outcomes is not None:   # sum_k p_k reward_k over the draw's outcomes
+        return sum(np.float32(p) * expected(e) for p, e in structure.outcomes)
+    return expected(env)
 
 
 @dataclass(frozen=True)
@@ -238,6 +264,8 @@ def make_game(env: MarketEnv, params: MarketParams, action_sets: Mapping[str, Ac
     ``[samples, n, P]`` (the rest hold their reset actions)."""
     env = static_game(env)
     spec = env.spec
+    exact = outcomes(env)
+    exact = None if exact is None or len(exact) == 1 else exact
     groups = tuple(action_sets)
     for g in groups:
         n, P = env.num_agents(g), spec.num_products
@@ -262,7 +290,8 @@ def make_game(env: MarketEnv, params: MarketParams, action_sets: Mapping[str, Ac
     agent_group = np.concatenate([np.full(n, i) for i, (n, _) in enumerate(shapes)])
     start = np.concatenate([np.asarray(held[g], np.float32).ravel() for g in groups])
     start = _snap(np.clip(start, low, high), grid, is_grid)
-    return Game(Structure(env, groups, shapes), (state, params, sample_keys(samples), fixed_k),
+    return Game(Structure(env, groups, shapes, exact),
+                (state, params, sample_keys(samples), fixed_k),
                 low, high, grid, is_grid, cell_agent, cell_group, agent_group, start)
 
 
@@ -505,8 +534,9 @@ def solve(env: MarketEnv, params: MarketParams, action_sets: Mapping[str, Action
     ``joint``, their rewards, ``converged``) of the game in which every grid is replaced
     by the interval it spans: the continuous benchmarks of the literature (Calvano et
     al.'s ``p_N``, ``p_M``)."""
+    exact = outcomes(static_game(env))
     if samples is None:
-        samples = 1 if is_deterministic(env) else DEFAULT_SAMPLES
+        samples = 1 if exact is not None else DEFAULT_SAMPLES
     out = _solve(make_game(env, params, action_sets, fixed, samples), search)
     if continuous and any(s.discrete for s in action_sets.values()):
         boxes = {g: ActionSet(s.low, s.high) for g, s in action_sets.items()}
@@ -515,8 +545,14 @@ def solve(env: MarketEnv, params: MarketParams, action_sets: Mapping[str, Action
             if s.discrete:
                 out[g]["continuous"] = {k: box[g][k] for k in (
                     "nash", "joint", "nash_reward", "joint_reward", "converged")}
+    expectation = ("exact: the probability-weighted mean over the "
+                   f"{len(exact)} outcomes of the distributor's draw"
+                   if exact is not None and len(exact) > 1 else "deterministic period"
+                   if exact is not None and samples == 1 else
+                   f"sampled: the mean over {samples} keys")
     for g, s in action_sets.items():
-        out[g].update(samples=samples, action_set="grid" if s.discrete else "box")
+        out[g].update(samples=samples, action_set="grid" if s.discrete else "box",
+                      expectation=expectation)
     return out
 
 

@@ -11,8 +11,15 @@ nor which other sessions share a batch changes a session.
 
 Keys, in this order: ``init_key, start_key, run_key = split(key, 3)``; the first profile
 of every session is ``randint(start_key, (S, n), 0, m)``, session ``s`` runs on
-``split(run_key, S)[s]``, and a random initial Q (``q_init: uniform``) draws one
-``init`` per session from ``split(init_key, S)``. The engine runs under
+``split(run_key, S)[s]`` (period ``t``: ``key_t = fold_in(session_key, t)``), and a
+random initial Q (``q_init: uniform``) draws one ``init`` per session from
+``split(init_key, S)``.
+
+Random periods with finitely many outcomes (a Cournot demand shock: the game's tables
+hold one table per outcome, ``probs``): period ``t``'s outcome is drawn from
+``fold_in(key_t, 1)`` (inverse CDF of one uniform), its rewards and the observation the
+sellers see next period come from that outcome's tables; the first period's observation
+is of an outcome drawn from ``split(fold_in(start_key, 1), S)``. The engine runs under
 ``jax.threefry_partitionable(False)`` (the hash the kernel backend writes out).
 
 Stopping (``stop``): ``converged`` ends the run once every session has met its
@@ -67,6 +74,7 @@ class Sessions(NamedTuple):
     index: jax.Array      # [S, n] int32 the grid-index profile in force
     tail: jax.Array       # [S, n] float32 rewards summed over the tail window
     key: jax.Array        # [S] the sessions' keys
+    outcome: jax.Array    # [S] int32 the period outcome in force (0: a deterministic game)
 
 
 @dataclass(frozen=True)
@@ -99,7 +107,8 @@ class SessionResult:
     cycle_reward: np.ndarray    # [S, n] reward averaged over the greedy limit cycle
     cycle_fees: np.ndarray      # [S, n] fees averaged over the greedy limit cycle
     cycle_price: np.ndarray     # [S, n] price averaged over the greedy limit cycle
-    cycle_length: np.ndarray    # [S] periods of the greedy limit cycle
+    cycle_length: np.ndarray    # [S] periods of the greedy limit cycle (0: random periods,
+                                # the long-run mean of :func:`expected_play`)
     greedy_index: np.ndarray    # [S, n] greedy grid indices at the final profile
     greedy_price: np.ndarray    # [S, n]
     greedy_reward: np.ndarray   # [S, n] one-shot reward of the greedy profile
@@ -122,7 +131,7 @@ def choose_backend(game: SessionGame, backend: str = "auto") -> tuple[str, str |
     ``xla``, why. ``kernel`` where the kernel cannot run is a ``ValueError``."""
     reason = kernel_reason(game)
     if reason is None and importlib.util.find_spec("numba") is None:
-        reason = "numba is not installed (pip install 'jaxmarket[sessions]')"
+        reason = "numba is not installed (pip install numba)"
     if backend == "kernel":
         if reason is not None:
             raise ValueError(f"backend kernel: {reason}; use backend xla")
@@ -153,8 +162,21 @@ def init_sessions(game: SessionGame, sessions: int, key: jax.Array) -> Sessions:
                 lambda x: jnp.array(jnp.broadcast_to(x, (sessions,) + x.shape)), one)
         index = jax.random.randint(start_key, (sessions, game.sellers), 0, game.grid.size)
         keys = jax.random.split(run_key, sessions)
+        if game.probs is None:
+            outcome = jnp.zeros((sessions,), jnp.int32)
+        else:
+            outcome = draw_outcome(game, jax.vmap(lambda k: jax.random.fold_in(k, 1))(
+                jax.random.split(jax.random.fold_in(start_key, 1), sessions)))
     tail = jnp.zeros((sessions, game.sellers), jnp.float32)
-    return Sessions(states, index.astype(jnp.int32), tail, keys)
+    return Sessions(states, index.astype(jnp.int32), tail, keys, outcome)
+
+
+def draw_outcome(game: SessionGame, key: jax.Array) -> jax.Array:
+    """The period outcome ``k`` with probability ``probs[k]`` (inverse CDF of one
+    uniform per key), int32 of the keys' shape."""
+    cum = jnp.asarray(np.cumsum(np.asarray(game.probs, np.float64))[:-1], jnp.float32)
+    u = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(key.reshape(-1))
+    return jnp.sum(u[:, None] >= cum[None, :], axis=1).astype(jnp.int32).reshape(key.shape)
 
 
 def _seats(game: SessionGame):
@@ -171,20 +193,27 @@ def xla_chunk(game: SessionGame, length: int, tail_start: int, devices: int = 1)
     prices = game.grid.prices
     seat, num_turns = _seats(game)
 
+    random = game.probs is not None
+
     def period(carry, t):
-        state, index, tail, session_key = carry
-        obs = game.obs[game.row(index)]
-        _, aux = learner.act(state, obs, jax.random.fold_in(session_key, t))
+        state, index, tail, session_key, outcome = carry
+        key_t = jax.random.fold_in(session_key, t)
+        obs = game.obs[outcome, game.row(index)] if random else game.obs[game.row(index)]
+        _, aux = learner.act(state, obs, key_t)
         chosen = aux["action_index"]
         index = chosen if seat is None else jnp.where(t % num_turns == seat, chosen, index)
         row = game.row(index)
-        reward = game.reward[row]
+        if random:   # this period's outcome, from its own stream of the period's key
+            outcome = draw_outcome(game, jax.random.fold_in(key_t, 1)[None])[0]
+            reward, next_obs = game.reward[outcome, row], game.obs[outcome, row]
+        else:
+            reward, next_obs = game.reward[row], game.obs[row]
         batch = Transition(obs=obs[None], action=prices[index][None, :, None],
-                           reward=reward[None], next_obs=game.obs[row][None],
+                           reward=reward[None], next_obs=next_obs[None],
                            done=jnp.zeros((1, n), bool), aux={"action_index": chosen[None]})
         state, _ = learner.update(state, batch)
         tail = tail + jnp.where(t >= tail_start, reward, 0.0)
-        return (state, index, tail, session_key), None
+        return (state, index, tail, session_key, outcome), None
 
     def one_session(carry, first_period):
         periods = first_period + jnp.arange(length, dtype=jnp.uint32)
@@ -237,15 +266,51 @@ def greedy_cycle(game: SessionGame, sessions: Sessions, first_period: int):
     return jax.jit(jax.vmap(one))(sessions.learner, sessions.index)
 
 
+def expected_play(game: SessionGame, sessions: Sessions):
+    """:func:`greedy_cycle` of a game with random period outcomes: the greedy strategies
+    played on the Markov chain of (outcome, profile) (the profile follows the greedy
+    response to what was observed, the next outcome is drawn with ``probs``), its
+    distribution propagated exactly from the session's state: after a burn-in of
+    ``K m^n`` periods, the expected reward, fees and prices averaged over the next
+    ``16 K m^n`` periods (the long-run mean of the greedy play). ``length`` is 0."""
+    K, J = game.num_outcomes, game.reward.shape[1]
+    m, n = game.grid.size, game.sellers
+    probs = jnp.asarray(game.probs, jnp.float32)
+    rows = jnp.arange(J, dtype=jnp.int32)
+    digits = (rows[:, None] // jnp.asarray(game.radix, jnp.int32)) % m
+    per_row = jnp.stack([game.reward, game.fees,
+                         jnp.broadcast_to(game.grid.prices[digits], (K, J, n))], axis=-2)
+
+    def one(state, index, outcome):
+        greedy = state.replace(converged=jnp.ones_like(state.converged))
+        obs = game.obs.reshape((K * J,) + game.obs.shape[2:])
+        _, aux = jax.vmap(lambda o: game.learner.act(greedy, o, jax.random.key(0)))(obs)
+        nxt = game.row(aux["action_index"])                        # [K J]
+        start = jnp.zeros((K, J), jnp.float32).at[outcome, game.row(index)].set(1.0)
+
+        def step(dist, _):
+            mass = jnp.zeros((J,), jnp.float32).at[nxt].add(dist.reshape(-1))
+            dist = probs[:, None] * mass[None, :]
+            return dist, jnp.einsum("kj,kjsn->sn", dist, per_row)
+
+        dist, _ = jax.lax.scan(step, start, None, length=K * J)
+        _, stats = jax.lax.scan(step, dist, None, length=16 * K * J)
+        mean = stats.mean(axis=0)
+        return mean[0], mean[1], mean[2], jnp.int32(0)
+
+    return jax.jit(jax.vmap(one))(sessions.learner, sessions.index, sessions.outcome)
+
+
 def _greedy_now(game: SessionGame, sessions: Sessions) -> jax.Array:
     """Each session's greedy grid indices ``[S, n]`` at the observation of its profile."""
 
-    def one(state, index):
+    def one(state, index, outcome):
         greedy = state.replace(converged=jnp.ones_like(state.converged))
-        _, aux = game.learner.act(greedy, game.obs[game.row(index)], jax.random.key(0))
+        obs = game.observe(outcome, game.row(index))
+        _, aux = game.learner.act(greedy, obs, jax.random.key(0))
         return aux["action_index"]
 
-    return jax.jit(jax.vmap(one))(sessions.learner, sessions.index)
+    return jax.jit(jax.vmap(one))(sessions.learner, sessions.index, sessions.outcome)
 
 
 def ladder(sessions: int, granularity: int = GRANULARITY) -> list[int]:
@@ -326,7 +391,10 @@ class Runner:
     def result(self, sessions: Sessions, done: int, wall_s: float) -> SessionResult:
         game = self.game
         with jax.threefry_partitionable(False):
-            reward, fees, price, length = greedy_cycle(game, sessions, done)
+            if game.probs is None:
+                reward, fees, price, length = greedy_cycle(game, sessions, done)
+            else:
+                reward, fees, price, length = expected_play(game, sessions)
             greedy = _greedy_now(game, sessions)
         row = game.row(greedy)
         window = min(self.settings.window, done)
@@ -336,8 +404,8 @@ class Runner:
             cycle_fees=np.asarray(fees, np.float64), cycle_price=np.asarray(price, np.float64),
             cycle_length=np.asarray(length), greedy_index=np.asarray(greedy),
             greedy_price=np.asarray(game.grid.prices[greedy]),
-            greedy_reward=np.asarray(game.reward[row], np.float64),
-            greedy_fees=np.asarray(game.fees[row], np.float64),
+            greedy_reward=np.asarray(game.expected_reward[row], np.float64),
+            greedy_fees=np.asarray(game.expected(game.fees)[row], np.float64),
             tail_reward=np.asarray(sessions.tail, np.float64) / max(window, 1),
             tail_complete=bool(done >= self.settings.periods
                                and (not self.compact or not np.any(state.converged))),

@@ -31,10 +31,10 @@ import numpy as np
 
 from jaxmarket.learners.base import LEARNERS, Learner, LearnerSpec
 from jaxmarket.learners.controller import group_learner_spec
-from jaxmarket.learners.qlearning import (PriceGrid, QLearningSettings, grid_of,
+from jaxmarket.learners.qlearning import (PriceGrid, QLearningSettings, grid_of, obs_grid_of,
                                           qlearning_settings)
 from jaxmarket.market.env import MarketEnv
-from jaxmarket.market.equilibrium import is_deterministic
+from jaxmarket.market.equilibrium import outcomes
 from jaxmarket.market.spec import thaw
 from jaxmarket.market.state import current_actions
 from jaxmarket.train.plan import RunPlan
@@ -54,11 +54,33 @@ class SessionGame:
     spec: LearnerSpec
     grid: PriceGrid
     radix: tuple[int, ...]     # m^(n-1-i): profile (grid indices) -> table row
-    reward: jax.Array          # [m^n, n] float32
-    obs: jax.Array             # [m^n, n, D] float32
-    fees: jax.Array            # [m^n, n] float32 money each seller received
+    reward: jax.Array          # [m^n, n] float32 ([K, m^n, n] with K outcomes)
+    obs: jax.Array             # [m^n, n, D] float32 ([K, m^n, n, D])
+    fees: jax.Array            # [m^n, n] float32 money each seller received ([K, m^n, n])
     turns: tuple[int, int] | None
     settings: QLearningSettings  # the learner's resolved settings
+    # a random period of K > 1 outcomes: their probabilities (the tables gain a leading
+    # outcome axis); None for a deterministic period
+    probs: tuple[float, ...] | None = None
+
+    @property
+    def num_outcomes(self) -> int:
+        return 1 if self.probs is None else len(self.probs)
+
+    def expected(self, table: jax.Array) -> jax.Array:
+        """``[m^n, ...]`` a table (``reward``, ``fees``) in expectation over the outcomes."""
+        if self.probs is None:
+            return table
+        return jnp.tensordot(jnp.asarray(self.probs, jnp.float32), table, axes=1)
+
+    @property
+    def expected_reward(self) -> jax.Array:
+        """``[m^n, n]`` the reward of each profile, in expectation over the outcomes."""
+        return self.expected(self.reward)
+
+    def observe(self, outcome: jax.Array, row: jax.Array) -> jax.Array:
+        """The observations ``[n, D]`` of table row ``row`` under ``outcome``."""
+        return self.obs[row] if self.probs is None else self.obs[outcome, row]
 
     @property
     def sellers(self) -> int:
@@ -88,9 +110,13 @@ def check_game(plan: RunPlan) -> str:
     moving = [c.name for c in env.spec.consumers if c.demand_kind != "constant"]
     if moving:
         raise ValueError(f"session engine: consumer demand must be constant; {moving} change")
-    if not is_deterministic(env):
+    found = outcomes(env)
+    if found is None:
         raise ValueError(f"session engine: the distributor {env.spec.distributor!r} draws at "
-                         f"random each period; the tables hold one outcome per profile")
+                         f"random each period without a finite set of outcomes; the tables "
+                         f"hold one outcome per profile and period draw")
+    if len(found) > 1 and getattr(env.spec, "move_order", "simultaneous") != "simultaneous":
+        raise ValueError("session engine: random period outcomes with alternating moves")
     for part in thaw(g.observation) or []:
         obs_kind = part.get("kind") if isinstance(part, Mapping) else part
         if obs_kind not in PROFILE_OBSERVATIONS or (obs_kind == "history"
@@ -136,28 +162,35 @@ def make_game(plan: RunPlan) -> SessionGame:
     if m ** n > MAX_PROFILES:
         raise ValueError(f"session engine: {m}^{n} joint prices are too many for the tables "
                          f"(at most {MAX_PROFILES})")
-    profiles = np.indices((m,) * n).reshape(n, -1).T                     # [J, n]
-    reward, obs, fees = outcome_tables(plan.env, plan.params, group,
-                                       grid.prices[jnp.asarray(profiles)])
+    profiles = grid.prices[jnp.asarray(np.indices((m,) * n).reshape(n, -1).T)]   # [J, n]
+    found = outcomes(plan.env)
+    tables = [outcome_tables(env, plan.params, group, profiles) for _, env in found]
+    probs = None if len(found) == 1 else tuple(p for p, _ in found)
+    if probs is None:
+        reward, obs, fees = tables[0]
+        expected = reward
+    else:
+        reward, obs, fees = (jnp.stack(t) for t in zip(*tables))
+        expected = jnp.tensordot(jnp.asarray(probs, jnp.float32), reward, axes=1)
     radix = tuple(m ** (n - 1 - i) for i in range(n))
     weights = jnp.asarray(radix, jnp.int32)
 
     def payoff(prices: jax.Array) -> jax.Array:
-        """One-shot payoffs of a profile ``[n, 1]`` (snapped to the grid) -> ``[n]``."""
-        return reward[jnp.sum(grid.nearest_index(prices[:, 0]) * weights)]
+        """One-shot (expected) payoffs of a profile ``[n, 1]`` (snapped to the grid)."""
+        return expected[jnp.sum(grid.nearest_index(prices[:, 0]) * weights)]
 
     spec = dataclasses.replace(env_spec, payoff=payoff)
     learner = LEARNERS["q_learning"].make(hyper, spec)
     return SessionGame(group, learner, spec, grid, radix, reward.astype(jnp.float32),
                        obs.astype(jnp.float32), fees.astype(jnp.float32), spec.turns,
-                       settings)
+                       settings, probs)
 
 
 def pure_nash(game: SessionGame) -> np.ndarray:
     """``[K, n]`` grid-index profiles of the one-shot game's pure Nash equilibria: no
     seller gains by a unilateral change of its grid price (from the reward table)."""
     m, n = game.grid.size, game.sellers
-    reward = np.asarray(game.reward, np.float64).reshape((m,) * n + (n,))
+    reward = np.asarray(game.expected_reward, np.float64).reshape((m,) * n + (n,))
     stable = np.ones((m,) * n, bool)
     for i in range(n):   # n is a handful of sellers, not a batch axis
         own = np.take(reward, i, axis=-1)
@@ -173,7 +206,8 @@ def kernel_reason(game: SessionGame) -> str | None:
     ``obs[j]`` is ``j``), exploration ``eps_t = exp(-beta t)``, the Q-learning update
     on the price it took, one Q table per seller."""
     s = game.settings
-    checks = ((game.turns is None, "sellers move in turns"),
+    checks = ((game.probs is None, "random period outcomes"),
+              (game.turns is None, "sellers move in turns"),
               (s.boltzmann is None, "Boltzmann exploration"),
               (s.epsilon_start == 1.0, "an epsilon schedule with start != 1"),
               (s.feedback == "taken", "full feedback"),
@@ -183,7 +217,7 @@ def kernel_reason(game: SessionGame) -> str | None:
         if not ok:
             return what
     rows = np.arange(game.reward.shape[0])
-    states = np.asarray(game.grid.state_index(game.obs))           # [J, n]
+    states = np.asarray(obs_grid_of(s).state_index(game.obs))      # [J, n]
     if states.shape != (rows.size, game.sellers) or np.any(states != rows[:, None]):
         return "a state other than the price profile in force (memory 1, every seller's price)"
     return None

@@ -1,5 +1,5 @@
 """The session engine's ``kernel`` backend: each session's periods of a chunk as one
-compiled loop per thread (numba; ``pip install 'jaxmarket[sessions]'``).
+compiled loop per thread (numba, a dependency of the package).
 
 :func:`make_kernel_chunk` runs exactly the sessions of
 :func:`jaxmarket.sessions.engine.xla_chunk` (the ``q_learning`` learner's
@@ -232,7 +232,8 @@ def make_kernel_chunk(game, length: int, tail_start: int):
     """``(sessions, first_period) -> sessions`` as
     :func:`jaxmarket.sessions.engine.xla_chunk` returns it, run by :func:`_run_sessions`
     on every core (numba's threads)."""
-    from jaxmarket.sessions.engine import Sessions
+    if game.probs is not None:
+        raise ValueError("kernel backend: random period outcomes (use the xla backend)")
     n, m = game.sellers, game.grid.size
     discount = np.float32(game.settings.discount)
     window = int(game.settings.convergence_window)
@@ -281,7 +282,8 @@ def make_kernel_chunk(game, length: int, tail_start: int):
         state = state.replace(rows=jnp.asarray(rows), step=jnp.asarray(step),
                               stable_periods=jnp.asarray(stable),
                               converged=jnp.asarray(converged))
-        return Sessions(state, jnp.asarray(index), jnp.asarray(tail), sessions.key)
+        return sessions._replace(learner=state, index=jnp.asarray(index),
+                                 tail=jnp.asarray(tail))
 
     # numba compiles on the first call (or loads its cache): do it here, on one session of
     # one period, and say how long it took

@@ -30,6 +30,7 @@ The run directory::
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import math
@@ -52,8 +53,10 @@ from jaxmarket.config.errors import ConfigError, Interrupted
 from jaxmarket.config.loader import load_config
 from jaxmarket.sessions import engine as eng
 from jaxmarket.sessions.game import SessionGame, check_game, make_game
+from jaxmarket.sessions.memory import estimate as estimate_memory
 from jaxmarket.train.config import resolve_train
-from jaxmarket.train.equilibrium import equilibrium
+from jaxmarket.train.equilibrium import benchmarks, equilibrium
+from jaxmarket.train.memory import MemoryEstimate, check_memory
 from jaxmarket.train.plan import RunPlan, resolve
 from jaxmarket.train.rundir import (StorageError, check_config_record, describe_os_error,
                                     lock_dir, read_run_config, storage_cause,
@@ -76,10 +79,21 @@ def _learner_kinds(config: dict) -> dict[str, Any]:
 
 def session_plan(config: dict) -> RunPlan:
     """The plan of one session (``train.num_seeds: 1``): the market and the learner's
-    settings the tables are made from; the run's own size is never built."""
+    settings the tables are made from; the run's own size is never built. Its
+    ``train`` is the run's own settings; its ``memory`` is None (the sessions estimate
+    needs the game: :func:`memory`)."""
     small = {**config, "train": {**(config.get("train") or {}), "num_seeds": 1,
                                  "num_envs": 1, "chunk_size": 1}}
-    return resolve(small, validate_only=True)
+    plan = resolve(small, validate_only=True)
+    return dataclasses.replace(plan, train=resolve_train(config.get("train")), memory=None)
+
+
+def memory(game: SessionGame, tcfg) -> MemoryEstimate:
+    """The sessions run's memory estimate (:mod:`jaxmarket.sessions.memory`), refused
+    with a ConfigError when it cannot fit."""
+    est = estimate_memory(game, tcfg.num_seeds)
+    check_memory(est)
+    return est
 
 
 def choose_engine(config: dict) -> tuple[str, str | None, RunPlan | None]:
@@ -151,6 +165,7 @@ class SessionRun:
         self.tcfg = resolve_train(config.get("train"))
         self.seed = int(config.get("seed", 0))
         self.game: SessionGame = make_game(plan)
+        self.memory = memory(self.game, self.tcfg)
         self.settings = eng.Settings(
             sessions=self.tcfg.num_seeds, periods=self.tcfg.num_iterations,
             chunk=self.tcfg.chunk_size, stop=self.tcfg.session_stop,
@@ -244,22 +259,10 @@ class SessionRun:
     # -------------------------------------------------------------- outputs
 
     def benchmarks(self) -> dict:
-        """``{nash_profit, joint_profit, nash_price, joint_price, method}`` of the group
-        (the static game of the market's own reward, :mod:`jaxmarket.train.equilibrium`)."""
-        group = self.game.group
-        eq = equilibrium(self.plan).get(group)
-        if eq is None:
-            return {}
-        cont = eq.get("continuous", eq)
-        mean = lambda v: None if v is None else float(np.mean(np.asarray(v, np.float64)))  # noqa: E731
-        where = ("continuous actions over the grid's interval" if "continuous" in eq
-                 else "the group's own actions")
-        return {"nash_profit": mean(cont.get("nash_reward")),
-                "joint_profit": mean(cont.get("joint_reward")),
-                "nash_price": mean(cont.get("nash")), "joint_price": mean(cont.get("joint")),
-                "method": f"static Nash and joint optimum of one period of the market's "
-                          f"reward, {where} (jaxmarket.train.equilibrium; exact: the "
-                          f"period is deterministic)"}
+        """pi_N, pi_M of the group and how they were computed
+        (:func:`jaxmarket.train.equilibrium.benchmarks`)."""
+        eq = equilibrium(self.plan).get(self.game.group)
+        return {} if eq is None else benchmarks(eq)
 
     def write_outputs(self, result: eng.SessionResult) -> dict:
         group, game = self.game.group, self.game

@@ -40,9 +40,26 @@ TRAIN_FIELDS = {
     "profit_gain": Field("choice", "auto", choices=("auto", True, False),
                          doc="summary.json's profit_gain per group from the static Nash and "
                              "joint optimum of the market's own reward (docs/equilibrium.md; "
-                             "about a second at the end of a run): auto computes it where a "
-                             "period is deterministic (a random one averages 256 keys per "
-                             "profile: minutes for large markets), true always, false never"),
+                             "about a second at the end of a run): auto computes it where the "
+                             "period's expectation is exact (deterministic, or a draw of "
+                             "finitely many declared outcomes; any other random one averages "
+                             "256 keys per profile: minutes for large markets), true always, "
+                             "false never"),
+    "engine": Field("choice", "auto", choices=("auto", "loop", "sessions"),
+                    doc="loop: the general training loop; sessions: the session engine "
+                        "(train.num_seeds independent sessions against the market's outcome "
+                        "tables, docs/sessions.md); auto: sessions wherever the design is one "
+                        "it plays exactly, else loop (the reason is printed)"),
+    "session_stop": Field("choice", "converged", choices=("converged", "periods"),
+                          doc="sessions engine: converged stops each session at its learner's "
+                              "convergence rule (at most num_iterations periods); periods "
+                              "plays every session for num_iterations periods"),
+    "session_window": Field("int", 1000, low=1,
+                            doc="sessions engine: the last periods before num_iterations "
+                                "whose played profits give played_profit_gain"),
+    "session_backend": Field("choice", "auto", choices=("auto", "xla", "kernel"),
+                             doc="sessions engine: xla (any device), kernel (numba, CPU; the "
+                                 "same sessions bit for bit), auto (kernel where it can run)"),
 }
 
 # log_every "auto": at most this many rows in metrics.csv, and iterations x seeds rows in

@@ -47,6 +47,7 @@ from jaxmarket.market.equilibrium import (
     ActionSet,
     Search,
     is_deterministic,
+    outcomes,
     sample_keys,
     solve,
 )
@@ -106,6 +107,34 @@ def deterministic(plan: RunPlan) -> bool:
     return is_deterministic(plan.env) and not random
 
 
+def exact(plan: RunPlan) -> bool:
+    """Whether the static game's expected payoff is computed exactly: a deterministic
+    period, or a draw with finitely many declared outcomes
+    (:func:`jaxmarket.market.equilibrium.outcomes`), and no fixed group acting at random."""
+    random = any(plan.learner_settings[g][0] in RANDOM_KINDS for g in plan.groups)
+    return outcomes(plan.env) is not None and not random
+
+
+def benchmarks(eq: Mapping[str, Any]) -> dict[str, Any]:
+    """``{nash_profit, joint_profit, nash_price, joint_price, method}`` of one group of
+    :func:`equilibrium` (the continuous benchmarks of a grid group): the pi_N and pi_M
+    a profit gain is measured against, and how they were computed."""
+    where = "continuous" in eq
+    cont = eq.get("continuous", eq)
+
+    def mean(v: Any) -> float | None:
+        return None if v is None else float(np.mean(np.asarray(v, np.float64)))
+
+    return {"nash_profit": mean(cont.get("nash_reward")),
+            "joint_profit": mean(cont.get("joint_reward")),
+            "nash_price": mean(cont.get("nash")), "joint_price": mean(cont.get("joint")),
+            "method": "static Nash equilibrium and joint optimum of one period of the "
+                      "market's reward (jaxmarket.train.equilibrium), "
+                      + ("continuous actions over the grid's interval" if where else
+                         "the group's own actions") + "; expectation: "
+                      + str(eq.get("expectation", "deterministic period"))}
+
+
 def equilibrium(config_or_plan: RunPlan | Mapping[str, Any] | str,
                 overrides: list[str] | tuple[str, ...] | None = None, *,
                 samples: int | None = None, search: Search = DEFAULT_SEARCH
@@ -126,7 +155,7 @@ def equilibrium(config_or_plan: RunPlan | Mapping[str, Any] | str,
     if not groups:
         return {}
     if samples is None:
-        samples = 1 if deterministic(plan) else DEFAULT_SAMPLES
+        samples = 1 if exact(plan) else DEFAULT_SAMPLES
     sets = {g: action_set(plan, g) for g in groups}
     return solve(plan.env, plan.params, sets, fixed=fixed_actions(plan, samples),
                  samples=samples, search=search)
@@ -181,5 +210,6 @@ def summary_profit_gain(plan: RunPlan, summary: Mapping[str, Any],
     return out
 
 
-__all__ = ["BANDIT_GRID_KINDS", "FIXED_KINDS", "action_set", "deterministic", "equilibrium", "fixed_actions",
+__all__ = ["BANDIT_GRID_KINDS", "FIXED_KINDS", "action_set", "benchmarks", "deterministic",
+           "equilibrium", "exact", "fixed_actions",
            "learning_groups", "profit_gain", "summary_profit_gain"]

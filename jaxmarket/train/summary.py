@@ -24,7 +24,7 @@ from jaxmarket.market.state import current_actions
 from jaxmarket.models.metrics import asymptotic, auc
 from jaxmarket.train.components.auction import auction_summary
 from jaxmarket.train.devices import to_host
-from jaxmarket.train.equilibrium import (deterministic, equilibrium, profit_gain,
+from jaxmarket.train.equilibrium import (benchmarks, equilibrium, exact, profit_gain,
                                          summary_profit_gain)
 from jaxmarket.train.tracking import count_rows, read_last_rows, read_metrics, read_seed_rows
 
@@ -206,7 +206,9 @@ def _profit_gains(plan: Any, summary: dict) -> dict:
     for g, seeds in (summary.get("per_seed") or {}).items():
         if g in gains:
             seeds["profit_gain"] = profit_gain(seeds, eq[g])
-    return {"profit_gain": gains} if gains else {}
+    if not gains:
+        return {}
+    return {"profit_gain": gains, "benchmarks": {g: benchmarks(eq[g]) for g in gains}}
 
 
 def write_summary(run_dir: Path, env: MarketEnv, stopped: str | None, iterations: int,
@@ -224,18 +226,21 @@ def write_summary(run_dir: Path, env: MarketEnv, stopped: str | None, iterations
     ``models[group]`` (groups with an external model) holds the final, mean (AUC) and
     asymptotic values of its ground-truth errors. With ``final`` (:func:`final_state`):
     ``agents[group]`` (per agent, from the final state) and ``convergence[group]``.
-    With ``plan`` (``train.profit_gain``: auto = where a period is deterministic, else
+    With ``plan`` (``train.profit_gain``: auto = where a period's expectation is exact:
+    deterministic, or a draw of finitely many declared outcomes; else
     ``profit_gain_skipped`` says why): ``profit_gain[group]`` = ``(pi - pi_N) /
     (pi_M - pi_N)`` of the window's mean reward against the market's static Nash and
-    joint optimum (jaxmarket.train.equilibrium) and ``per_seed[group]["profit_gain"]``,
-    where both exist."""
+    joint optimum (jaxmarket.train.equilibrium), ``benchmarks[group]`` (the pi_N, pi_M
+    used and how they were computed) and ``per_seed[group]["profit_gain"]``, where both
+    exist. ``engine``: ``"loop"``."""
     path = run_dir / "metrics.csv"
     rows = count_rows(path)
     n_tail = max(1, int(np.ceil(0.1 * rows)))
     header, tail = read_last_rows(path, n_tail)
     P = env.spec.num_products
     first, last = tail[0, 0], tail[-1, 0]
-    summary = {"final": {g: _final(header, tail, g, P) for g in env.agent_groups},
+    summary = {"engine": "loop",
+               "final": {g: _final(header, tail, g, P) for g in env.agent_groups},
                "iterations": iterations, "stopped": stopped,
                "averaged_over_last_iterations": int(last - first + 1)}
     members = {g: _members(header, tail, g, P) for g in env.agent_groups}
@@ -262,7 +267,7 @@ def write_summary(run_dir: Path, env: MarketEnv, stopped: str | None, iterations
         if final["convergence"]:
             summary["convergence"] = _convergence(final)
     if plan is not None and plan.train.profit_gain is not False:
-        if plan.train.profit_gain is True or deterministic(plan):
+        if plan.train.profit_gain is True or exact(plan):
             summary.update(_profit_gains(plan, summary))
         else:
             summary["profit_gain_skipped"] = ("random periods (the static game averages 256 "

@@ -109,10 +109,20 @@ def _clear(quotes: Quotes, intercept: jax.Array, slope: jax.Array) -> Allocation
 
 
 def deterministic(options: Mapping[str, Any]) -> bool:
-    """Random only with a demand shock."""
-    return options.get("shock_values") is None
+    """Random only with a demand shock of more than one value."""
+    values = options.get("shock_values")
+    return values is None or len(values) == 1
+
+
+def outcomes(options: Mapping[str, Any]):
+    """A demand shock's outcomes: each intercept value with its probability."""
+    values, probs = options.get("shock_values"), options.get("shock_probs")
+    if values is None:
+        return None
+    return tuple((p, {"shock_values": [v], "shock_probs": [1.0]})
+                 for v, p in zip(values, probs) if p > 0)
 
 
 COURNOT = DISTRIBUTORS.register(DistributorDef(
     kind="cournot", allocate=allocate, params=PARAMS, options=OPTIONS, dense=False,
-    actions=("quantity",), deterministic=deterministic, check=check))
+    actions=("quantity",), deterministic=deterministic, check=check, outcomes=outcomes))

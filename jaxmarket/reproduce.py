@@ -1,0 +1,11 @@
+"""python -m jaxmarket.reproduce NAME | DESIGN.yaml [--sessions N] [--periods T]
+[--seed S] [--run-dir DIR] [--json] [key=value ...], or --list [--json]: reproduce a
+published result from its design file (jaxmarket.cli.reproduce)."""
+
+import sys
+
+from jaxmarket.cli import run_cli
+from jaxmarket.cli.reproduce import main
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

@@ -1,0 +1,342 @@
+"""Reproductions of published results: a design file, one sessions run, and its
+``reproduction.json``.
+
+    jaxmarket reproduce NAME | DESIGN.yaml [--sessions N] [--periods T] [--seed S]
+                        [--run-dir DIR] [--json] [key=value ...]
+    jaxmarket reproduce --list [--json]
+
+A design is one YAML file; the shipped ones are ``jaxmarket/designs/NAME.yaml``::
+
+    name: klein2021              the design's name (a shipped file: its file name)
+    config: klein2021            a shipped config (jaxmarket/configs/NAME.yaml), or a
+                                 YAML path relative to the design file
+    overrides:                   dotted key=value settings applied to the config
+      - train.num_seeds=100      (the design's sessions, periods, ...)
+      - train.num_iterations=500000
+    figure: mean profit per firm per period over the last 1,000 periods
+    statistic: mean              mean | median over sessions
+    measure: mean_played_profit  the per-session value (MEASURES) from sessions.csv
+    published: 0.108             the paper's number
+    source: Klein (RAND 2021), k = 6 price grid
+    root_cause: ...              optional: why a design does not reproduce (copied)
+
+The run is exactly ``python -m jaxmarket.train CONFIG --run-dir DIR OVERRIDES`` (the
+session engine, :func:`jaxmarket.sessions.run.start`), with the design's overrides
+followed by the command's: ``--sessions N`` is ``train.num_seeds=N``, ``--periods T``
+``train.num_iterations=T``, ``--seed S`` ``seed=S``, then any ``key=value``. The run
+directory (default ``runs/reproduce-NAME-TIME``) holds the run's files and
+``reproduction.json``::
+
+    {"name", "figure", "statistic", "measure", "value", "ci95": [lo, hi], "published",
+     "tolerance", "verdict", "source", "root_cause" (where the design has one),
+     "sessions", "periods", "max_periods", "design_sessions", "design_max_periods",
+     "converged_share", "wall_s", "run_dir", "command", "train_command"}
+
+``value``: the statistic over sessions of the measure's per-session values;
+``ci95``: their 95% percentile bootstrap interval
+(:func:`jaxmarket.sessions.engine.bootstrap_ci`, 2,000 resamples). ``verdict``:
+``reproduced`` when the published number lies in the interval widened on each side by
+the tolerance ``0.02 |published|`` (published figures carry two or three significant
+digits, and a design whose sessions all end alike has an interval of width 0), else
+``not reproduced``. ``periods``: the periods the run played (sessions that stop at
+convergence end before ``max_periods``, ``train.num_iterations``); ``design_*``: the
+design's own sessions and cap, before the command's options (a reduced run differs).
+``converged_share``: the share of sessions that met the learner's convergence rule
+(``summary.json`` ``convergence.share``; designs that play a fixed number of periods
+set a window no session reaches). ``wall_s``: seconds of the whole run (tables,
+compiling, the sessions and the files).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shlex
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from jaxmarket.config.errors import ConfigError
+from jaxmarket.config.loader import SHIPPED_CONFIGS, load_config, read_yaml
+from jaxmarket.sessions import run as session_run
+from jaxmarket.sessions.engine import bootstrap_ci
+from jaxmarket.train.config import resolve_train
+
+#: the shipped design files
+DESIGNS_DIR = Path(__file__).resolve().parents[1] / "designs"
+RESULT_FILE = "reproduction.json"
+STATISTICS = ("mean", "median")
+#: the verdict's tolerance, relative to the published number
+TOLERANCE = 0.02
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+# ------------------------------------------------------------------ measures
+
+def _columns(frame: pd.DataFrame, prefix: str) -> np.ndarray:
+    """``[S, n]`` the per-seller columns ``PREFIX_0 .. PREFIX_{n-1}`` of sessions.csv."""
+    cols = sorted((c for c in frame.columns if re.fullmatch(rf"{prefix}_\d+", c)),
+                  key=lambda c: int(c.rsplit("_", 1)[1]))
+    if not cols:
+        raise ConfigError("measure", prefix, f"a measure whose columns sessions.csv holds (no "
+                          f"{prefix}_i columns in this run"
+                          + ("; the played profits need every session to play the last "
+                             "train.session_window periods)" if prefix == "played_profit"
+                             else ")"))
+    return frame[cols].to_numpy(np.float64)
+
+
+def _column(frame: pd.DataFrame, name: str) -> np.ndarray:
+    if name not in frame.columns:
+        raise ConfigError("measure", name, "a measure whose column sessions.csv holds")
+    return pd.to_numeric(frame[name], errors="coerce").to_numpy(np.float64)
+
+
+#: name -> (what it is, per-session values [S] from the sessions.csv DataFrame)
+MEASURES: dict[str, tuple[str, Callable[[pd.DataFrame], np.ndarray]]] = {
+    "profit_gain": ("Delta of the greedy limit cycle (profit_gain)",
+                    lambda f: _column(f, "profit_gain")),
+    "played_profit_gain": ("Delta of the profits played in the last train.session_window "
+                           "periods (played_profit_gain)",
+                           lambda f: _column(f, "played_profit_gain")),
+    "mean_played_profit": ("mean over sellers of the profit played in the last "
+                           "train.session_window periods (played_profit_i)",
+                           lambda f: _columns(f, "played_profit").mean(axis=1)),
+    "mean_cycle_profit": ("mean over sellers of the profit over the greedy limit cycle "
+                          "(cycle_profit_i)", lambda f: _columns(f, "cycle_profit").mean(axis=1)),
+    "mean_cycle_price": ("mean over sellers of the price over the greedy limit cycle "
+                         "(cycle_price_i)", lambda f: _columns(f, "cycle_price").mean(axis=1)),
+    "mean_greedy_price": ("mean over sellers of the greedy price at the final profile "
+                          "(greedy_price_i)", lambda f: _columns(f, "greedy_price").mean(axis=1)),
+    "min_greedy_price": ("lowest greedy price at the final profile (a homogeneous good's "
+                         "market price)", lambda f: _columns(f, "greedy_price").min(axis=1)),
+    "revenue": ("sum over sellers of the fees at the final greedy profile (an auction's "
+                "payments, greedy_fees_i)", lambda f: _columns(f, "greedy_fees").sum(axis=1)),
+    "cycle_length": ("periods of the greedy limit cycle (cycle_length)",
+                     lambda f: _column(f, "cycle_length")),
+    "convergence_period": ("period of convergence, or of the run's end "
+                           "(convergence_period)", lambda f: _column(f, "convergence_period")),
+}
+
+
+def per_session(frame: pd.DataFrame, measure: str) -> np.ndarray:
+    """The per-session values ``[S]`` of ``measure`` (:data:`MEASURES`) in a
+    sessions.csv DataFrame; a value that is not finite (Delta without a benchmark) is a
+    ConfigError."""
+    values = MEASURES[measure][1](frame)
+    if values.size == 0 or not np.all(np.isfinite(values)):
+        raise ConfigError("measure", measure, "a measure defined in every session of this run "
+                          "(sessions.csv has empty or non-finite values; profit_gain needs "
+                          "pi_M != pi_N, summary.json profit_gain_skipped)")
+    return values
+
+
+def statistic_of(values: np.ndarray, statistic: str) -> float:
+    return float(np.median(values) if statistic == "median" else np.mean(values))
+
+
+def verdict(published: float, ci95: Sequence[float], tolerance: float) -> str:
+    """``reproduced`` when ``published`` lies in ``[lo - tolerance, hi + tolerance]``."""
+    lo, hi = ci95
+    return "reproduced" if lo - tolerance <= published <= hi + tolerance else "not reproduced"
+
+
+# ------------------------------------------------------------------ designs
+
+@dataclass(frozen=True)
+class Design:
+    """One design file, validated (module docstring)."""
+
+    name: str
+    config: Path                 # the resolved config file
+    config_text: str             # as the train command names it
+    overrides: tuple[str, ...]
+    figure: str
+    statistic: str
+    measure: str
+    published: float
+    source: str
+    root_cause: str | None
+    path: Path
+
+    def listing(self) -> dict:
+        return {"name": self.name, "figure": self.figure, "published": self.published,
+                "source": self.source}
+
+
+_REQUIRED = ("name", "config", "overrides", "figure", "statistic", "measure", "published",
+             "source")
+_OPTIONAL = ("root_cause",)
+
+
+def _text(where: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(where, value, "a non-empty string")
+    return value.strip()
+
+
+def _config_path(where: str, value: str, design_dir: Path) -> tuple[Path, str]:
+    """``(file, text)``: a shipped config name, or a path relative to the design file."""
+    if "/" not in value and "\\" not in value and not value.endswith((".yaml", ".yml")):
+        path = SHIPPED_CONFIGS / f"{value}.yaml"
+        if path.is_file():
+            return path, f"configs/{value}.yaml"
+    else:
+        path = Path(value) if Path(value).is_absolute() else design_dir / value
+        if path.is_file():
+            return path, str(path)
+    shipped = ", ".join(sorted(p.stem for p in SHIPPED_CONFIGS.glob("*.yaml")))
+    raise ConfigError(where, value, f"a shipped config ({shipped}) or a YAML file relative "
+                      f"to the design file ({design_dir})")
+
+
+def load_design(path: str | Path) -> Design:
+    """A design file, validated: a bad field is a ConfigError naming the file and field."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError("design", str(path), "an existing design YAML file")
+    raw = read_yaml(path)
+    if not isinstance(raw, dict):
+        raise ConfigError(str(path), raw, "a YAML mapping with the keys "
+                          + ", ".join(_REQUIRED))
+    at = lambda key: f"{path}: {key}"  # noqa: E731
+    for key in raw:
+        if key not in _REQUIRED + _OPTIONAL:
+            raise ConfigError(at(key), raw[key], "the keys " + ", ".join(_REQUIRED + _OPTIONAL))
+    for key in _REQUIRED:
+        if key not in raw:
+            raise ConfigError(at(key), "<missing>", "this field is required")
+    name = _text(at("name"), raw["name"])
+    if not _NAME.fullmatch(name):
+        raise ConfigError(at("name"), name, "letters, digits, '_', '.' and '-'")
+    config, config_text = _config_path(at("config"), _text(at("config"), raw["config"]),
+                                       path.parent)
+    overrides = raw["overrides"] if raw["overrides"] is not None else []
+    if not isinstance(overrides, list) or not all(isinstance(o, str) and "=" in o
+                                                  for o in overrides):
+        raise ConfigError(at("overrides"), overrides, "a list of dotted key=value strings")
+    if raw["statistic"] not in STATISTICS:
+        raise ConfigError(at("statistic"), raw["statistic"], " or ".join(STATISTICS))
+    if raw["measure"] not in MEASURES:
+        raise ConfigError(at("measure"), raw["measure"], "one of " + ", ".join(MEASURES))
+    published = raw["published"]
+    if (not isinstance(published, (int, float)) or isinstance(published, bool)
+            or not math.isfinite(published)):
+        raise ConfigError(at("published"), published, "a finite number")
+    root = raw.get("root_cause")
+    return Design(name=name, config=config, config_text=config_text,
+                  overrides=tuple(o.strip() for o in overrides),
+                  figure=_text(at("figure"), raw["figure"]), statistic=raw["statistic"],
+                  measure=raw["measure"], published=float(published),
+                  source=_text(at("source"), raw["source"]),
+                  root_cause=None if root is None else _text(at("root_cause"), root),
+                  path=path)
+
+
+def design_paths() -> list[Path]:
+    """The shipped design files, by name."""
+    return sorted(DESIGNS_DIR.glob("*.yaml"))
+
+
+def list_designs() -> list[Design]:
+    return [load_design(p) for p in design_paths()]
+
+
+def find_design(name_or_path: str) -> Design:
+    """A shipped design by name, or a design file (a path: it names a file, contains a
+    ``/`` or ends in ``.yaml``)."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or "/" in name_or_path or path.is_file():
+        return load_design(path)
+    shipped = DESIGNS_DIR / f"{name_or_path}.yaml"
+    if not shipped.is_file():
+        raise ConfigError("design", name_or_path, "one of " + ", ".join(
+            p.stem for p in design_paths()) + ", or a design YAML file")
+    return load_design(shipped)
+
+
+# ------------------------------------------------------------------ the run
+
+def _sizes(config: dict) -> tuple[int, int]:
+    tcfg = resolve_train(config.get("train"))
+    return tcfg.num_seeds, tcfg.num_iterations
+
+
+def command_overrides(sessions: int | None = None, periods: int | None = None,
+                      seed: int | None = None, extra: Sequence[str] = ()) -> list[str]:
+    """The command's options as overrides, after the design's (module docstring)."""
+    out = [] if sessions is None else [f"train.num_seeds={sessions}"]
+    out += [] if periods is None else [f"train.num_iterations={periods}"]
+    out += [] if seed is None else [f"seed={seed}"]
+    return out + list(extra)
+
+
+def default_run_dir(design: Design) -> str:
+    return f"runs/reproduce-{design.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def reproduce(design: Design, run_dir: str | Path | None = None,
+              overrides: Sequence[str] = (), command: str | None = None,
+              progress_every: float | None = None) -> dict:
+    """Run ``design`` (with the command's ``overrides`` after its own) into ``run_dir``
+    and write its ``reproduction.json`` there; returns that dict."""
+    all_overrides = list(design.overrides) + list(overrides)
+    design_sessions, design_periods = _sizes(load_config(design.config, design.overrides))
+    config = load_config(design.config, all_overrides)
+    engine, reason, plan = session_run.choose_engine(config)
+    if engine != "sessions":
+        raise ConfigError(f"{design.path}: config", design.config_text,
+                          f"a design the session engine plays ({reason or 'train.engine: loop'})")
+    run_dir = str(run_dir) if run_dir is not None else default_run_dir(design)
+    train_command = shlex.join(["python", "-m", "jaxmarket.train", design.config_text,
+                                "--run-dir", run_dir, *all_overrides])
+    started = time.perf_counter()
+    summary = session_run.start(config, plan, run_dir, command=command or train_command,
+                                progress_every=progress_every)
+    wall = time.perf_counter() - started
+    frame = pd.read_csv(Path(run_dir) / session_run.SESSIONS_FILE)
+    values = per_session(frame, design.measure)
+    ci = bootstrap_ci(values, design.statistic)
+    tolerance = TOLERANCE * abs(design.published)
+    _, max_periods = _sizes(config)
+    result = {
+        "name": design.name, "figure": design.figure, "statistic": design.statistic,
+        "measure": design.measure, "value": statistic_of(values, design.statistic),
+        "ci95": ci, "published": design.published, "tolerance": tolerance,
+        "verdict": verdict(design.published, ci, tolerance), "source": design.source,
+        **({"root_cause": design.root_cause} if design.root_cause else {}),
+        "sessions": int(values.size), "periods": int(summary["periods"]),
+        "max_periods": int(max_periods), "design_sessions": int(design_sessions),
+        "design_max_periods": int(design_periods),
+        "converged_share": float(summary["convergence"]["share"]),
+        "wall_s": round(wall, 1), "run_dir": run_dir,
+        "command": command or train_command, "train_command": train_command,
+    }
+    tmp = Path(run_dir) / (RESULT_FILE + ".tmp")
+    tmp.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
+    tmp.replace(Path(run_dir) / RESULT_FILE)
+    return result
+
+
+def result_lines(result: dict) -> str:
+    """The lines a reproduction ends with: the figure, ours beside the published one."""
+    lo, hi = result["ci95"]
+    return "\n".join([
+        f"{result['name']}: {result['figure']}",
+        f"  ours {result['value']:.4f}  95% CI [{lo:.4f}, {hi:.4f}]  published "
+        f"{result['published']:g}: {result['verdict']} ({result['sessions']} sessions, "
+        f"{result['periods']:,d} periods, converged {result['converged_share']:.0%}, "
+        f"{result['wall_s']:.1f} s)",
+        f"  {result['run_dir']}/{RESULT_FILE}"])
+
+
+__all__ = ["DESIGNS_DIR", "Design", "MEASURES", "RESULT_FILE", "STATISTICS", "TOLERANCE",
+           "command_overrides", "design_paths", "find_design", "list_designs",
+           "load_design", "per_session", "reproduce", "result_lines", "statistic_of",
+           "verdict"]

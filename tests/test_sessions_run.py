@@ -1,0 +1,212 @@
+"""``python -m jaxmarket.train`` on the session engine (``train.engine``): the run
+directory of a sessions run checked against numbers derived here (logit profits written
+out, the greedy strategies replayed in numpy, Cournot equilibria in closed form), the
+engine choice, bit-identical resume after SIGKILL, and a design no shipped config holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from scipy.optimize import minimize, minimize_scalar
+
+from jaxmarket.cli import run_cli
+from jaxmarket.cli.train import main as train_main
+from jaxmarket.config.errors import ConfigError
+from jaxmarket.config.loader import load_config
+from jaxmarket.sessions.run import choose_engine
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs"
+A, C, MU = 2.0, 1.0, 0.25
+# a reduced Calvano duopoly: beta 100x the published, a 2,000-period window
+FAST = ["train.num_seeds=12", "train.chunk_size=5000", "learners.sellers.exploration_decay=4e-4",
+        "learners.sellers.convergence_window=2000", "train.num_iterations=200000"]
+
+
+def logit_profits(p: np.ndarray) -> np.ndarray:
+    """``(p_i - c) e^{(a - p_i)/mu} / (sum_j e^{(a - p_j)/mu} + 1)`` (a_0 = 0)."""
+    w = np.exp((A - p) / MU)
+    return (p - C) * w / (w.sum(axis=-1, keepdims=True) + 1.0)
+
+
+def benchmarks() -> tuple[float, float]:
+    """Static Nash (best-response iteration of scalar maximisations) and joint-monopoly
+    profits of the logit duopoly, per firm."""
+    p = 1.5
+    for _ in range(100):
+        p = minimize_scalar(lambda x: -logit_profits(np.array([x, p]))[0], bounds=(1, 3),
+                            method="bounded", options={"xatol": 1e-12}).x
+    joint = minimize(lambda q: -logit_profits(q).sum(), np.array([1.8, 1.9])).x
+    return float(logit_profits(np.array([p, p]))[0]), float(logit_profits(joint).mean())
+
+
+def train(*args: str) -> int:
+    return run_cli(train_main, list(args))
+
+
+@pytest.fixture(scope="module")
+def calvano_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("sessions") / "calvano"
+    assert train(str(CONFIGS / "calvano.yaml"), "--run-dir", str(run_dir), *FAST) == 0
+    return run_dir
+
+
+def greedy_cycle_profit(greedy: np.ndarray, start: np.ndarray, grid: np.ndarray) -> np.ndarray:
+    """Mean profit per firm over the limit cycle of greedy play from ``start``, replayed
+    here: state = last period's price indices, ``greedy[i, s]`` firm i's response."""
+    m = grid.size
+    s = int(start[0] * m + start[1])
+    seen, path = {}, []
+    while s not in seen:
+        seen[s] = len(path)
+        path.append(s)
+        s = int(greedy[0, s] * m + greedy[1, s])
+    cycle = path[seen[s]:]
+    prices = np.array([[grid[c // m], grid[c % m]] for c in cycle])
+    return logit_profits(prices).mean(axis=0)
+
+
+def test_auto_runs_calvano_on_the_session_engine_with_the_papers_measure(calvano_run):
+    # Bugs caught: Delta measured on played (exploring) profits or against wrong
+    # benchmarks, a cycle averaged over the wrong periods, sessions.csv rows that do not
+    # belong to their session, a summary that does not say which engine ran.
+    summary = json.loads((calvano_run / "summary.json").read_text())
+    assert summary["engine"] == "sessions"
+    pi_n, pi_m = benchmarks()
+    bench = summary["benchmarks"]["sellers"]
+    assert bench["nash_profit"] == pytest.approx(pi_n, rel=2e-4)
+    assert bench["joint_profit"] == pytest.approx(pi_m, rel=2e-4)
+    rows = pd.read_csv(calvano_run / "sessions.csv")
+    assert len(rows) == 12 and rows["converged"].all()
+    with np.load(calvano_run / "strategies.npz") as d:
+        greedy, grid, last = d["greedy"], d["grid"], d["last"]
+    for s in range(12):
+        profit = greedy_cycle_profit(greedy[s], last[s], grid)
+        np.testing.assert_allclose(rows.loc[s, ["cycle_profit_0", "cycle_profit_1"]], profit,
+                                   rtol=1e-5)
+        expected = (profit.mean() - pi_n) / (pi_m - pi_n)
+        assert rows.loc[s, "profit_gain"] == pytest.approx(expected, abs=2e-3)
+    gains = rows["profit_gain"].to_numpy()
+    assert summary["profit_gain"]["sellers"] == pytest.approx(gains.mean(), abs=1e-12)
+    low, high = summary["profit_gain_ci95"]["sellers"]
+    assert low < gains.mean() < high and high - low < 4 * gains.std()
+    # convergence: the learner's own period of convergence, a session at most the cap
+    conv = summary["convergence"]
+    assert conv["share"] == 1.0
+    assert conv["mean_period"] == pytest.approx(rows["convergence_period"].mean())
+    assert rows["convergence_period"].max() < 200_000
+
+
+def test_the_engine_choice_names_its_reason():
+    # Bug caught: auto silently training a design the tables cannot hold exactly on
+    # the session engine, or an explicit engine: sessions accepted for it.
+    engine, reason, _ = choose_engine(load_config(str(CONFIGS / "logit_duopoly.yaml")))
+    assert engine == "loop" and "q_learning" in reason
+    noisy = load_config(str(CONFIGS / "calvano.yaml"),
+                        ["market.consumers[0].demand={kind: noisy, sigma: 0.1}"])
+    engine, reason, _ = choose_engine(noisy)
+    assert engine == "loop" and "constant" in reason
+    with pytest.raises(ConfigError, match="train.engine"):
+        choose_engine(load_config(str(CONFIGS / "logit_duopoly.yaml"),
+                                  ["train.engine=sessions"]))
+    assert choose_engine(load_config(str(CONFIGS / "calvano.yaml"),
+                                     ["train.engine=loop"]))[0] == "loop"
+    assert choose_engine(load_config(str(CONFIGS / "calvano.yaml")))[0] == "sessions"
+
+
+def _files(run_dir: Path) -> dict[str, bytes]:
+    return {name: (run_dir / name).read_bytes()
+            for name in ("summary.json", "sessions.csv", "strategies.npz")}
+
+
+def test_resume_after_sigkill_gives_the_same_files(tmp_path):
+    # Bug caught: a checkpoint that misses part of the sessions' state (keys, the
+    # profile in force, the tail sums, the outcome), or a resume that restarts the
+    # periods' numbering: the resumed run's files differ from the uninterrupted run's.
+    args = [str(CONFIGS / "calvano.yaml"), "train.num_seeds=8", "train.chunk_size=2000",
+            "learners.sellers.exploration_decay=2e-4", "learners.sellers.convergence_window=4000",
+            "train.num_iterations=60000", "train.checkpoint_every=1",
+            "train.session_backend=xla"]
+    whole = tmp_path / "whole"
+    assert train(*args, "--run-dir", str(whole)) == 0
+    cut = tmp_path / "cut"
+    proc = subprocess.Popen([sys.executable, "-m", "jaxmarket.train", *args, "--run-dir",
+                             str(cut)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            cwd=ROOT, start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline:   # killed once two chunks are checkpointed
+        steps = [p.name for p in (cut / "checkpoints").glob("*") if p.name.isdigit()]
+        if any(int(s) >= 4000 for s in steps):
+            break
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (cut / "summary.json").exists()
+    assert train("--resume", str(cut)) == 0
+    assert _files(cut) == _files(whole)
+    record = json.loads((cut / "run.json").read_text())
+    assert record["segments"][-1]["start_period"] >= 4000
+
+
+def cournot_nash_grid(grid: np.ndarray, a: float, c: float) -> set[tuple[int, int]]:
+    """Pure Nash profiles of the Cournot duopoly on a quantity grid: profit
+    ``q_i (max(a - q_i - q_j, 0) - c)``, every unilateral deviation checked."""
+    q = grid
+    price = np.maximum(a - q[:, None] - q[None, :], 0.0)
+    own = q[:, None] * (price - c)                            # [i, j]: firm 0 at q_i
+    best = own.max(axis=0)
+    return {(i, j) for i in range(q.size) for j in range(q.size)
+            if own[i, j] >= best[j] - 1e-9 and own[j, i] >= best[i] - 1e-9}
+
+
+def test_a_design_no_config_holds_runs_on_the_session_engine(tmp_path):
+    """A Cournot duopoly with cost c = 0.1 (a = 1, b = 1) and stateless full-feedback
+    Q-learners (Asker et al.'s synchronous learner): every action's value moves toward
+    the payoff it would have earned, so with constant exploration the learners settle
+    on the grid's static Nash quantity, (a - c) / 3 = 0.3 (on the grid)."""
+    config = {
+        "market": {"num_products": 1,
+                   "consumers": [{"name": "buyers", "count": 1, "queries": 1.0}],
+                   "sellers": [{"name": "firms", "count": 2, "action": "quantity",
+                                "low": 0.0, "high": 0.6, "initial": 0.2, "cost": 0.1,
+                                "reward": [{"kind": "profit"}], "observation": []}],
+                   "distributor": {"kind": "cournot", "intercept": 1.0, "slope": 1.0}},
+        "learners": {"firms": {"kind": "q_learning", "grid_low": 0.0, "grid_high": 0.6,
+                               "grid_size": 13, "memory": 0, "learning_rate": 0.05,
+                               "discount": 0.0, "epsilon": {"start": 0.1, "decay": 0.0},
+                               "q_init": "zero", "feedback": "full",
+                               "convergence_window": 1_000_000_000}},
+        "train": {"num_iterations": 20_000, "num_seeds": 16, "chunk_size": 5000,
+                  "session_stop": "periods"},
+    }
+    path = tmp_path / "cournot_cost.yaml"
+    path.write_text(yaml.safe_dump(config))
+    engine, _, _ = choose_engine(load_config(str(path)))
+    assert engine == "sessions"
+    run_dir = tmp_path / "run"
+    assert train(str(path), "--run-dir", str(run_dir)) == 0
+    grid = np.linspace(0.0, 0.6, 13)
+    nash = cournot_nash_grid(grid, 1.0, 0.1)
+    assert nash == {(5, 7), (6, 6), (7, 5)} and grid[6] == pytest.approx(0.3)
+    rows = pd.read_csv(run_dir / "sessions.csv")
+    profiles = np.rint(rows[["greedy_price_0", "greedy_price_1"]].to_numpy() / 0.05)
+    assert {tuple(int(x) for x in p) for p in profiles} <= nash
+    summary = json.loads((run_dir / "summary.json").read_text())
+    # Nash profit (a - c)^2 / 9 = 0.09, joint optimum (a - c)^2 / 8 per firm
+    bench = summary["benchmarks"]["firms"]
+    assert bench["nash_profit"] == pytest.approx(0.81 / 9, rel=1e-4)
+    assert bench["joint_profit"] == pytest.approx(0.81 / 8, rel=1e-4)
+    assert summary["profit_gain"]["firms"] == pytest.approx(0.0, abs=5e-4)
+    # played profits: the learners explore 10% of the periods, so below Nash on average
+    assert summary["played_profit_gain"]["firms"] < 0.0
