@@ -19,6 +19,7 @@ from jaxmarket.learners.base import LEARNERS, Learner, LearnerSpec
 from jaxmarket.learners.population import split_learner_config
 from jaxmarket.market.distributors import DISTRIBUTORS
 from jaxmarket.market.env import MarketEnv
+from jaxmarket.market.equilibrium import outcomes
 from jaxmarket.market.spec import MarketParams, MarketSpec, thaw
 from jaxmarket.market.state import current_actions
 
@@ -77,7 +78,14 @@ def payoff_caveat(spec: MarketSpec, group: str) -> str | None:
 
 def one_shot_payoff(env: MarketEnv, params: MarketParams, group: str):
     """``payoff(actions [A, P]) -> rewards [A]`` of ``group`` for one step from the reset
-    state, every other agent group holding its reset action (deterministic key)."""
+    state, every other agent group holding its reset action (deterministic key); where
+    the period's draw has finitely many declared outcomes (a Cournot demand shock,
+    :func:`jaxmarket.market.equilibrium.outcomes`), their exact expectation
+    ``sum_k p_k reward_k``."""
+    found = outcomes(env)
+    if found is not None and len(found) > 1:
+        parts = [(p, one_shot_payoff(e, params, group)) for p, e in found]
+        return lambda actions: sum(np.float32(p) * f(actions) for p, f in parts)
 
     def payoff(actions: jax.Array) -> jax.Array:
         _, state = env.reset_env(jax.random.key(0), params)

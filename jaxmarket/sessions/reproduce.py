@@ -336,7 +336,21 @@ def result_lines(result: dict) -> str:
         f"  {result['run_dir']}/{RESULT_FILE}"])
 
 
-__all__ = ["DESIGNS_DIR", "Design", "MEASURES", "RESULT_FILE", "STATISTICS", "TOLERANCE",
-           "command_overrides", "design_paths", "find_design", "list_designs",
-           "load_design", "per_session", "reproduce", "result_lines", "statistic_of",
-           "verdict"]
+__all__ = [
+    "DESIGNS_DIR",
+    "MEASURES",
+    "RESULT_FILE",
+    "STATISTICS",
+    "TOLERANCE",
+    "Design",
+    "command_overrides",
+    "design_paths",
+    "find_design",
+    "list_designs",
+    "load_design",
+    "per_session",
+    "reproduce",
+    "result_lines",
+    "statistic_of",
+    "verdict",
+]

@@ -1,6 +1,6 @@
 """The results table of docs/reproductions.md, from reproduction.json files.
 
-    python -m jaxmarket.sessions.reproduce_table RESULTS... [--write FILE.md]
+    python -m jaxmarket.sessions.reproduce_table RESULTS... [--write PAGE]
 
 Each RESULTS is a ``reproduction.json`` file, a run directory holding one, or a folder
 of ``NAME.json`` copies (``benchmarks/results/reproductions/``). The table has one row
@@ -8,7 +8,7 @@ per shipped design (by name), then one per result of another design; a design wi
 result is listed as ``not run``, a run smaller than its design (fewer sessions or a
 lower period cap) says so. Under the table, each design's ``root_cause``. Printed, or
 with ``--write`` put between the markers ``<!-- reproductions:begin -->`` and
-``<!-- reproductions:end -->`` of FILE.md.
+``<!-- reproductions:end -->`` of the markdown file PAGE (docs/reproductions.md).
 """
 
 from __future__ import annotations
@@ -112,8 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jaxmarket.sessions.reproduce_table",
                                      description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("results", nargs="+", help="reproduction.json files or folders")
-    parser.add_argument("--write", default=None, metavar="FILE.md",
-                        help="replace the table between the markers of FILE.md")
+    parser.add_argument("--write", default=None, metavar="PAGE",
+                        help="replace the table between the markers of the markdown file PAGE")
     args = parser.parse_args(argv)
     try:
         table = reproductions_table(args.results)
