@@ -3,7 +3,7 @@
 Q-learning strategies to a one-period deviation by agent I (Calvano et al. 2020),
 averaged over each session's limit cycle and over the sessions (seeds x markets). RUN is
 a run directory (its last checkpoint is restored) or a directory written by
-benchmarks/calvano.py --save-strategies. Prints the mean prices per period beside the
+a session-engine run (its strategies.npz). Prints the mean prices per period beside the
 undeviated cycle, the share of sessions that punish, the punishment length and the
 periods until play is back on the cycle; --json prints the whole result as one JSON line
 last (jaxmarket.analysis.impulse_response)."""
@@ -48,7 +48,7 @@ def table(result: ImpulseResponse) -> str:
 
 def main(argv: list[str]) -> int:
     parser = make_parser("python -m jaxmarket.impulse", __doc__)
-    parser.add_argument("run", help="run directory, or a --save-strategies directory")
+    parser.add_argument("run", help="run directory (either engine)")
     parser.add_argument("--agent", type=int, default=0, help="the deviating agent (default 0)")
     parser.add_argument("--deviation", type=_deviation, default="best_response",
                         help="best_response (default), nash, or a price")

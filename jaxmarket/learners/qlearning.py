@@ -21,7 +21,7 @@ Sessions: the training loop folds ``S = spec.num_sessions`` independent runs int
 slot and policy axes (session ``s`` owns slots ``s*A/S .. (s+1)*A/S - 1`` and policies
 ``s*K .. s*K + K - 1``). Everything that is not a Q table is kept per session: ``step``,
 ``stable_periods`` and ``converged`` have shape ``[S]`` (shape ``[]`` for a one-session
-spec, as ``benchmarks/calvano.py`` uses under its own ``vmap`` over sessions).
+spec, as the session engine uses under its own ``vmap`` over sessions).
 
 Convergence (Calvano's rule, per session): after each period, an agent's greedy strategy
 changed if the argmax of the Q row it just updated changed. A session's

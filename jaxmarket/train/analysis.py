@@ -27,8 +27,8 @@ lowest prices) or a price (the nearest grid price).
 
 Sources: a run directory of a ``q_learning`` group whose observation is its market's
 price history (``[{kind: history, k: memory}]``; its last checkpoint is restored), a
-:func:`jaxmarket.load_run` result, a directory written by ``benchmarks/calvano.py
---save-strategies DIR`` (``strategies.npz``) or :class:`Strategies` made by hand.
+:func:`jaxmarket.load_run` result, a session-engine run directory
+(``strategies.npz``, :mod:`jaxmarket.sessions.run`) or :class:`Strategies` made by hand.
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def _nanmean(x: np.ndarray) -> float | None:
 # ------------------------------------------------------------------ sources
 
 def strategies_from_npz(directory: str | Path) -> Strategies:
-    """``DIR/strategies.npz`` of ``benchmarks/calvano.py --save-strategies DIR``."""
+    """``DIR/strategies.npz`` of a session-engine run (:mod:`jaxmarket.sessions.run`)."""
     path = Path(directory)
     path = path / STRATEGIES_FILE if path.is_dir() else path
     with np.load(path) as d:
@@ -240,7 +240,7 @@ def strategies_from_run(run: Any, group: str | None = None) -> Strategies:
     path = Path(run)
     if not (path / "config.yaml").is_file():
         raise ConfigError("run", str(path), "a run directory (config.yaml) or a directory "
-                          f"holding {STRATEGIES_FILE} (benchmarks/calvano.py --save-strategies)")
+                          f"holding {STRATEGIES_FILE} (a session-engine run)")
     trainer = Trainer(resolve(load_config(path / "config.yaml")), path)
     runner, _ = trainer.restore(report=lambda line: None)
     out = strategies_from_runner(trainer.plan, runner, group)
@@ -328,7 +328,7 @@ def limit_cycles(game: _Game) -> tuple[np.ndarray, list[np.ndarray]]:
 def impulse_response(run: Any, agent: int = 0, deviation: str | float = "best_response",
                      periods: int = 15, group: str | None = None) -> ImpulseResponse:
     """The impulse response of ``agent`` deviating for one period (see the module
-    docstring); ``run``: a run directory, a loaded run, a ``--save-strategies``
+    docstring); ``run``: a run directory, a loaded run, a session-engine run's
     directory or :class:`Strategies`; ``group``: the q_learning group (default: the
     run's only one)."""
     s = load_strategies(run, group)
