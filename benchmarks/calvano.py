@@ -415,6 +415,13 @@ def main(argv: list[str] | None = None) -> dict:
                 not os.path.isdir(args.run_dir) or os.listdir(args.run_dir)):
             raise ValueError(f"--run-dir: {args.run_dir} exists and is not an empty "
                              f"directory")
+        # the config the flags make (a ConfigError names the key), on the session engine
+        engine, reason, _ = session_run.choose_engine(build_config(
+            firms=args.firms, alpha=alphas[0], beta=betas[0], window=args.window,
+            sessions=sessions, max_periods=args.max_periods, chunk=args.chunk,
+            seed=args.seed, step=args.step))
+        if engine != "sessions":
+            raise ValueError(f"{CONFIG.name} with these flags runs on the loop ({reason})")
     except ValueError as error:
         parser.error(str(error))
     shared = {"window": args.window, "max_periods": args.max_periods, "chunk": args.chunk,

@@ -1,17 +1,18 @@
-"""``benchmarks/calvano.py`` beyond the duopoly baseline: ``--firms N``, ``--alpha``,
-``--beta``, the one-line errors of bad flags, and the alpha x beta grid mode.
+"""``benchmarks/calvano.py``, the timing wrapper of ``configs/calvano.yaml`` on the
+session engine: ``--firms N``, ``--alpha``, ``--beta`` and the other flags reaching the
+config, the JSON read from the run directory, the one-line errors of bad flags, and the
+alpha x beta grid mode. (The engine itself: ``tests/test_sessions_engine.py``.)
 
 Expected values are computed here by hand or with numpy/scipy from the logit formulas
 (never read back from ``jaxmarket.economics`` or the script)."""
 
+import csv
 import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy.optimize import minimize, minimize_scalar
@@ -23,7 +24,7 @@ A, C, A0, MU, DELTA, M, XI = 2.0, 1.0, 0.0, 0.25, 0.95, 15, 0.1
 def load_calvano():
     spec = importlib.util.spec_from_file_location("calvano_cli_benchmark", SCRIPT)
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
 
@@ -61,16 +62,26 @@ def solve_monopoly(n: int) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def three_firm_run():
-    """A tiny ``--firms 3`` run through ``main`` (in-process): what the script reports."""
-    return calvano.main(["--firms", "3", "--sessions", "2", "--beta", "1e-2", "--window",
-                         "200", "--chunk", "500", "--max-periods", "1000", "--json"])
+def three_firm_run(tmp_path_factory):
+    """A tiny ``--firms 3`` run through ``main`` (in-process) into a kept run directory:
+    ``(what the script reports, the run directory, the --save-strategies directory)``."""
+    base = tmp_path_factory.mktemp("three")
+    run_dir, saved = base / "run", base / "saved"
+    result = calvano.main(["--firms", "3", "--sessions", "3", "--beta", "1e-2", "--window",
+                           "200", "--chunk", "300", "--max-periods", "1000", "--run-dir",
+                           str(run_dir), "--save-strategies", str(saved), "--json"])
+    return result, run_dir, saved
+
+
+#: the package's static benchmarks are a float32 numeric solve: within 1e-4 of scipy's
+#: (the duopoly's values, what a three-firm bug would report, are 0.1 away)
+BENCHMARK_TOL = 1e-4
 
 
 def test_three_firm_economics_match_a_scipy_solve(three_firm_run):
     # Bug caught: the script taking Nash/monopoly prices (or the grid) of the duopoly for
     # n = 3, or profits of the wrong number of sellers in pi_N / pi_M.
-    result = three_firm_run
+    result = three_firm_run[0]
     p_n = solve_nash(3)
     p_m = solve_monopoly(3)
     assert np.ptp(p_m) < 1e-5  # the cartel prices symmetrically
@@ -81,16 +92,18 @@ def test_three_firm_economics_match_a_scipy_solve(three_firm_run):
     # by hand: W(3 e^3) = 3, so p_M = c + mu (1 + 3) = 2 and each share is 1/4
     assert p_m[0] == pytest.approx(2.0, abs=1e-5)
     assert result["firms"] == 3 and result["states"] == M ** 3
-    assert result["p_nash"] == pytest.approx(p_n, abs=1e-8)
-    assert result["p_monopoly"] == pytest.approx(2.0, abs=1e-12)
-    assert result["pi_nash"] == pytest.approx(profits([p_n] * 3)[0], abs=1e-10)
-    assert result["pi_monopoly"] == pytest.approx(0.25, abs=1e-12)
+    assert result["p_nash"] == pytest.approx(p_n, abs=BENCHMARK_TOL)
+    assert result["p_monopoly"] == pytest.approx(2.0, abs=BENCHMARK_TOL)
+    assert result["pi_nash"] == pytest.approx(profits([p_n] * 3)[0], abs=BENCHMARK_TOL)
+    assert result["pi_monopoly"] == pytest.approx(0.25, abs=BENCHMARK_TOL)
     # the grid spans [p_N - xi (p_M - p_N), p_M + xi (p_M - p_N)] of three sellers
     spread = XI * (2.0 - p_n)
     assert result["grid_low"] == pytest.approx(p_n - spread, abs=1e-8)
     assert result["grid_high"] == pytest.approx(2.0 + spread, abs=1e-8)
-    # the run itself went through: finite gains of 2 sessions
-    assert result["sessions"] == 2 and np.isfinite(result["profit_gain"])
+    # ... and it is the grid the run played (its strategies.npz)
+    with np.load(three_firm_run[1] / "strategies.npz") as saved:
+        np.testing.assert_allclose(saved["grid"], hand_grid(3), atol=1e-6)
+        assert saved["q"].shape == (3, 3, M ** 3, M)
 
 
 def hand_grid(n: int) -> np.ndarray:
@@ -100,72 +113,74 @@ def hand_grid(n: int) -> np.ndarray:
     return np.linspace(p_n - spread, p_m + spread, M)
 
 
-def test_three_firm_first_period_matches_a_hand_computation():
-    # Bugs caught: a state that is not the m^3 mixed-radix number of all three prices
-    # (e.g. only two sellers observed), a payoff table in the wrong seller order, a
-    # transition that does not pass every seller's new price to every seller, an
-    # initial Q that is not the random-rival value, and an --alpha (or delta) that does
-    # not reach the learner.
-    n, sessions, alpha = 3, 6, 0.3
-    setup = calvano.make_setup(firms=n, alpha=alpha)
-    grid = hand_grid(n)
-    np.testing.assert_allclose(setup.grid, grid, atol=1e-7)
-    state, obs, keys = calvano.init_sessions(setup, jax.random.key(1), sessions)
-    assert state.rows.shape == (sessions, n, M ** n, M + 1)  # m^3 states, Q | greedy
-
-    # initial Q by hand: mean profit of each own price against uniform rivals / (1 - delta)
-    profiles = np.stack(np.meshgrid(*[grid] * n, indexing="ij"), -1).reshape(-1, n)
-    table = profits(profiles)                                      # [m^3, 3]
-    own = np.indices((M,) * n).reshape(n, -1).T                    # [m^3, 3] indices
-    q0 = np.stack([[table[own[:, i] == a, i].mean() for a in range(M)] for i in range(n)])
-    q0 /= 1.0 - DELTA                                              # [3, m]
-    rows0, obs0 = np.asarray(state.rows), np.asarray(obs)   # (the chunk donates them)
-    np.testing.assert_allclose(rows0[..., :M], np.broadcast_to(q0[None, :, None, :],
-                                                               rows0[..., :M].shape),
-                               rtol=2e-6)
-
-    chunk = calvano.make_chunk(setup, 1)
-    state1, obs1, _ = chunk((state, obs, keys), jnp.uint32(0))
-    rows1 = np.asarray(state1.rows)
-    obs1 = np.asarray(obs1)
-    for s in range(sessions):
-        digits0 = np.abs(obs0[s, 0][:, None] - grid[None, :]).argmin(axis=1)
-        state0 = int(digits0 @ [M * M, M, 1])
-        # every seller observes the same profile: the prices of all three sellers
-        assert np.all(obs1[s] == obs1[s, 0])
-        action = np.abs(obs1[s, 0][:, None] - grid[None, :]).argmin(axis=1)
-        np.testing.assert_allclose(obs1[s, 0], grid[action], atol=1e-6)
-        for i in range(n):
-            changed = np.argwhere(rows1[s, i, :, :M] != rows0[s, i, :, :M])
-            # one period changes one entry per seller: Q_i[s0, a_i] (alpha > 0)
-            assert changed.tolist() == [[state0, action[i]]]
-            target = table[int(action @ [M * M, M, 1]), i] + DELTA * q0[i].max()
-            expected = (1 - alpha) * q0[i, action[i]] + alpha * target
-            assert rows1[s, i, state0, action[i]] == pytest.approx(expected, rel=2e-6)
-            assert rows1[s, i, state0, M] == np.argmax(rows1[s, i, state0, :M])
+def test_the_json_is_the_runs_summary_and_sessions(three_firm_run):
+    # Bugs caught: a JSON not read from the run it timed (the per-session Delta, the
+    # convergence flags, the periods), a profit gain that is not the mean of the
+    # sessions', session-periods or ns per session-period miscounted, a compile time
+    # that is not part of the wall time, and --save-strategies copying another file.
+    result, run_dir, saved = three_firm_run
+    summary = json.loads((run_dir / "summary.json").read_text())
+    with open(run_dir / "sessions.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [float(r["profit_gain"]) for r in rows] == result["profit_gains"]
+    assert [r["converged"] == "1" for r in rows] == result["converged"]
+    assert result["profit_gain"] == summary["profit_gain"]["sellers"]
+    gains = np.asarray(result["profit_gains"])
+    assert result["profit_gain"] == pytest.approx(gains.mean(), abs=1e-12)
+    assert result["profit_gain_sd"] == pytest.approx(gains.std(), abs=1e-12)
+    assert result["sessions"] == 3 == len(rows)
+    assert result["periods_simulated"] == summary["periods"]
+    assert result["periods_simulated"] <= 1000
+    assert result["session_periods"] == 3 * result["periods_simulated"]
+    assert result["ns_per_session_period"] == pytest.approx(
+        1e9 * result["wall_s"] / result["session_periods"])
+    assert 0 < result["compile_s"] < result["wall_s"]
+    assert result["target_met"] is False     # 3 sessions are not the 1000 of the target
+    assert (result["alpha"], result["beta"], result["convergence_window"]) == (0.15, 0.01, 200)
+    assert result["devices"] == 1 and result["delta"] == 0.95 and result["grid_size"] == M
+    assert (saved / "strategies.npz").read_bytes() == (run_dir / "strategies.npz").read_bytes()
 
 
-def test_three_firm_greedy_play_is_averaged_over_its_cycle():
-    # Bug caught: a limit cycle measured on the wrong states for n > 2 (observations of
-    # fewer sellers, a burn-in or horizon of m^2 instead of m^n) or profits of two sellers.
-    n = 3
-    setup = calvano.make_setup(firms=n)
-    grid = np.asarray(setup.grid)
-    state, obs, _ = calvano.init_sessions(setup, jax.random.key(0), 2)
-    low, high = 3, 11
-    # session 0: everyone always plays `high`; session 1: play `high` after a period in
-    # which all three played `low`, else `low`: the cycle (low, low, low) <-> (high, ...)
-    q = np.zeros(state.rows[..., :M].shape, np.float32)          # [2, 3, m^3, m]
-    q[0, :, :, high] = 1.0
-    q[1, :, :, low] = 1.0
-    all_low = low * (M * M + M + 1)
-    q[1, :, all_low, :] = 0.0
-    q[1, :, all_low, high] = 1.0
-    greedy_state = state.with_q(jnp.asarray(q))
-    cycle = np.asarray(calvano.greedy_cycle_profits(setup, greedy_state, obs))   # [2, 3]
-    np.testing.assert_allclose(cycle[0], profits([grid[high]] * 3), rtol=1e-5)
-    two = (profits([grid[low]] * 3) + profits([grid[high]] * 3)) / 2
-    np.testing.assert_allclose(cycle[1], two, rtol=1e-5)
+def test_flags_become_the_configs_overrides():
+    # Bugs caught: a flag that does not reach its config key (or the wrong one), a
+    # number YAML reads as a string (``1e-05``), --firms without the n-seller grid
+    # bounds, and --step fast/learner not mapped to the XLA backend.
+    config = calvano.build_config(firms=3, alpha=0.2, beta=1e-5, window=7, sessions=5,
+                                  max_periods=99, chunk=11, seed=4, step="kernel")
+    seller = config["market"]["sellers"][0]
+    learner = config["learners"]["sellers"]
+    assert seller["count"] == 3
+    grid = hand_grid(3)
+    assert seller["low"] == pytest.approx(grid[0], abs=1e-8)
+    assert seller["high"] == pytest.approx(grid[-1], abs=1e-8)
+    assert learner["learning_rate"] == 0.2 and learner["exploration_decay"] == 1e-5
+    assert isinstance(learner["exploration_decay"], float)
+    assert learner["convergence_window"] == 7
+    assert config["train"]["num_seeds"] == 5 and config["train"]["num_iterations"] == 99
+    assert config["train"]["chunk_size"] == 11 and config["seed"] == 4
+    assert config["train"]["session_backend"] == "kernel"
+    for step in ("fast", "learner"):
+        assert calvano.build_config(step=step)["train"]["session_backend"] == "xla"
+    assert "session_backend" not in calvano.build_config()["train"]   # the engine chooses
+    # what the config ships is the baseline the flags default to
+    shipped = calvano.build_config()
+    assert shipped["learners"]["sellers"]["learning_rate"] == 0.15
+    assert shipped["learners"]["sellers"]["exploration_decay"] == 4e-6
+    assert shipped["market"]["sellers"][0]["low"] == pytest.approx(hand_grid(2)[0], abs=1e-8)
+
+
+def test_kernel_and_xla_steps_give_the_same_sessions():
+    # Bugs caught: --step not reaching the engine (both runs on one backend: the
+    # "backend" of each says which ran), or the two backends playing different sessions.
+    kw = {"sessions": 8, "beta": 2e-3, "window": 1000, "chunk": 2000, "max_periods": 20000,
+          "progress": False}
+    kernel = calvano.run(step="kernel", **kw)
+    xla = calvano.run(step="fast", **kw)
+    assert (kernel["backend"], xla["backend"]) == ("kernel", "xla")
+    assert (kernel["step"], xla["step"]) == ("kernel", "fast")
+    assert kernel["converged_share"] > 0   # converged sessions are compared too
+    for key in ("profit_gains", "converged", "mean_convergence_period", "periods_simulated"):
+        assert kernel[key] == xla[key], key
 
 
 BAD_FLAGS = [
@@ -181,6 +196,10 @@ BAD_FLAGS = [
     (["--grid-alpha", "0.1,x"], "--grid-alpha"),
     (["--firms", "three"], "--firms"),
     (["--devices", "99"], "--devices"),
+    (["--devices", "2"], "--devices"),
+    (["--step", "quick"], "--step"),
+    (["--window", "0"], "--window"),
+    (["--grid-beta", "1e-5", "--save-strategies", "x"], "grid mode"),
     (["--firms", "4", "--sessions", "100000"], "GiB"),
 ]
 
@@ -200,9 +219,12 @@ def test_bad_flags_exit_2_with_one_line(argv, names, capsys):
 
 
 def test_valid_edges_are_accepted():
-    # alpha = 1 is inside (0, 1]; a tiny beta is fine
+    # alpha = 1 is inside (0, 1]; a tiny beta is fine; 15^5 joint prices fit the tables
     calvano.check_arguments(firms=2, alpha=1.0, beta=1e-12)
     calvano.check_arguments(firms=4, alpha=0.15, beta=4e-6, sessions=1)
+    calvano.check_arguments(firms=5, alpha=0.15, beta=4e-6, sessions=1)
+    with pytest.raises(ValueError, match="--firms 6: 15\\^6 joint prices"):
+        calvano.check_arguments(firms=6, alpha=0.15, beta=4e-6, sessions=1)
 
 
 def test_bad_flag_as_a_script_exits_2_with_one_line():
@@ -237,100 +259,14 @@ def test_grid_mode_runs_each_cell_with_its_own_parameters(capsys):
         (cells[3]["profit_gain"], cells[3]["mean_convergence_period"])
 
 
-# -- the fast step (make_fast_chunk) against the learner's act/update (make_chunk) -------
-
-def test_unrolled_threefry_is_jax_threefry():
-    # Bug caught: a round, rotation or key-schedule slip in the unrolled hash (the fast
-    # step's random streams would silently differ from jax.random's).
-    from jax.extend.random import threefry_2x32
-    rng = np.random.default_rng(0)
-    k = rng.integers(0, 2**32, size=2, dtype=np.uint32)
-    x = rng.integers(0, 2**32, size=16, dtype=np.uint32)
-    y0, y1 = calvano.threefry2x32(jnp.uint32(k[0]), jnp.uint32(k[1]), jnp.asarray(x[:8]),
-                                  jnp.asarray(x[8:]))
-    expected = np.asarray(threefry_2x32((jnp.uint32(k[0]), jnp.uint32(k[1])), jnp.asarray(x)))
-    np.testing.assert_array_equal(np.concatenate([y0, y1]), expected)
-
-
-def test_fast_step_runs_the_learners_sessions():
-    # Bugs caught: a fast step whose draws, state index, table layout, update rounding,
-    # greedy cache or convergence rule depart from the q_learning learner's act/update by
-    # as much as one bit (a session's trajectory would then differ: Q tables, greedy
-    # play, convergence periods), for the duopoly through run() (convergence, greedy
-    # scoring) and for three sellers chunk by chunk (odd draw count, m^3 states).
-    kw = {"sessions": 8, "beta": 2e-3, "window": 1000, "chunk": 1000, "max_periods": 20000,
-          "progress": False}
-    learner = calvano.run(step="learner", **kw)
-    fast = calvano.run(step="fast", **kw)
-    assert learner["converged_share"] > 0   # the comparison covers converged sessions
-    for key in learner:
-        if key not in ("wall_s", "compile_s", "step", "ns_per_session_period"):
-            assert fast[key] == learner[key], key
-
-    setup = calvano.make_setup(firms=3, alpha=0.3, beta=2e-2, window=30)
-    with jax.threefry_partitionable(False):   # as run() draws
-        carries = [calvano.init_sessions(setup, jax.random.key(2), 4) for _ in range(2)]
-        reference = calvano.make_chunk(setup, 60)
-        fast_chunk = calvano.make_fast_chunk(setup, 60, draws_per_pass=20)
-        for first in (0, 60, 120):
-            carries = [reference(carries[0], jnp.uint32(first)),
-                       fast_chunk(carries[1], jnp.uint32(first))]
-    (state_a, obs_a, _), (state_b, obs_b, _) = carries
-    for a, b in zip(jax.tree.leaves((state_a, obs_a)), jax.tree.leaves((state_b, obs_b))):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    assert np.asarray(state_a.step).min() > 0
-
-
-# -- the kernel step (calvano_kernel.make_kernel_chunk, numba) against the learner -------
-
-def test_kernel_step_runs_the_learners_sessions():
-    # Bugs caught: a kernel whose hash, exploration test (eps_t looked up at the wrong
-    # step or for the wrong beta), rounding (the contracted r + delta max Q), greedy cache
-    # (the tie rule, the rescan when the greedy entry falls), convergence count or
-    # greedy play after convergence departs from the q_learning learner by one bit.
-    kw = {"sessions": 8, "beta": 2e-3, "window": 1000, "chunk": 1000, "max_periods": 20000,
-          "progress": False}
-    learner = calvano.run(step="learner", **kw)
-    kernel = calvano.run(step="kernel", **kw)
-    assert kernel["step"] == "kernel"
-    assert learner["converged_share"] > 0   # converged sessions are compared too
-    for key in learner:
-        if key not in ("wall_s", "compile_s", "step", "ns_per_session_period"):
-            assert kernel[key] == learner[key], key
-
-    from calvano_kernel import make_kernel_chunk
-    for firms, alpha, beta, window, sessions in ((3, 0.3, 2e-2, 30, 4), (2, 0.3, 5e-2, 15, 6)):
-        setup = calvano.make_setup(firms=firms, alpha=alpha, beta=beta, window=window)
-        with jax.threefry_partitionable(False):   # as run() draws
-            carries = [calvano.init_sessions(setup, jax.random.key(3), sessions)
-                       for _ in range(2)]
-            if firms == 2:   # two sessions explore 4x slower: one eps_t row per beta
-                def slower(state):
-                    decay = state.hyper["exploration_decay"].at[:2].multiply(0.25)
-                    return state.replace(hyper={**state.hyper, "exploration_decay": decay})
-                carries = [(slower(c[0]),) + c[1:] for c in carries]
-            reference = calvano.make_chunk(setup, 70)
-            kernel_chunk = make_kernel_chunk(setup, 70)
-            for first in (0, 70, 140, 210):
-                carries = [reference(carries[0], jnp.uint32(first)),
-                           kernel_chunk(carries[1], jnp.uint32(first))]
-        (state_a, obs_a, _), (state_b, obs_b, _) = carries
-        for a, b in zip(jax.tree.leaves((state_a, obs_a)), jax.tree.leaves((state_b, obs_b))):
-            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-        steps = np.asarray(state_a.step)
-        assert steps.min() > 0
-        if firms == 2:   # some sessions converged mid-run, some still learn
-            converged = np.asarray(state_a.converged)
-            assert converged.any() and not converged.all(), steps
-
-
 def test_kernel_step_without_numba_is_a_flag_error(monkeypatch):
-    # Bug caught: a missing numba ending in an ImportError traceback, or the default
-    # step still asking for the kernel.
-    monkeypatch.setitem(sys.modules, "numba", None)
-    monkeypatch.delitem(sys.modules, "calvano_kernel", raising=False)
-    assert calvano.default_step() == "fast"
-    with pytest.raises(ValueError, match=r"--step kernel needs numba.*\.\[bench\]"):
-        calvano.chunk_maker("kernel")
+    # Bug caught: a missing numba ending in a traceback from inside the engine instead
+    # of a one-line flag error (the package depends on numba; a broken install).
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "numba" else find_spec(name, *a))
+    with pytest.raises(ValueError, match=r"--step kernel needs numba"):
+        calvano.check_step("kernel")
+    calvano.check_step("fast")   # the XLA backend needs no numba
     with pytest.raises(ValueError, match="--step: got 'quick'; allowed: kernel, fast, learner"):
-        calvano.chunk_maker("quick")
+        calvano.check_step("quick")

@@ -250,9 +250,10 @@ def test_choose_backend_refuses_a_kernel_it_cannot_run_and_auto_says_why(monkeyp
     assert eng.choose_backend(klein, "auto") == ("xla", "session backend xla: sellers "
                                                         "move in turns")
     assert eng.choose_backend(klein, "xla") == ("xla", None)
-    asker = game_of("asker2022_sync")
-    assert eng.choose_backend(asker, "auto") == ("xla", "session backend xla: full feedback")
-    with pytest.raises(ValueError, match="full feedback"):
+    asker = game_of("asker2022_sync")   # epsilon from 0, full feedback, no state
+    assert eng.choose_backend(asker, "auto") == (
+        "xla", "session backend xla: an epsilon schedule with start != 1")
+    with pytest.raises(ValueError, match="backend kernel: an epsilon schedule"):
         eng.Runner(asker, Settings(2, 10, backend="kernel"))
 
     game = calvano(2)

@@ -268,3 +268,34 @@ def test_a_stochastic_design_gives_the_same_delta_on_both_engines(tmp_path):
     se = np.hypot(sessions.std(ddof=1) / np.sqrt(32), seeds.std(ddof=1) / np.sqrt(32))
     assert abs(sessions.mean() - seeds.mean()) < 1.96 * se
     assert se < 0.3   # the comparison is informative: Delta's range here is ~[-2, 1]
+
+
+def test_load_run_compare_plot_and_sweep_read_a_sessions_run(calvano_run, tmp_path):
+    # Bugs caught: load_run without the sessions table, compare reporting no interval or
+    # a test of the wrong samples, a sweep cell that is not the run train would make.
+    import jaxmarket
+    from scipy.stats import ttest_ind
+    from jaxmarket.cli.plot import main as plot_main
+    from jaxmarket.cli.sweep.main import main as sweep_main
+    run = jaxmarket.load_run(calvano_run)
+    assert run.engine == "sessions" and len(run.sessions) == 12
+    other = tmp_path / "other"
+    assert train(str(CONFIGS / "calvano.yaml"), "--run-dir", str(other), *FAST,
+                 "learners.sellers.learning_rate=0.25") == 0
+    table = jaxmarket.compare([calvano_run, other])
+    gains = [jaxmarket.load_run(d).sessions["profit_gain"] for d in (calvano_run, other)]
+    assert table["profit_gain/sellers"].tolist() == pytest.approx([g.mean() for g in gains])
+    assert table.loc[str(other), "p_value/sellers"] == pytest.approx(
+        ttest_ind(gains[1], gains[0], equal_var=False).pvalue)
+    assert table.loc[str(other), "differs"] == "learners.sellers.learning_rate"
+    assert (table["profit_gain/sellers/ci95_low"] < table["profit_gain/sellers"]).all()
+    assert run_cli(plot_main, [str(calvano_run)]) == 0
+    assert (calvano_run / "plots" / "sessions.png").stat().st_size > 10_000
+    sweep = tmp_path / "sweep"
+    assert run_cli(sweep_main, [str(CONFIGS / "calvano.yaml"), "--grid",
+                                "learners.sellers.learning_rate=[0.15, 0.25]", "--run-dir",
+                                str(sweep), "--metric", "sellers/profit_gain", *FAST]) == 0
+    cell = sweep / "cells" / "1"
+    assert (cell / "sessions.csv").read_bytes() == (other / "sessions.csv").read_bytes()
+    rows = pd.read_csv(sweep / "sweep.csv")
+    np.testing.assert_allclose(rows[rows["cell"] == 1]["final/sellers/profit_gain"], gains[1])

@@ -270,6 +270,8 @@ def plot_run(run_dir: str | Path, smooth: int = 1, seeds: bool = False) -> list[
     """Write RUN_DIR/plots/<group>.png for every agent group (``seeds``: a line per
     seed and the interval band); returns the paths."""
     smooth = check_smooth(smooth)
+    if (Path(run_dir) / "sessions.csv").is_file():   # a session-engine run
+        return [plot_sessions(run_dir)]
     run = load_run(run_dir)
     out_dir = Path(run_dir) / "plots"
     out_dir.mkdir(exist_ok=True)
@@ -285,6 +287,32 @@ def plot_run(run_dir: str | Path, smooth: int = 1, seeds: bool = False) -> list[
             cross_play_figure(matrix, f"{run.name}: group {g}").savefig(path, dpi=100)
             written.append(path)
     return written
+
+
+def plot_sessions(run_dir: str | Path) -> Path:
+    """RUN_DIR/plots/sessions.png of a session-engine run: the histogram of the sessions'
+    profit gain (Delta of the greedy cycle) and of their convergence periods."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    rows = pd.read_csv(Path(run_dir) / "sessions.csv")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.5))
+    if rows["profit_gain"].notna().any():
+        left.hist(rows["profit_gain"].dropna(), bins=30)
+        left.axvline(rows["profit_gain"].mean(), color="k", ls="--", label="mean")
+        left.set_xlabel("profit gain Delta (greedy cycle)")
+        left.legend(fontsize="small")
+    converged = rows[rows["converged"] == 1]["convergence_period"]
+    right.hist(converged, bins=30)
+    right.set_xlabel(f"convergence period ({len(converged)} of {len(rows)} converged)")
+    for ax in (left, right):
+        ax.set_ylabel("sessions")
+    fig.suptitle(Path(run_dir).name)
+    fig.tight_layout()
+    out = Path(run_dir) / "plots"
+    out.mkdir(exist_ok=True)
+    fig.savefig(out / "sessions.png", dpi=100)
+    plt.close(fig)
+    return out / "sessions.png"
 
 
 def cross_play(run: RunData, group: str) -> np.ndarray | None:

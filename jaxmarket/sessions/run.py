@@ -288,6 +288,9 @@ class SessionRun:
                 "mean_period": float(steps[conv].mean()) if conv.any() else None,
                 "median_period": float(np.median(steps[conv])) if conv.any() else None,
                 "max_period": float(steps[conv].max()) if conv.any() else None},
+            "per_seed": {group: {   # one entry per session, as the loop's per seed
+                "mean_price": [[float(p)] for p in result.cycle_price.mean(axis=1)],
+                "mean_reward": [float(r) for r in result.cycle_reward.mean(axis=1)]}},
             "per_session": {"cycle_reward": _dist(result.cycle_reward.mean(axis=1)),
                             "cycle_price": _dist(result.cycle_price.mean(axis=1)),
                             "cycle_length": _dist(result.cycle_length)},
@@ -296,6 +299,7 @@ class SessionRun:
             summary["profit_gain"] = {group: float(delta.mean())}
             summary["profit_gain_ci95"] = {group: eng.bootstrap_ci(delta)}
             summary["per_session"]["profit_gain"] = _dist(delta)
+            summary["per_seed"][group]["profit_gain"] = [float(d) for d in delta]
         else:
             summary["profit_gain_skipped"] = "pi_M equals pi_N (or no static benchmark)"
         if played is not None:

@@ -2,12 +2,13 @@
 record, metrics and per-seed rows, and its final learners from the last checkpoint);
 :func:`compare` tabulates several runs side by side (docs/runs.md).
 
-``metrics`` and ``seeds`` are pandas DataFrames (pandas is imported when they are first
-read: ``pip install pandas``); they hold exactly the numbers of the files."""
+``metrics``, ``seeds`` and (a session-engine run) ``sessions`` are pandas DataFrames;
+they hold exactly the numbers of the files."""
 
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -21,8 +22,12 @@ from jaxmarket.config.loader import load_config
 from jaxmarket.train.loop import Runner, chain
 from jaxmarket.train.plan import RunPlan
 from jaxmarket.train.run import Trainer, read_run_record
+from jaxmarket.train.rundir import changed_keys
 from jaxmarket.train.slots import SlotView
 from jaxmarket.train.tracking import ParquetRows, read_metrics
+
+
+SESSIONS_FILE = "sessions.csv"   # a session-engine run's rows (jaxmarket.sessions.run)
 
 
 def _pandas():
@@ -112,6 +117,23 @@ class Run:
     record: dict | None
     _runner: Any = field(default=None, repr=False)
 
+    @property
+    def engine(self) -> str:
+        """``"sessions"`` or ``"loop"``: the engine that ran (summary.json's ``engine``;
+        a sessions run holds sessions.csv)."""
+        if self.summary is not None and "engine" in self.summary:
+            return self.summary["engine"]
+        return "sessions" if (self.path / SESSIONS_FILE).is_file() else "loop"
+
+    @cached_property
+    def sessions(self):
+        """A session-engine run's sessions.csv: one row per session (docs/sessions.md)."""
+        path = self.path / SESSIONS_FILE
+        if not path.is_file():
+            raise ConfigError("run directory", str(self.path), "a finished session-engine run "
+                              f"(it holds no {SESSIONS_FILE}: train.engine sessions writes one)")
+        return _pandas().read_csv(path)
+
     @cached_property
     def metrics(self):
         return _frame(*read_metrics(self.path / "metrics.csv"))
@@ -182,7 +204,11 @@ def compare_rows(run_dirs: list[str | Path]) -> list[dict]:
         if s is None:
             raise ConfigError("run directory", str(d), "a finished run (no summary.json yet: "
                               f"python -m jaxmarket.train --resume {d})")
-        row: dict = {"run": str(d), "iterations": s["iterations"]}
+        row: dict = {"run": str(d), "engine": run.engine,
+                     "iterations": s.get("iterations", s.get("periods"))}
+        if run.engine == "sessions":
+            rows.append(_session_row(row, run, load_run(run_dirs[0]) if rows else None))
+            continue
         for g, stats in s.get("over_seeds", {}).items():
             row.setdefault("num_seeds", stats["num_seeds"])
             for name, st in stats.items():
@@ -197,6 +223,29 @@ def compare_rows(run_dirs: list[str | Path]) -> list[dict]:
                 row[f"profit_gain/{g}"] = value
         rows.append(row)
     return rows
+
+
+def _session_row(row: dict, run: Run, first: Run | None) -> dict:
+    """A sessions run's row: sessions, Delta with its 95% CI and convergence; against the
+    first run (a sessions run too): the Welch two-sample t-test of the sessions' Delta
+    (``p_value/<group>``) and the settings that differ (``differs``)."""
+    s = run.summary
+    row["num_seeds"] = s["sessions"]
+    for g, value in (s.get("profit_gain") or {}).items():
+        low, high = s["profit_gain_ci95"][g]
+        row.update({f"profit_gain/{g}": value, f"profit_gain/{g}/ci95_low": low,
+                    f"profit_gain/{g}/ci95_high": high})
+        if first is not None and first.engine == "sessions" and "profit_gain" in first.sessions:
+            from scipy.stats import ttest_ind
+            with warnings.catch_warnings():   # identical sessions: a degenerate test
+                warnings.simplefilter("ignore", RuntimeWarning)
+                test = ttest_ind(run.sessions["profit_gain"], first.sessions["profit_gain"],
+                                 equal_var=False)
+            row[f"p_value/{g}"] = float(test.pvalue)
+    row["converged_share"] = s["convergence"]["share"]
+    if first is not None:
+        row["differs"] = ", ".join(changed_keys(first.config, run.config)) or "nothing"
+    return row
 
 
 def compare(run_dirs: list[str | Path]):

@@ -15,6 +15,7 @@ from jaxmarket.cli.sweep.validation import Cell
 from jaxmarket.compile_cache import compilation_cache
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.loader import load_config
+from jaxmarket.sessions import run as session_run
 from jaxmarket.train.plan import RunPlan
 from jaxmarket.train.run import resume_run, start_run
 
@@ -43,6 +44,17 @@ def run_cell(scenario: dict, overrides: list[str], cell_dir: str,
     path = Path(cell_dir)
     if (path / "summary.json").is_file():
         return json.loads((path / "summary.json").read_text())
+    config = load_config(scenario, overrides)
+    engine, _, session_plan = session_run.choose_engine(config)
+    if engine == "sessions":   # as python -m jaxmarket.train runs it: the session engine
+        if (path / "config.yaml").is_file():
+            if load_config(path / "config.yaml") != config:
+                raise ConfigError("--resume", str(path), "a cell whose config.yaml is the "
+                                  "sweep's (it was changed; delete the cell to run it anew)")
+            return session_run.resume(path, config, session_plan, [])
+        if path.exists():
+            shutil.rmtree(path)
+        return session_run.start(config, session_plan, path)
     with compilation_cache(compile_cache):
         if (path / "config.yaml").is_file():
             if load_config(path / "config.yaml") != load_config(scenario, overrides):

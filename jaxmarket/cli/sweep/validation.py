@@ -11,6 +11,7 @@ from typing import Any
 from jaxmarket.cli.sweep.grid import Sweep, canonical, yaml_text
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.loader import load_config
+from jaxmarket.sessions.run import choose_engine
 from jaxmarket.train.plan import resolve
 
 FINAL = "final/"            # prefix of the metric columns of sweep.csv
@@ -25,13 +26,18 @@ class Cell:
     groups: list[str]
     num_products: int
     plan: Any = None   # the cell's RunPlan (what a local run trains; Ray tasks resolve anew)
+    engine: str = "loop"   # "sessions": a session-engine cell (one row per session)
 
     def columns(self) -> list[str]:
-        """The ``final/`` columns this cell contributes to sweep.csv."""
+        """The ``final/`` columns this cell contributes to sweep.csv (a sessions cell:
+        each session's greedy-cycle price, reward and profit gain)."""
         cols = []
         for g in self.groups:
             cols += [f"{FINAL}{g}/mean_price/p{j}" for j in range(self.num_products)]
             cols.append(f"{FINAL}{g}/mean_reward")
+            if self.engine == "sessions":
+                cols.append(f"{FINAL}{g}/profit_gain")
+                continue
             cols += [f"{FINAL}{g}/mean_traffic/p{j}" for j in range(self.num_products)]
         return cols
 
@@ -60,11 +66,12 @@ def validate(sweep: Sweep) -> list[Cell]:
         overrides = sweep.cell_overrides(values)
         try:
             config = load_config(sweep.scenario, overrides)
-            plan = resolve(config)
+            engine, _, plan = choose_engine(config)   # a sessions cell: its session plan
+            plan = resolve(config) if engine == "loop" else plan
         except ConfigError as err:
             raise _grid_error(err, sweep, i, values) from None
         cells.append(Cell(i, values, overrides, config, list(plan.groups),
-                          int(plan.env.spec.num_products), plan))
+                          int(plan.env.spec.num_products), plan, engine))
     return cells
 
 
