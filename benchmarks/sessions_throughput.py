@@ -105,8 +105,9 @@ def time_one(design: str, backend: str, sessions: int, periods: int, chunk: int)
 
 
 def table(rows: list[dict]) -> str:
-    lines = [f"{'design':<16}{'backend':<12}{'sessions':>9}{'periods':>10}{'wall s':>9}"
-             f"{'compile s':>11}{'session-periods/s':>20}"]
+    head = (f"{'design':<16}{'backend':<12}{'sessions':>9}{'periods':>10}{'wall s':>9}"
+            f"{'compile s':>11}{'session-periods/s':>20}")
+    lines = [head]
     for r in rows:
         lines.append(f"{r['design']:<16}{r['backend']:<12}{r['sessions']:>9,d}"
                      f"{r['periods']:>10,d}{r['wall_s']:>9.2f}{r['compile_s']:>11.2f}"

@@ -6,7 +6,6 @@ reproduction of Calvano et al. (2020)."""
 from __future__ import annotations
 
 import importlib.util
-import json
 import math
 import os
 import subprocess
@@ -562,9 +561,10 @@ def test_calvano_sessions_are_the_same_on_one_or_two_devices(tmp_path):
         "    'learners.sellers.learning_rate=0.3'])))\n"
         "out = {}\n"
         "for d in (1, 2):\n"
-        "    r = eng.run(game, eng.Settings(8, 400, 100, backend='xla', devices=d),\n"
-        "                jax.random.key(3), compact=False)\n"
+        "    r = eng.run(game, eng.Settings(8, 600, 150, backend='xla', devices=d),\n"
+        "                jax.random.key(7), compact=False)\n"
         "    s = r.sessions\n"
+        "    assert len(s.learner.rows.sharding.device_set) == d   # the split did happen\n"
         "    out.update({f'{k}{d}': np.asarray(v) for k, v in (\n"
         "        ('rows', s.learner.rows), ('step', s.learner.step), ('index', s.index),\n"
         "        ('converged', s.learner.converged), ('tail', s.tail),\n"

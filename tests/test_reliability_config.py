@@ -317,3 +317,17 @@ def test_fuzz_any_mutation_of_a_shipped_config_resolves_or_is_a_config_error():
     fuzz_one()
     print(f"fuzz outcomes: {dict(OUTCOMES)} in {time.perf_counter() - t:.0f} s")
     assert OUTCOMES["clean"] > 0 and OUTCOMES["config error"] > 0
+
+
+def test_train_and_check_give_one_estimate_where_a_bound_would_refuse():
+    """100 loop sessions of calvano.yaml, 100,000-iteration chunks: the untraced bound
+    of one chunk's metrics (16 KiB per seed and iteration: 153 GiB) refused the run in
+    train while check, which traces the iteration, estimated 120 MiB. Both trace now:
+    the same terms, the metrics term the traced bytes x the chunk."""
+    over = ["train.engine=loop", "train.num_seeds=100", "train.chunk_size=100000",
+            "train.num_iterations=3200000"]
+    checked = resolve("configs/calvano.yaml", over, validate_only=True).memory
+    trained = resolve("configs/calvano.yaml", over).memory
+    assert [(t.what, t.bytes) for t in trained.terms] == [(t.what, t.bytes) for t in checked.terms]
+    metrics = next(t for t in trained.terms if t.what == "metrics of one chunk")
+    assert metrics.bytes % 100_000 == 0 and metrics.bytes < memory.METRIC_BOUND * 100 * 100_000 / 100

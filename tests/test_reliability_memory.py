@@ -22,24 +22,31 @@ MEASURE = """
 import json, os, re, sys, tempfile
 from jaxmarket.cli import run_cli
 from jaxmarket.cli.train import main
+from jaxmarket.config.loader import load_config
+from jaxmarket.sessions.game import make_game
+from jaxmarket.sessions.run import choose_engine, memory
 from jaxmarket.train.plan import resolve
 
 def kib(field):
     return int(re.search(field + r":\\s+(\\d+)", open("/proc/self/status").read()).group(1)) * 1024
 
 cfg, overrides = sys.argv[1], sys.argv[2:] + ["train.num_iterations=1", "train.chunk_size=1"]
-estimate = resolve(cfg, overrides, validate_only=True).memory
+engine, _, plan = choose_engine(load_config(cfg, overrides))   # as check estimates it
+estimate = (memory(make_game(plan), plan.train) if engine == "sessions"
+            else resolve(cfg, overrides, validate_only=True).memory)
 before = kib("VmRSS")
 with tempfile.TemporaryDirectory() as d:
     assert run_cli(main, [cfg, "--run-dir", os.path.join(d, "run"), "--compile-cache", "none",
                           *overrides]) == 0
-print(json.dumps({"estimate": estimate.total, "probed": estimate.probed,
+print(json.dumps({"estimate": estimate.total, "probed": estimate.probed, "engine": engine,
                   "growth": kib("VmHWM") - before}))
 """
 
 # (config, overrides): the estimate is 0.87-1.24 GB; each is probed (above PROBE_SLOTS)
 CASES = {
-    "calvano": ["train.num_seeds=32768"],                     # Q tables x seeds
+    "calvano": ["train.num_seeds=32768", "train.engine=loop"],   # Q tables x seeds
+    # the session engine's estimate (train and check share it): sessions x Q tables
+    "calvano_sessions": ["train.num_seeds=32768"],
     "auction": ["train.num_envs=131072"],                     # markets x bidders
     "legacy_default": ["train.num_envs=1048576"],             # a PPO bandit's markets
 }
@@ -47,7 +54,8 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def measured() -> dict:
-    procs = {name: subprocess.Popen([sys.executable, "-c", MEASURE, str(ROOT / f"configs/{name}.yaml"),
+    procs = {name: subprocess.Popen([sys.executable, "-c", MEASURE,
+                                     str(ROOT / f"configs/{name.removesuffix('_sessions')}.yaml"),
                                      *ov], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     text=True, cwd=ROOT)
              for name, ov in CASES.items()}
@@ -62,6 +70,7 @@ def measured() -> dict:
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_estimate_within_a_factor_of_two_of_the_peak(measured, name):
     m = measured[name]
-    assert m["probed"], "the case should exercise check's probe path"
+    assert m["engine"] == ("sessions" if name.endswith("_sessions") else "loop")
+    assert m["probed"] or m["engine"] == "sessions", "the case should exercise check's probe path"
     assert m["estimate"] > 5e8, "the case is too small to dominate its compilation"
     assert m["estimate"] / 2 <= m["growth"] <= 2 * m["estimate"], m

@@ -38,7 +38,7 @@ FAST = {2: {"exploration_decay": 2.0e-2, "convergence_window": 30, "discount": 0
             "learning_rate": 0.5}}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def game_of(config: str = "calvano", firms: int | None = None, **learner):
     items = [] if firms is None else [f"market.sellers[0].count={firms}"]
     items += [f"learners.sellers.{k}={v!r}" for k, v in learner.items()]
@@ -80,7 +80,7 @@ def test_kernel_backend_plays_the_xla_sessions_bit_for_bit(firms, sessions, peri
     # draws, m^3 states); chunks that do not divide the periods.
     game = calvano(firms)
     key = jax.random.key(7)
-    settings = dict(sessions=sessions, periods=periods, chunk=chunk, window=150)
+    settings = {"sessions": sessions, "periods": periods, "chunk": chunk, "window": 150}
     xla = eng.run(game, Settings(**settings, backend="xla"), key, compact=False)
     kernel = eng.run(game, Settings(**settings, backend="kernel"), key, compact=False)
     assert (xla.backend, kernel.backend) == ("xla", "kernel")
@@ -206,7 +206,10 @@ def test_greedy_cycle_averages_exactly_one_limit_cycle():
     m = game.grid.size
     prices = np.asarray(game.grid.prices, np.float64)
     base = eng.init_sessions(game, 3, jax.random.key(0))
-    state = lambda i, j: i * m + j   # noqa: E731  (the table row of the profile (i, j))
+
+    def state(i, j):   # the table row of the profile (i, j)
+        return i * m + j
+
     q = np.zeros(np.asarray(base.learner.rows)[..., :m].shape, np.float32)  # [3, 2, m^2, m]
     lo, mid, hi = 2, 7, 12
     # session 0: seller 0 always plays hi, seller 1 always mid (a fixed point)
@@ -226,7 +229,7 @@ def test_greedy_cycle_averages_exactly_one_limit_cycle():
     # every session starts off its cycle
     sessions = base._replace(learner=base.learner.with_q(jnp.asarray(q)),
                              index=jnp.asarray([[0, 0], [5, 9], [14, 14]], jnp.int32))
-    reward, fees, price, length = (np.asarray(x) for x in eng.greedy_cycle(game, sessions, 0))
+    reward, _, price, length = (np.asarray(x) for x in eng.greedy_cycle(game, sessions, 0))
     np.testing.assert_array_equal(length, [1, 2, 3])
     profiles = [[(hi, mid)], [(lo, lo), (hi, hi)], [(lo, hi), (mid, mid), (hi, lo)]]
     for s, cycle in enumerate(profiles):
@@ -247,8 +250,8 @@ def test_choose_backend_refuses_a_kernel_it_cannot_run_and_auto_says_why(monkeyp
     with pytest.raises(ValueError, match="backend kernel: sellers move in turns; use "
                                          "backend xla"):
         eng.choose_backend(klein, "kernel")
-    assert eng.choose_backend(klein, "auto") == ("xla", "session backend xla: sellers "
-                                                        "move in turns")
+    assert eng.choose_backend(klein, "auto") == (
+        "xla", "session backend xla: sellers move in turns")
     assert eng.choose_backend(klein, "xla") == ("xla", None)
     asker = game_of("asker2022_sync")   # epsilon from 0, full feedback, no state
     assert eng.choose_backend(asker, "auto") == (

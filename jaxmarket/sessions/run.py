@@ -224,7 +224,7 @@ class SessionRun:
     def train(self, sessions: eng.Sessions, done: int, segments: list[dict]) -> dict:
         """Chunks from period ``done`` until the engine stops; the run's files."""
         started = last = time.perf_counter()
-        chunks, every = 0, self.tcfg.checkpoint_every
+        first, chunks, every = done, 0, self.tcfg.checkpoint_every
         status = "failed"
         try:
             while not self.runner.finished(sessions, done):
@@ -236,10 +236,11 @@ class SessionRun:
                 if now - last >= self.progress_every or self.runner.finished(sessions, done):
                     last = now
                     converged = float(np.mean(np.asarray(sessions.learner.converged)))
-                    rate = self.runner.session_periods / max(now - started, 1e-9)
+                    elapsed = max(now - started, 1e-9)
                     print(f"period {done:>11,d}  sessions converged {converged:6.1%}  "
-                          f"{rate:,.0f} session-periods/s  {now - started:7.1f} s",
-                          flush=True)
+                          f"{(done - first) / elapsed:,.0f} periods/s  "
+                          f"{self.runner.session_periods / elapsed:,.0f} session-periods/s  "
+                          f"{now - started:7.1f} s", flush=True)
             result = self.runner.result(sessions, done, time.perf_counter() - started)
             summary = self.write_outputs(result)
             status = "finished"

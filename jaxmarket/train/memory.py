@@ -199,7 +199,11 @@ def estimate(plan, train=None, dims: Mapping[int, int] | None = None,
     terms.append(Term("components' state", _tree_bytes(rest, dims), "train.num_envs", E))
     avail, device = available_memory()
     state = sum(t.bytes for t in terms)
-    if detail or avail is None or TRACE_FACTOR * (state + _rollout_bytes(plan, train, dims)) > avail:
+    rollout = _rollout_bytes(plan, train, dims)
+    # the untraced terms are bounds: wherever they could refuse the run, trace instead,
+    # so that train (detail False) refuses exactly where check (detail True) does
+    bound = state + max(market, rollout) + METRIC_BOUND * S * train.chunk_size
+    if detail or avail is None or TRACE_FACTOR * (state + rollout) > avail or bound > avail:
         # one iteration, traced: its temporaries' peak and the metrics it stacks
         jaxpr, (_, metrics) = jax.make_jaxpr(lambda r: run_chunk(r, 1), return_shape=True)(
             runner)
@@ -209,8 +213,7 @@ def estimate(plan, train=None, dims: Mapping[int, int] | None = None,
                           * _tree_bytes(metrics, dims), "train.chunk_size", train.chunk_size))
     else:
         # a run far from the memory: the rollout's transitions and a bound on the metrics
-        terms.append(Term("one iteration's temporaries",
-                          max(market, _rollout_bytes(plan, train, dims)),
+        terms.append(Term("one iteration's temporaries", max(market, rollout),
                           "train.num_envs", E))
         terms.append(Term("metrics of one chunk", METRIC_BOUND * S * train.chunk_size,
                           "train.chunk_size", train.chunk_size))

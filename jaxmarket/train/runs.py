@@ -204,8 +204,7 @@ def compare_rows(run_dirs: list[str | Path]) -> list[dict]:
         if s is None:
             raise ConfigError("run directory", str(d), "a finished run (no summary.json yet: "
                               f"python -m jaxmarket.train --resume {d})")
-        row: dict = {"run": str(d), "engine": run.engine,
-                     "iterations": s.get("iterations", s.get("periods"))}
+        row: dict = {"run": str(d), "iterations": s.get("iterations", s.get("periods"))}
         if run.engine == "sessions":
             rows.append(_session_row(row, run, load_run(run_dirs[0]) if rows else None))
             continue
@@ -221,6 +220,7 @@ def compare_rows(run_dirs: list[str | Path]) -> list[dict]:
         for g, value in (s.get("profit_gain") or {}).items():
             if not isinstance(value, dict):
                 row[f"profit_gain/{g}"] = value
+        row["engine"] = run.engine
         rows.append(row)
     return rows
 
@@ -245,6 +245,7 @@ def _session_row(row: dict, run: Run, first: Run | None) -> dict:
     row["converged_share"] = s["convergence"]["share"]
     if first is not None:
         row["differs"] = ", ".join(changed_keys(first.config, run.config)) or "nothing"
+    row["engine"] = run.engine
     return row
 
 
