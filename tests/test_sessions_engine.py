@@ -3,7 +3,7 @@ backend, the XLA backend against the learner's own ``act``/``update`` replayed p
 by period, compaction, the greedy limit cycle, the backend choice, the kernel's hash and
 the tables of a three-seller game.
 
-The games are ``configs/calvano.yaml`` on its shipped 15-price grid, with faster
+The games are ``configs/calvano.yaml`` on its shipped 15-price grid (and coarser ones), with faster
 exploration, a short convergence window and a low discount, so that sessions converge
 within a few hundred periods (some mid-run, some not at all). Expected values are the
 learner's own functions replayed here, JAX's own hash, or computed by hand from the
@@ -69,18 +69,22 @@ def assert_same(a: dict, b: dict, names=None) -> None:
 
 # -- kernel == xla ----------------------------------------------------------------------
 
-@pytest.mark.parametrize("firms, sessions, periods, chunk",
-                         [(2, 8, 600, 140), (3, 6, 400, 90)], ids=["duopoly", "three"])
-def test_kernel_backend_plays_the_xla_sessions_bit_for_bit(firms, sessions, periods, chunk):
+@pytest.mark.parametrize("firms, sessions, periods, chunk, m",
+                         [(2, 8, 600, 140, 15), (3, 6, 400, 90, 15), (2, 8, 600, 140, 5),
+                          (2, 8, 600, 140, 7), (2, 8, 600, 140, 10)],
+                         ids=["duopoly", "three", "grid5", "grid7", "grid10"])
+def test_kernel_backend_plays_the_xla_sessions_bit_for_bit(firms, sessions, periods, chunk, m):
     # Bugs caught: a kernel whose hash, exploration test (eps_t at the wrong step), the
     # rounding of its two multiply-adds, its greedy cache (the tie rule, the rescan when
     # the greedy entry falls), the stable count, its greedy play after convergence, the
     # tail window or the profile it hands back departs from the learner's act/update
     # (the xla backend) by one bit, for two sellers and for three (an odd number of
-    # draws, m^3 states); chunks that do not divide the periods.
-    game = calvano(firms)
+    # draws, m^3 states); chunks that do not divide the periods; grids where XLA would
+    # have fused the update's products into multiply-adds differently (5, 7, 10 prices).
+    game = calvano(firms) if m == 15 else calvano(firms, grid_size=m)
     key = jax.random.key(7)
-    settings = {"sessions": sessions, "periods": periods, "chunk": chunk, "window": 150}
+    settings = {"sessions": sessions, "periods": periods, "chunk": chunk, "window": 150,
+                "stop": "periods"}
     xla = eng.run(game, Settings(**settings, backend="xla"), key, compact=False)
     kernel = eng.run(game, Settings(**settings, backend="kernel"), key, compact=False)
     assert (xla.backend, kernel.backend) == ("xla", "kernel")
@@ -89,9 +93,11 @@ def test_kernel_backend_plays_the_xla_sessions_bit_for_bit(firms, sessions, peri
     # the comparison covers sessions that converged mid-run (greedy play after it, in
     # the tail window too) and sessions still learning at the end
     steps, converged = np.asarray(xla.step), np.asarray(xla.converged)
-    assert converged.any() and not converged.all(), steps
+    assert converged.any(), steps
     assert steps[converged].min() < periods - 150, steps   # then played greedily in the tail
     assert np.asarray(xla.sessions.tail).min() > 0   # the tail did add rewards
+    if m == 15:   # and sessions still learning at the end
+        assert not converged.all(), steps
 
 
 def test_kernel_backend_looks_up_each_sessions_own_beta():

@@ -313,13 +313,17 @@ def _greedy_now(game: SessionGame, sessions: Sessions) -> jax.Array:
     return jax.jit(jax.vmap(one))(sessions.learner, sessions.index, sessions.outcome)
 
 
+class _KernelMismatch(Exception):
+    """The kernel cannot reproduce XLA's rounding of this game's update."""
+
+
 def ladder(sessions: int, granularity: int = GRANULARITY) -> list[int]:
     """The batch sizes compaction uses, largest first: ``sessions``, then each 3/4 of
-    the one before, rounded up to ``granularity``."""
-    sizes, size = [sessions], sessions
-    while size > granularity:
-        size = min(size - 1, -(-int(size * 0.75) // granularity) * granularity)
-        sizes.append(size)
+    the one before rounded down to a multiple of ``granularity``, down to
+    ``granularity`` (strictly decreasing: a handful of sizes, one compile each)."""
+    sizes = [sessions]
+    while sizes[-1] > granularity:
+        sizes.append(max(granularity, int(sizes[-1] * 0.75) // granularity * granularity))
     return sizes
 
 
@@ -344,17 +348,34 @@ class Runner:
         self.compact = default if compact is None else compact
         self.session_periods = 0
         self._chunks: dict[tuple[int, int], Callable] = {}
+        self._rounding: dict[int, tuple[bool, bool]] = {}
 
     def _chunk(self, length: int, size: int):
         key = (length, size)
         if key not in self._chunks:
             if self.backend == "kernel":
                 from jaxmarket.sessions.kernel import make_kernel_chunk
-                self._chunks[key] = make_kernel_chunk(self.game, length, self.tail_start)
+                self._chunks[key] = make_kernel_chunk(self.game, length, self.tail_start,
+                                                      self.rounding(size))
             else:
                 use = max(d for d in range(1, self.settings.devices + 1) if size % d == 0)
                 self._chunks[key] = xla_chunk(self.game, length, self.tail_start, use)
         return self._chunks[key]
+
+    def rounding(self, size: int) -> tuple[bool, bool]:
+        """The kernel's rounding of the update (:func:`jaxmarket.sessions.kernel.calibrate`)
+        for batches of ``size`` sessions: asked of XLA's program on fresh sessions
+        (``key(0)``), so a resumed run finds the same. Where no rounding reproduces it,
+        the run continues on the xla backend (``note`` says so)."""
+        if size not in self._rounding:
+            from jaxmarket.sessions.kernel import calibrate
+            probe = init_sessions(self.game, size, jax.random.key(0))
+            with jax.threefry_partitionable(False):
+                found = calibrate(self.game, probe, 0, self.tail_start, xla_chunk)
+            if found is None:
+                raise _KernelMismatch
+            self._rounding[size] = found
+        return self._rounding[size]
 
     def learning(self, sessions: Sessions) -> np.ndarray:
         return ~np.asarray(sessions.learner.converged, bool)
@@ -368,6 +389,13 @@ class Runner:
         """One chunk (the last one may be shorter) of the sessions still running."""
         length = min(self.settings.chunk, self.settings.periods - done)
         total = int(sessions.index.shape[0])
+        if self.backend == "kernel":
+            try:
+                self._chunk(length, total)
+            except _KernelMismatch:
+                self.backend = "xla"
+                self.note = ("session backend xla: no rounding of the kernel reproduces XLA's "
+                             "program of this game bit for bit")
         with jax.threefry_partitionable(False):
             if not self.compact:
                 self.session_periods += length * total

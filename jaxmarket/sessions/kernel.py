@@ -117,7 +117,7 @@ def _draw_bits(k0, k1, c0, c1, first, count, keys, out):
 @njit(parallel=True, cache=True)
 def _run_sessions(rows, state_index, step, stable, converged, k0, k1, alpha, beta_row,
                   eps, step_lo, table, radix, c0, c1, first, length, discount, window,
-                  tail, tail_start):
+                  tail, tail_start, fused_target, fused_increment):
     """Advance every session ``length`` periods in place.
 
     ``rows [S, n, m^n, m + 1]`` float32: seller ``j``'s Q row of state ``s`` and, in column
@@ -134,7 +134,10 @@ def _run_sessions(rows, state_index, step, stable, converged, k0, k1, alpha, bet
       reaches ``window``; the step advances (to at most 2^31 - 1).
 
     A converged session plays its greedy prices and does not learn. ``tail [S, n]``
-    adds each period's rewards from period ``tail_start`` on."""
+    adds each period's rewards from period ``tail_start`` on. ``fused_target`` and
+    ``fused_increment``: whether ``r + delta max Q`` and ``Q + alpha (target - Q)`` are
+    one fused multiply-add each (one rounding) or a product rounded, then added: the
+    rounding XLA chose for the same update (:func:`calibrate`)."""
     sessions, n = rows.shape[0], rows.shape[1]
     m = rows.shape[3] - 1
     half = c0.shape[0]
@@ -191,10 +194,16 @@ def _run_sessions(rows, state_index, step, stable, converged, k0, k1, alpha, bet
                 for j in range(n):
                     # the row's maximum is its cached greedy entry
                     best = q[j, nxt, gr[j, nxt]]
-                    target = fma32(discount, best, table[nxt, j])
+                    if fused_target:
+                        target = fma32(discount, best, table[nxt, j])
+                    else:
+                        target = table[nxt, j] + f32(discount * best)
                     aj = a[j]
                     old = q[j, s, aj]
-                    new = fma32(alpha[i, j], f32(target - old), old)
+                    if fused_increment:
+                        new = fma32(alpha[i, j], f32(target - old), old)
+                    else:
+                        new = old + f32(alpha[i, j] * f32(target - old))
                     q[j, s, aj] = new
                     greedy = gr[j, s]
                     if aj != greedy:   # only Q[s, a] moved: it wins or ties first
@@ -228,7 +237,13 @@ def _run_sessions(rows, state_index, step, stable, converged, k0, k1, alpha, bet
         converged[i] = done
 
 
-def make_kernel_chunk(game, length: int, tail_start: int):
+#: the roundings of the update's two multiply-adds the kernel can play, XLA:CPU's usual
+#: choice first: (fused target, fused increment)
+ROUNDINGS = ((True, True), (True, False), (False, True), (False, False))
+
+
+def make_kernel_chunk(game, length: int, tail_start: int,
+                      rounding: tuple[bool, bool] = ROUNDINGS[0]):
     """``(sessions, first_period) -> sessions`` as
     :func:`jaxmarket.sessions.engine.xla_chunk` returns it, run by :func:`_run_sessions`
     on every core (numba's threads)."""
@@ -277,7 +292,8 @@ def make_kernel_chunk(game, length: int, tail_start: int):
         _run_sessions(rows, state_index, step, stable, converged,
                       np.ascontiguousarray(key_data[:, 0]), np.ascontiguousarray(key_data[:, 1]),
                       alpha, beta_row, eps, step_lo, table, radix, c0, c1,
-                      np.uint32(first_period), int(length), discount, window, tail, tail_start)
+                      np.uint32(first_period), int(length), discount, window, tail, tail_start,
+                      bool(rounding[0]), bool(rounding[1]))
         index = ((state_index[:, None] // radix) % m).astype(np.int32)      # [S, n]
         state = state.replace(rows=jnp.asarray(rows), step=jnp.asarray(step),
                               stable_periods=jnp.asarray(stable),
@@ -293,9 +309,34 @@ def make_kernel_chunk(game, length: int, tail_start: int):
                   np.zeros(1, np.uint32), np.zeros(1, np.uint32), np.zeros((1, n), np.float32),
                   np.zeros((1, n), np.int32), np.ones((1, 1), np.float32), 0, table, radix,
                   c0, c1, np.uint32(0), 1, discount, window, np.zeros((1, n), np.float32),
-                  np.int64(0))
+                  np.int64(0), True, True)
     chunk.compile_s = time.perf_counter() - started
     return chunk
+
+
+def calibrate(game, sessions, first_period: int, tail_start: int, xla_chunk,
+              periods: int = 64) -> tuple[bool, bool] | None:
+    """The rounding (:data:`ROUNDINGS`) under which the kernel plays ``periods`` periods
+    of ``sessions`` (the run's own batch) exactly as XLA's program of the same update
+    does (``xla_chunk(game, periods, tail_start)``), or None when none does. XLA:CPU
+    contracts a multiply feeding an add into one fused multiply-add wherever both land
+    in one fused kernel, and that depends on the program (a grid of 15 prices: both
+    fused; of 5: the increment rounded on its own), so the kernel asks the program."""
+    import jax
+
+    def fields(s):
+        st = s.learner
+        return [np.asarray(x) for x in (st.rows, st.step, st.stable_periods, st.converged,
+                                         s.index, s.tail)]
+
+    copy = jax.tree.map(lambda x: x.copy() if hasattr(x, "copy") else x, sessions)
+    want = fields(xla_chunk(game, periods, tail_start)(copy, np.uint32(first_period)))
+    for rounding in ROUNDINGS:
+        got = fields(make_kernel_chunk(game, periods, tail_start, rounding)(
+            sessions, np.uint32(first_period)))
+        if all(np.array_equal(a, b) for a, b in zip(want, got)):
+            return rounding
+    return None
 
 
 def numba_threads() -> int:
