@@ -201,37 +201,42 @@ def row_gather(repeats: int = 7, table_kib: tuple[int, ...] = (256, 4096, 24576,
 
 
 def calvano_cost(repeats: int = 5, sessions: int = 512, length: int = 2000,
-                 bandwidth: dict | None = None, **_) -> dict:
-    """``benchmarks/calvano.py``'s fast chunk (two sellers, the published settings) per
-    session-period, on every XLA device of this process, beside its roofline: the bytes a
-    session-period must move (per seller: its row of the current state read, its row of
-    the next state read, one cache line of the current row written back; 64-byte rows)
-    at the measured read bandwidth of a working set of the batch's tables' size."""
-    import calvano
+                 bandwidth: dict | None = None, backend: str = "auto", **_) -> dict:
+    """A chunk of the session engine (``configs/calvano.yaml``: two sellers, the published
+    settings; ``jaxmarket.sessions.engine.Runner``, its default backend) per
+    session-period, beside its roofline: the bytes a session-period must move (per
+    seller: its row of the current state read, its row of the next state read, one cache
+    line of the current row written back; 64-byte rows) at the measured read bandwidth
+    of a working set of the batch's tables' size."""
+    from jaxmarket.config.loader import load_config
+    from jaxmarket.sessions import engine
+    from jaxmarket.sessions.game import make_game
+    from jaxmarket.sessions.run import session_plan
 
-    with jax.threefry_partitionable(False):
-        setup = calvano.make_setup()
-        devices = len(jax.devices())
-        devices = max(d for d in range(1, devices + 1) if sessions % d == 0)
-        chunk = calvano.make_fast_chunk(setup, length, devices)
-        carry = chunk(calvano.init_sessions(setup, jax.random.key(0), sessions), jnp.uint32(0))
+    game = make_game(session_plan(load_config(str(ROOT / "configs" / "calvano.yaml"))))
+    settings = engine.Settings(sessions=sessions, periods=length * (repeats + 1), chunk=length,
+                               stop="periods", backend=backend)
+    runner = engine.Runner(game, settings)
+    carry, done = engine.init_sessions(game, sessions, jax.random.key(0)), 0
+    carry, done = runner.advance(carry, done)          # compiles
+    jax.block_until_ready(carry)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        carry, done = runner.advance(carry, done)
         jax.block_until_ready(carry)
-        times = []
-        for r in range(repeats):
-            t0 = time.perf_counter()
-            carry = jax.block_until_ready(chunk(carry, jnp.uint32(length * (r + 1))))
-            times.append(time.perf_counter() - t0)
+        times.append(time.perf_counter() - t0)
     per = [1e9 * t / (sessions * length) for t in times]
-    n, line = setup.firms, 64
+    n, m, line = game.sellers, game.grid.size, 64
     nbytes = n * 3 * line
-    table_kib = calvano.q_table_bytes(n, sessions) // 1024
+    table_kib = sessions * n * m ** n * (m + 1) * 4 // 1024
     bw = bandwidth or memory_bandwidth(repeats=3, kib=(table_kib,))
     gbs = bw["by_kib"].get(table_kib, bw["value"])
     roof = nbytes / gbs
     return {"value": round(statistics.median(per), 2), "unit": "ns/session-period",
             "best": round(min(per), 2), "samples": [round(x, 2) for x in per],
             "spread": round((max(per) - min(per)) / statistics.median(per), 3),
-            "sessions": sessions, "devices": devices, "length": length,
+            "sessions": sessions, "backend": runner.backend, "length": length,
             "bytes_per_session_period": nbytes, "tables_kib": table_kib,
             "read_gbs": gbs, "roofline_ns": round(roof, 3),
             "distance": round(statistics.median(per) / roof, 1)}
@@ -282,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
                          "and put it beside the roofline of the probes just measured")
     ap.add_argument("--calvano", action="store_true",
                     help="also the cache-level read bandwidths (memory_bandwidth), random "
-                         "64-byte row gathers (row_gather) and calvano.py's fast chunk per "
+                         "64-byte row gathers (row_gather) and a session-engine chunk per "
                          "session-period beside its roofline (calvano_cost)")
     ap.add_argument("--json", action="store_true", help="last line: JSON result")
     args = ap.parse_args(argv)

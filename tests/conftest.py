@@ -58,7 +58,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 LONG = (
     "tests/test_reliability_memory.py::",
     "tests/test_cli.py::test_ctrl_c_checkpoints_the_chunk_prints_one_line_and_resumes_identically",
-    "tests/test_qlearning.py::test_calvano_script_gives_the_same_sessions_on_one_or_two_devices",
+    "tests/test_qlearning.py::test_calvano_sessions_are_the_same_on_one_or_two_devices",
     "tests/test_distributed.py::test_two_processes_write_what_one_process_with_two_devices_writes",
     "tests/test_configs.py::test_every_shipped_config_trains[multi_product]",
     "tests/test_configs.py::test_every_shipped_config_trains[bench_b]",
@@ -89,7 +89,6 @@ LONG = (
     "tests/test_docs.py::test_python_block_runs_and_prints_what_its_comments_say[docs/learners/ppo.md:130]",
     "tests/test_poi.py::test_nan_model_loss_stops_the_run",
     "tests/test_notebooks.py::test_notebook_runs_in_quick_mode[calvano_collusion]",
-    "tests/test_calvano_cli.py::test_fast_step_runs_the_learners_sessions",
     "tests/test_ppo.py::test_discrete_head_grid_prices_and_log_prob",
     "tests/test_ppo.py::test_each_policy_loss_is_the_mean_over_its_own_samples",
 )
