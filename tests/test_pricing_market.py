@@ -387,7 +387,15 @@ def test_distributor_flags_actions_and_determinism():
     assert isa.is_deterministic({"mode": "expected"})
     cournot = DISTRIBUTORS["cournot"]
     assert cournot.is_deterministic({})
-    assert not cournot.is_deterministic({"shock_values": (1.0,), "shock_probs": (1.0,)})
+    # one shock value is one outcome: deterministic; two are a draw of two outcomes,
+    # each the market of one value (the session engine's tables, exact expectations)
+    assert cournot.is_deterministic({"shock_values": (1.0,), "shock_probs": (1.0,)})
+    two = {"shock_values": (0.9, 1.1), "shock_probs": (0.25, 0.75)}
+    assert not cournot.is_deterministic(two)
+    outcomes = cournot.outcome_options(two)
+    assert [p for p, _ in outcomes] == [0.25, 0.75]
+    assert [o["shock_values"] for _, o in outcomes] == [[0.9], [1.1]]
+    assert all(cournot.is_deterministic(o) for _, o in outcomes)
 
 
 # ------------------------------------------------------------------ config errors

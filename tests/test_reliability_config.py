@@ -131,7 +131,8 @@ def test_check_of_a_huge_size_builds_nothing_of_its_size(capsys, monkeypatch, ov
         return real(env, params, config, specs=specs)
 
     monkeypatch.setattr(plan_module, "build_controller", spy)
-    rc, out, err, _ = check(capsys, "configs/calvano.yaml", "train.engine=loop", override)
+    rc, out, err, _ = check(capsys, "configs/calvano.yaml", "train.engine=loop",
+                            "train.num_seeds=8", "train.chunk_size=50000", override)
     assert rc == rc_want, err
     assert max(built, default=0) <= PROBE_SLOTS
     assert built or rc == 2

@@ -106,7 +106,7 @@ def choose_engine(config: dict) -> tuple[str, str | None, RunPlan | None]:
         return "loop", None, None
     reason, plan = None, None
     kinds = _learner_kinds(config)
-    if set(kinds.values()) != {"q_learning"}:
+    if any(k != "q_learning" for k in kinds.values()) or not kinds:
         reason = ("the session engine plays q_learning sellers; learners: " +
                   ", ".join(f"{g} {k}" for g, k in kinds.items()))
     elif tcfg.rollout_length != 1 or tcfg.num_envs != 1:
