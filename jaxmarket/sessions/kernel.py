@@ -95,6 +95,19 @@ def threefry2x32(k0, k1, x0, x1):
     return u32(x0 + k2), u32(x1 + k0 + u32(5))
 
 
+@njit(inline="always")
+def _greedy_period(gr, s, radix, table, tail, in_tail):
+    """One period of greedy play from profile ``s``: the next profile; its rewards are
+    added to ``tail`` when ``in_tail``."""
+    nxt = 0
+    for j in range(gr.shape[0]):
+        nxt += gr[j, s] * radix[j]
+    if in_tail:
+        for j in range(gr.shape[0]):
+            tail[j] += table[nxt, j]
+    return nxt
+
+
 #: Periods whose random bits one session draws at a time (a loop over independent
 #: periods, which the compiler vectorises), before playing them one after the other.
 PASS = 64
@@ -161,26 +174,17 @@ def _run_sessions(rows, state_index, step, stable, converged, k0, k1, alpha, bet
         for start in range(0, length, PASS):
             if done:   # greedy play to the end of the chunk
                 for k in range(length - start):
-                    nxt = 0
-                    for j in range(n):
-                        nxt += gr[j, s] * radix[j]
-                    s = nxt
-                    if first + start + k >= tail_start:
-                        for j in range(n):
-                            tail[i, j] += table[s, j]
+                    s = _greedy_period(gr, s, radix, table, tail[i],
+                                       first + start + k >= tail_start)
                 break
             todo = min(PASS, length - start)
             _draw_bits(k0[i], k1[i], c0, c1, u32(first + start), todo, keys, bits)
             for k in range(todo):
-                nxt = 0
                 if done:
-                    for j in range(n):
-                        nxt += gr[j, s] * radix[j]
-                    s = nxt
-                    if first + start + k >= tail_start:
-                        for j in range(n):
-                            tail[i, j] += table[s, j]
+                    s = _greedy_period(gr, s, radix, table, tail[i],
+                                       first + start + k >= tail_start)
                     continue
+                nxt = 0
                 row = st - step_lo
                 for j in range(n):
                     u = f32(bits[j, k]) * scale
