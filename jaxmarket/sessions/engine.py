@@ -59,7 +59,7 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
 from jaxmarket.learners.base import Transition
-from jaxmarket.sessions.game import SessionGame, kernel_reason
+from jaxmarket.sessions.game import SessionGame, kernel_reason, make_game
 
 BACKENDS = ("auto", "xla", "kernel")
 STOPS = ("converged", "periods")
@@ -463,7 +463,6 @@ def run_sessions(plan: Any, sessions: int, periods: int, key: jax.Array,
                  stop: str = "periods", backend: str = "auto") -> SessionResult:
     """``sessions`` sessions of ``plan``'s market (a resolved :class:`RunPlan`) for
     ``periods`` periods each (``stop``: module docstring)."""
-    from jaxmarket.sessions.game import make_game
     game = make_game(plan) if game is None else game
     return run(game, Settings(sessions, periods, chunk, stop, window, backend), key)
 
