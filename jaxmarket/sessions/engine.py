@@ -349,6 +349,13 @@ class Runner:
         self.session_periods = 0
         self._chunks: dict[tuple[int, int], Callable] = {}
         self._rounding: dict[int, tuple[bool, bool]] = {}
+        if self.backend == "kernel":   # before the run's sessions exist (its memory peak)
+            try:
+                self.rounding(settings.sessions)
+            except _KernelMismatch:
+                self.backend = "xla"
+                self.note = ("session backend xla: no rounding of the kernel reproduces XLA's "
+                             "program of this game bit for bit")
 
     def _chunk(self, length: int, size: int):
         key = (length, size)
@@ -365,8 +372,10 @@ class Runner:
     def rounding(self, size: int) -> tuple[bool, bool]:
         """The kernel's rounding of the update (:func:`jaxmarket.sessions.kernel.calibrate`)
         for batches of ``size`` sessions: asked of XLA's program on fresh sessions
-        (``key(0)``), so a resumed run finds the same. Where no rounding reproduces it,
-        the run continues on the xla backend (``note`` says so)."""
+        (``key(0)``) of the run's own batch size (XLA's choice depends on it: both
+        multiply-adds fused at 512 sessions of the 15-price duopoly, neither at 4096), so
+        a resumed run finds the same. Where no rounding reproduces it, the run goes to
+        the xla backend (``note`` says so)."""
         if size not in self._rounding:
             from jaxmarket.sessions.kernel import calibrate
             probe = init_sessions(self.game, size, jax.random.key(0))
@@ -389,13 +398,6 @@ class Runner:
         """One chunk (the last one may be shorter) of the sessions still running."""
         length = min(self.settings.chunk, self.settings.periods - done)
         total = int(sessions.index.shape[0])
-        if self.backend == "kernel":
-            try:
-                self._chunk(length, total)
-            except _KernelMismatch:
-                self.backend = "xla"
-                self.note = ("session backend xla: no rounding of the kernel reproduces XLA's "
-                             "program of this game bit for bit")
         with jax.threefry_partitionable(False):
             if not self.compact:
                 self.session_periods += length * total

@@ -326,19 +326,20 @@ def calibrate(game, sessions, first_period: int, tail_start: int, xla_chunk,
     contracts a multiply feeding an add into one fused multiply-add wherever both land
     in one fused kernel, and that depends on the program (a grid of 15 prices: both
     fused; of 5: the increment rounded on its own), so the kernel asks the program."""
-    import jax
 
     def fields(s):
         st = s.learner
         return [np.asarray(x) for x in (st.rows, st.step, st.stable_periods, st.converged,
                                          s.index, s.tail)]
 
-    copy = jax.tree.map(lambda x: x.copy() if hasattr(x, "copy") else x, sessions)
-    want = fields(xla_chunk(game, periods, tail_start)(copy, np.uint32(first_period)))
+    want = fields(xla_chunk(game, periods, tail_start)(
+        jax.tree.map(lambda x: x.copy(), sessions), np.uint32(first_period)))
     for rounding in ROUNDINGS:
         got = fields(make_kernel_chunk(game, periods, tail_start, rounding)(
             sessions, np.uint32(first_period)))
-        if all(np.array_equal(a, b) for a, b in zip(want, got)):
+        same = all(np.array_equal(a, b) for a, b in zip(want, got))
+        del got
+        if same:
             return rounding
     return None
 

@@ -5,8 +5,11 @@ enforce the same estimate)::
 
     tables              reward, observation and fee tables of every profile (x outcomes)
   + sessions            every session's learner state, profile, tail sums and key
-  + a working copy      the kernel's host copy of the sessions (the xla backend: the
-                        compacted batch)
+  + working copies      the kernel's host copy of the sessions and its result (the
+                        xla backend: the compacted batch); before the run, the kernel
+                        asks XLA's program for its rounding on as many fresh sessions
+                        (:func:`jaxmarket.sessions.kernel.calibrate`): a peak of
+                        about the same size, before the run's sessions exist
   + the result          the greedy cycle's per-session trace (m^n turn cycles) and the
                         strategies written at the end
 
@@ -45,7 +48,7 @@ def estimate(game: SessionGame, sessions: int) -> MemoryEstimate:
     terms = (Term("the outcome tables", tables, "learners.grid_size", game.grid.size,
                   lower="learners.<group>.grid_size"),
              Term(f"{sessions} sessions' learner state", state, *field),
-             Term("a working copy of the sessions", state, *field),
+             Term("working copies of the sessions", 2 * state, *field),
              Term("the greedy play's trace and the strategies", trace + state, *field))
     available, device = available_memory()
     return MemoryEstimate(terms, available, device)
