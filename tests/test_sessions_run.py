@@ -299,3 +299,18 @@ def test_load_run_compare_plot_and_sweep_read_a_sessions_run(calvano_run, tmp_pa
     assert (cell / "sessions.csv").read_bytes() == (other / "sessions.csv").read_bytes()
     rows = pd.read_csv(sweep / "sweep.csv")
     np.testing.assert_allclose(rows[rows["cell"] == 1]["final/sellers/profit_gain"], gains[1])
+
+
+def test_a_population_or_pbt_design_stays_on_the_loop():
+    # Bug caught: auto putting a q_learning group with a population (or PBT) on the
+    # session engine, which plays one Q table per seller and session and would drop it.
+    # (a population needs several markets per seed: the engine plays one)
+    config = load_config(str(CONFIGS / "calvano.yaml"),
+                         ["learners.sellers.population=2", "train.num_envs=2",
+                          "train.num_seeds=2"])
+    engine, reason, _ = choose_engine(config)
+    assert engine == "loop" and "num_envs" in reason
+    from jaxmarket.sessions.game import check_game
+    from jaxmarket.train.plan import resolve
+    with pytest.raises(ValueError, match="population"):
+        check_game(resolve(config, validate_only=True))

@@ -107,6 +107,9 @@ def check_game(plan: RunPlan) -> str:
     if plan.models.get(g.name) is not None:
         raise ValueError(f"session engine: learners.{g.name}.external_model changes rewards "
                          f"period by period; use python -m jaxmarket.train")
+    if plan.populations.get(g.name) is not None or plan.pbt:
+        raise ValueError(f"session engine: plays one Q table per seller and session; "
+                         f"learners.{g.name} has a population or population-based training")
     moving = [c.name for c in env.spec.consumers if c.demand_kind != "constant"]
     if moving:
         raise ValueError(f"session engine: consumer demand must be constant; {moving} change")
