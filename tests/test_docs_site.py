@@ -23,7 +23,8 @@ def test_mkdocs_strict_build_has_every_page_and_the_api_reference(tmp_path):
     pages = {p.relative_to(ROOT / "docs").as_posix() for p in (ROOT / "docs").rglob("*.md")}
     assert nav_pages(config["nav"]) == pages
     site = tmp_path / "site"
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q",
+    # without -q: strict mode aborts on the warnings -q would keep from being logged
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict",
                            "-d", str(site)], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]

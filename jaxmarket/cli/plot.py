@@ -1,4 +1,4 @@
-"""python -m jaxmarket.plot RUN_DIR [RUN_DIR ...] [--smooth N] [--seeds] [--compare]: PNGs
+"""``python -m jaxmarket.plot RUN_DIR [RUN_DIR ...] [--smooth N] [--seeds] [--compare]``: PNGs
 of prices (budgets for consumer agents), traffic and rewards over training, one figure
 per agent group with a line per product, written to RUN_DIR/plots/<group>.png. The lines
 are the mean over seeds from RUN_DIR/metrics.csv; when the run's per-seed rows
@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxmarket.cli import plain
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.loader import load_config
 from jaxmarket.market.spec import resolve_market
@@ -390,7 +391,8 @@ def sweep_figure(data: dict, title: str = ""):
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jaxmarket.plot", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m jaxmarket.plot",
+                                     description=plain(__doc__))
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     # a string checked by check_smooth, so a bad value is a ConfigError (exit code 2
     # with one line naming --smooth) rather than argparse's usage dump
