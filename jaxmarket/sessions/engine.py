@@ -49,7 +49,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 

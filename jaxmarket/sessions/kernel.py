@@ -4,10 +4,12 @@ compiled loop per thread (numba, a dependency of the package).
 :func:`make_kernel_chunk` runs exactly the sessions of
 :func:`jaxmarket.sessions.engine.xla_chunk` (the ``q_learning`` learner's
 ``act``/``update``), bit for bit: the same random streams (JAX's Threefry-2x32,
-:func:`threefry2x32` below), the same float32 arithmetic in the same order (``r + delta
-max Q`` and ``Q + alpha (target - Q)`` each one fused multiply-add, as XLA:CPU contracts
-them inside the engine's fused period), the same tie rule for the greedy price, the same convergence rule
-(``tests/test_sessions_engine.py`` compares the two). It plays the games of
+:func:`threefry2x32` below), the same float32 arithmetic in the same order, the same
+tie rule for the greedy price, the same convergence rule (``tests/test_sessions_engine.py``
+compares the two). XLA:CPU decides by itself whether ``r + delta max Q`` and
+``Q + alpha (target - Q)`` are fused multiply-adds (it depends on the grid and on the
+number of sessions), so the kernel plays whichever rounding XLA's program of the run
+uses (:func:`calibrate`). It plays the games of
 :func:`jaxmarket.sessions.game.kernel_reason`: Calvano et al.'s learner.
 
 Why a hand-written loop: a session-period is a short chain of dependent table reads and

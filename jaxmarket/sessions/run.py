@@ -50,7 +50,6 @@ import orbax.checkpoint as ocp
 import yaml
 
 from jaxmarket.config.errors import ConfigError, Interrupted
-from jaxmarket.config.loader import load_config
 from jaxmarket.sessions import engine as eng
 from jaxmarket.sessions.game import SessionGame, check_game, make_game
 from jaxmarket.sessions.memory import estimate as estimate_memory
@@ -266,7 +265,7 @@ class SessionRun:
         return {} if eq is None else benchmarks(eq)
 
     def write_outputs(self, result: eng.SessionResult) -> dict:
-        group, game = self.game.group, self.game
+        group = self.game.group
         bench = self.benchmarks()
         nash, joint = bench.get("nash_profit"), bench.get("joint_profit")
         defined = (nash is not None and joint is not None

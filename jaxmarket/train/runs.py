@@ -195,8 +195,9 @@ def _flat(prefix: str, value: Any, out: dict, suffix: str = "") -> None:
 def compare_rows(run_dirs: list[str | Path]) -> list[dict]:
     """One row per run: ``run``, ``iterations``, ``num_seeds``, and per group each
     figure of ``over_seeds`` as ``<name>/<group>[/p<j>]`` (the mean over seeds: price,
-    reward, traffic) with its ``.../ci95_low``, ``.../ci95_high`` (and ``profit_gain/<group>`` where the summary
-    has one)."""
+    reward, traffic) with its ``.../ci95_low``, ``.../ci95_high`` (and
+    ``profit_gain/<group>`` where the summary has one), and the ``engine``; a session-engine
+    run's row: :func:`_session_row`."""
     rows = []
     for d in run_dirs:
         run = load_run(d)
