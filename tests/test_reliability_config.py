@@ -332,3 +332,42 @@ def test_train_and_check_give_one_estimate_where_a_bound_would_refuse():
     assert [(t.what, t.bytes) for t in trained.terms] == [(t.what, t.bytes) for t in checked.terms]
     metrics = next(t for t in trained.terms if t.what == "metrics of one chunk")
     assert metrics.bytes % 100_000 == 0 and metrics.bytes < memory.METRIC_BOUND * 100 * 100_000 / 100
+
+
+BOMB = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"{b}: &{b} [{', '.join(['*' + a] * 9)}]\n" for a, b in zip("abcdefgh", "bcdefghi")) \
+    + "market: *i\n"
+
+
+def test_a_yaml_alias_bomb_is_refused_before_it_is_expanded(capsys, tmp_path):
+    # Bug caught: a config whose aliases nest to 9^9 values loaded (or printed in an
+    # error) by expanding them: memory and minutes, not a line.
+    path = tmp_path / "bomb.yaml"
+    path.write_text(BOMB)
+    rc, _, err, _ = check(capsys, str(path))
+    assert rc == 2 and err.count("\n") == 1 and "aliases expand to more than" in err
+    # the same aliases, few enough, load as before
+    small = tmp_path / "small.yaml"
+    small.write_text("a: &a [1, 2]\nb: [*a, *a]\n")
+    assert load_config_text(small) == {"a": [1, 2], "b": [[1, 2], [1, 2]]}
+
+
+def load_config_text(path):
+    from jaxmarket.config.loader import read_yaml
+    return read_yaml(path)
+
+
+def test_integers_past_pythons_string_limit_are_config_errors(capsys, tmp_path):
+    # Bug caught: a 5000-digit integer in an override or a file ending in a ValueError
+    # traceback from YAML's int constructor, or an error message that prints it whole.
+    digits = "1" + "0" * 5000
+    rc, _, err, _ = check(capsys, "configs/calvano.yaml", f"train.num_seeds={digits}")
+    assert rc == 2 and err.count("\n") == 1 and "train.num_seeds" in err
+    path = tmp_path / "big.yaml"
+    path.write_text(f"seed: {digits}\n")
+    rc, _, err, _ = check(capsys, str(path))
+    assert rc == 2 and err.count("\n") == 1 and str(path) in err
+    err = ConfigError("train.num_seeds", 10 ** 400, "an integer <= 2147483647")
+    assert "about 400 digits" in str(err) and len(str(err)) < 200
+    nested = ConfigError("x", [list(range(100))] * 10 ** 6, "anything")
+    assert len(str(nested)) < 200

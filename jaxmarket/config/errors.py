@@ -4,6 +4,7 @@ both into one line and an exit code)."""
 
 from __future__ import annotations
 
+import reprlib
 from typing import Any
 
 
@@ -21,8 +22,27 @@ class ConfigError(ValueError):
         super().__init__(f"{field}: got {_short(value)}; allowed: {allowed}")
 
 
+class _Repr(reprlib.Repr):
+    """A bounded ``repr``: a few items of each container, a few levels deep, and an
+    integer past Python's int-to-string limit by its size, so that printing an error
+    never expands a YAML alias bomb or a 5000-digit number."""
+
+    def __init__(self):
+        super().__init__()
+        self.maxlevel, self.maxlist, self.maxdict, self.maxtuple = 3, 8, 8, 8
+        self.maxstring, self.maxother, self.maxlong = 100, 100, 60
+
+    def repr_int(self, x: int, level: int) -> str:
+        if abs(x).bit_length() > 1000:   # more than ~300 digits: its size, not its digits
+            return f"<an integer of about {int(abs(x).bit_length() * 0.30103)} digits>"
+        return super().repr_int(x, level)
+
+
+_REPR = _Repr()
+
+
 def _short(value: Any, limit: int = 120) -> str:
-    text = repr(value)
+    text = _REPR.repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

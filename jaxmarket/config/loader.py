@@ -45,9 +45,16 @@ def apply_override(config: dict, override: str) -> dict:
         raise ConfigError("overrides", override, "KEY=VALUE with a dotted KEY, e.g. market.num_products=4")
     path, text = override.split("=", 1)
     try:
+        if text.strip():
+            check_expansion(yaml.compose(text), path.strip())
         value = yaml.safe_load(text) if text.strip() else None
     except (yaml.YAMLError, RecursionError):
         value = text
+    except ConfigError:
+        raise
+    except ValueError:   # an integer past Python's int-to-string limit (4300 digits)
+        raise ConfigError(path.strip(), f"a number of {len(text.strip())} characters",
+                          "a number of at most 4300 digits") from None
     parts = _split_path(path.strip())
     node: Any = config
     where = ""
@@ -88,6 +95,35 @@ def yaml_error(path: Path, err: yaml.YAMLError) -> ConfigError:
 # a scenario file is a few kilobytes; anything past this is not one (and would only make
 # the parser slow): refused before it is read
 MAX_CONFIG_BYTES = 1 << 20
+#: the most YAML nodes (scalars, lists, mappings) a document may hold once its aliases
+#: are expanded: a config is a few thousand; "billion laughs" nests aliases to 9^9
+MAX_EXPANDED_NODES = 1_000_000
+
+
+def check_expansion(root: Any, where: str) -> None:
+    """A :class:`ConfigError` when the YAML node graph ``root`` (``yaml.compose``: aliases
+    are shared nodes, nothing expanded) would hold more than ``MAX_EXPANDED_NODES``
+    nodes once its aliases are expanded; counted on the graph, each shared node once."""
+    sizes: dict[int, int] = {}
+    stack = [(root, False)] if root is not None else []
+    while stack:   # post-order over the graph, a node's size once its children's are
+        node, ready = stack.pop()
+        if id(node) in sizes:
+            continue
+        children = ([c for pair in node.value for c in pair]
+                    if isinstance(node, yaml.MappingNode) else
+                    list(node.value) if isinstance(node, yaml.SequenceNode) else [])
+        if not ready:
+            stack.append((node, True))
+            stack.extend((c, False) for c in children if id(c) not in sizes)
+            continue
+        sizes[id(node)] = min(1 + sum(sizes.get(id(c), 1) for c in children),
+                              MAX_EXPANDED_NODES + 1)
+    total = sizes.get(id(root), 0)
+    if total > MAX_EXPANDED_NODES:
+        raise ConfigError(where, "YAML whose aliases expand to more than "
+                          f"{MAX_EXPANDED_NODES:,} nodes", "a config of at most "
+                          f"{MAX_EXPANDED_NODES:,} values once aliases are expanded")
 
 
 def read_yaml(path: Path) -> Any:
@@ -107,12 +143,18 @@ def read_yaml(path: Path) -> Any:
     if "\x00" in text:
         raise ConfigError(str(path), "a NUL byte", "a UTF-8 text file (YAML)")
     try:
+        check_expansion(yaml.compose(text), str(path))
         return yaml.safe_load(text) or {}
     except yaml.YAMLError as err:
         raise yaml_error(path, err) from None
     except RecursionError:
         raise ConfigError(str(path), "nesting deeper than Python's recursion limit",
                           "valid YAML of reasonable depth") from None
+    except ConfigError:
+        raise
+    except ValueError:   # an integer past Python's int-to-string limit (4300 digits)
+        raise ConfigError(str(path), "a number of more than 4300 digits",
+                          "numbers of at most 4300 digits") from None
 
 
 def shipped_path(source: str | Path) -> Path:
