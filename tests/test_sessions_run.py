@@ -314,3 +314,21 @@ def test_a_population_or_pbt_design_stays_on_the_loop():
     from jaxmarket.train.plan import resolve
     with pytest.raises(ValueError, match="population"):
         check_game(resolve(config, validate_only=True))
+
+
+def test_load_run_names_the_file_and_line_it_cannot_read(calvano_run, tmp_path):
+    # Bug caught: a damaged summary.json or a cut metrics.csv raising a bare
+    # JSONDecodeError / numpy ValueError that names no file.
+    import shutil
+
+    import jaxmarket
+    from jaxmarket.train.rundir import RunDirError
+    run = tmp_path / "run"
+    shutil.copytree(calvano_run, run)
+    (run / "summary.json").write_text('{"engine": "sessions",\n  "sessions": ')
+    with pytest.raises(RunDirError, match=r"summary.json line 2 cannot be read"):
+        jaxmarket.load_run(run)
+    (run / "summary.json").unlink()
+    (run / "metrics.csv").write_text("iteration,reward\n1,0.5\n2,junk\n3,0.25\n")
+    with pytest.raises(RunDirError, match=r"metrics.csv line 3 is not a row of 2 numbers"):
+        jaxmarket.load_run(run).metrics

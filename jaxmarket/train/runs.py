@@ -7,6 +7,7 @@ they hold exactly the numbers of the files."""
 
 from __future__ import annotations
 
+import csv
 import json
 import warnings
 from dataclasses import dataclass, field
@@ -22,12 +23,37 @@ from jaxmarket.config.loader import load_config
 from jaxmarket.train.loop import Runner, chain
 from jaxmarket.train.plan import RunPlan
 from jaxmarket.train.run import Trainer, read_run_record
-from jaxmarket.train.rundir import changed_keys
+from jaxmarket.train.rundir import RunDirError, changed_keys
 from jaxmarket.train.slots import SlotView
 from jaxmarket.train.tracking import ParquetRows, read_metrics
 
 
 SESSIONS_FILE = "sessions.csv"   # a session-engine run's rows (jaxmarket.sessions.run)
+
+
+def _read_rows(path: Path) -> tuple[list[str], np.ndarray]:
+    """``read_metrics(path)``, or a one-line :class:`RunDirError` naming the file and the
+    first line that is not a row of the header's numbers (cut, junk, NUL bytes)."""
+    try:
+        return read_metrics(path)
+    except (ValueError, IndexError, UnicodeDecodeError, csv.Error):
+        pass
+    with open(path, newline="", errors="replace") as f:
+        rows = csv.reader(line.replace("\0", "") for line in f)
+        header = next(rows, [])
+        for number, row in enumerate(rows, start=2):
+            try:
+                ok = len(row) == len(header) and bool([float(x) for x in row])
+            except ValueError:
+                ok = False
+            if not ok:
+                break
+        else:
+            number = 1
+    raise RunDirError(f"run directory error: {path} line {number} is not a row of "
+                      f"{len(header)} numbers (cut or damaged); restore the file, or start "
+                      f"the run again: python -m jaxmarket.train {path.parent / 'config.yaml'} "
+                      f"--run-dir NEW_DIR")
 
 
 def _pandas():
@@ -136,7 +162,7 @@ class Run:
 
     @cached_property
     def metrics(self):
-        return _frame(*read_metrics(self.path / "metrics.csv"))
+        return _frame(*_read_rows(self.path / "metrics.csv"))
 
     @cached_property
     def seeds(self):
@@ -147,7 +173,7 @@ class Run:
         path = self.path / "seeds.csv"
         if not path.is_file() or path.stat().st_size == 0:
             return _pandas().DataFrame()
-        return _frame(*read_metrics(path))
+        return _frame(*_read_rows(path))
 
     def _restored(self) -> tuple[RunPlan, Runner, int]:
         if self._runner is None:
@@ -180,7 +206,16 @@ def load_run(run_dir: str | Path) -> Run:
                           "(python -m jaxmarket.train CONFIG --run-dir DIR writes one)")
     config = load_config(path / "config.yaml")
     summary_path = path / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
+    summary = None
+    if summary_path.is_file():
+        try:
+            summary = json.loads(summary_path.read_text())
+        except (ValueError, UnicodeDecodeError) as err:
+            where = f" line {err.lineno}" if isinstance(err, json.JSONDecodeError) else ""
+            raise RunDirError(f"run directory error: {summary_path}{where} cannot be read "
+                              f"({type(err).__name__}); restore it, or delete it and "
+                              f"finish the run again: python -m jaxmarket.train --resume "
+                              f"{path}") from None
     return Run(path, config, summary, read_run_record(path))
 
 
