@@ -24,7 +24,7 @@ from jaxmarket.cli import plain
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.loader import load_config
 from jaxmarket.market.spec import resolve_market
-from jaxmarket.train.runs import compare_rows
+from jaxmarket.train.runs import SESSIONS_FILE, compare_rows
 from jaxmarket.train.tracking import ParquetRows, read_metrics
 
 PANELS = ("price", "traffic", "reward")
@@ -271,7 +271,7 @@ def plot_run(run_dir: str | Path, smooth: int = 1, seeds: bool = False) -> list[
     """Write RUN_DIR/plots/<group>.png for every agent group (``seeds``: a line per
     seed and the interval band); returns the paths."""
     smooth = check_smooth(smooth)
-    if (Path(run_dir) / "sessions.csv").is_file():   # a session-engine run
+    if (Path(run_dir) / SESSIONS_FILE).is_file():   # a session-engine run
         return [plot_sessions(run_dir)]
     run = load_run(run_dir)
     out_dir = Path(run_dir) / "plots"
@@ -295,7 +295,7 @@ def plot_sessions(run_dir: str | Path) -> Path:
     profit gain (Delta of the greedy cycle) and of their convergence periods."""
     import matplotlib.pyplot as plt
     import pandas as pd
-    rows = pd.read_csv(Path(run_dir) / "sessions.csv")
+    rows = pd.read_csv(Path(run_dir) / SESSIONS_FILE)
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.5))
     if rows["profit_gain"].notna().any():
         left.hist(rows["profit_gain"].dropna(), bins=30)

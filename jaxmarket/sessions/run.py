@@ -53,18 +53,23 @@ from jaxmarket.config.errors import ConfigError, Interrupted
 from jaxmarket.sessions import engine as eng
 from jaxmarket.sessions.game import SessionGame, check_game, make_game
 from jaxmarket.sessions.memory import estimate as estimate_memory
+from jaxmarket.train.analysis import STRATEGIES_FILE
 from jaxmarket.train.config import resolve_train
 from jaxmarket.train.equilibrium import benchmarks, equilibrium
 from jaxmarket.train.memory import MemoryEstimate, check_memory
 from jaxmarket.train.plan import RunPlan, resolve
-from jaxmarket.train.rundir import (StorageError, check_config_record, describe_os_error,
-                                    lock_dir, read_run_config, storage_cause,
-                                    write_config_record)
-from jaxmarket.train.run import git_commit, require_new_dir
+from jaxmarket.train.run import RUN_RECORD, git_commit, require_new_dir
+from jaxmarket.train.rundir import (
+    StorageError,
+    check_config_record,
+    describe_os_error,
+    lock_dir,
+    read_run_config,
+    storage_cause,
+    write_config_record,
+)
+from jaxmarket.train.runs import SESSIONS_FILE
 
-SESSIONS_FILE = "sessions.csv"
-STRATEGIES_FILE = "strategies.npz"
-RUN_RECORD = "run.json"
 #: what ``--resume DIR key=value`` may change in a sessions run
 RESUME_OVERRIDES = ("train.num_iterations", "train.checkpoint_every")
 
