@@ -35,6 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import jaxmarket.learners  # noqa: E402,F401  (the package registers the learner kinds)
 from jaxmarket.learners.base import LEARNERS, LearnerSpec, Transition  # noqa: E402
 from throughput import machine  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import record  # noqa: E402  (benchmarks/record.py: --write, --json-out)
 
 
 def build(seeds: int, markets: int, sellers: int, products: int, buffer: int, epochs: int,
@@ -65,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layout", choices=("features", "slots"), default="features")
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--json", action="store_true")
+    record.add_arguments(ap, "bandit_update or bandit_update_slots (--layout slots)")
     args = ap.parse_args(argv)
 
     spec, learner = build(args.seeds, args.markets, args.sellers, args.products, args.buffer,
@@ -116,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{r['update_cpu_ms']:.1f} ms CPU")
     if args.json:
         print(json.dumps(r))
+    record.write(args, r, __file__, argv,
+                 "bandit_update_slots" if args.layout == "slots" else "bandit_update")
     return 0
 
 

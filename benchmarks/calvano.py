@@ -81,6 +81,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compile_timer import CompileTimer
+import record  # noqa: E402  (benchmarks/record.py: --write, --json-out)
 
 from jaxmarket import economics
 from jaxmarket.config.loader import load_config
@@ -393,6 +394,7 @@ def main(argv: list[str] | None = None) -> dict:
                              "table, greedy strategy and last prices, with the grid and "
                              "the profit table) to DIR/strategies.npz, for "
                              "jaxmarket.analysis.impulse_response(DIR, ...)")
+    record.add_arguments(parser, "calvano, or calvano_grid in grid mode")
     args = parser.parse_args(argv)
     grid_mode = args.grid_alpha is not None or args.grid_beta is not None
     sessions = (args.sessions if args.sessions is not None
@@ -459,6 +461,7 @@ def main(argv: list[str] | None = None) -> dict:
                   f"{os.path.join(args.save_strategies, session_run.STRATEGIES_FILE)}")
     if args.json:
         print(json.dumps(result))
+    record.write(args, result, __file__, argv, "calvano_grid" if grid_mode else "calvano")
     return result
 
 

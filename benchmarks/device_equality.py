@@ -51,6 +51,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import record  # noqa: E402  (benchmarks/record.py: --write, --json-out)
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_YNN = {"xla_cpu_experimental_ynn_fusion_type": ""}
@@ -139,7 +141,9 @@ def training_runs() -> dict:
     sys.path.insert(0, str(ROOT / "tests"))
     from test_devices import CONFIG as SMALL
 
-    from jaxmarket.train.run import Trainer
+    from jaxmarket.train.plan import resolve
+
+    from jaxmarket.train.trainer import Trainer
     from jaxmarket.train.tracking import Tracker
     bench_b = yaml.safe_load((ROOT / "configs" / "bench_b.yaml").read_text())
     bench_b["train"] = {"num_iterations": 12, "rollout_length": 2, "num_envs": 64,
@@ -151,7 +155,7 @@ def training_runs() -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             for n in (1, 8):
                 d = Path(tmp) / f"d{n}"
-                t = Trainer(config, d, devices=n)
+                t = Trainer(resolve(config), d, devices=n)
                 d.mkdir()
                 t.train(Tracker(), t.initial_runner(), 0)
                 runner, _ = t.restore()
@@ -175,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="last line: JSON result")
     ap.add_argument("--no-training", action="store_true",
                     help="skip finding 4 (two short training runs per scenario, ~40 s)")
+    record.add_arguments(ap, "device_equality")
     args = ap.parse_args(argv)
     r = {"jax": jax.__version__, "devices": len(jax.devices()),
          "ynn_sum_equals_sequential": ynn_threshold(),
@@ -201,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"largest relative difference {t['max_relative_difference']:.1e}")
     if args.json:
         print(json.dumps(r))
+    record.write(args, r, __file__, argv, "device_equality")
     return 0
 
 

@@ -34,6 +34,8 @@ import calvano  # noqa: E402  (benchmarks/calvano.py)
 
 import jaxmarket  # noqa: E402
 from jaxmarket.config.loader import load_config  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import record  # noqa: E402  (benchmarks/record.py: --write, --json-out)
 
 FULL = {"env_markets": [1 << k for k in (10, 12, 14, 16, 18, 20)],
         "large_markets": [1, 8, 64], "train_markets": [1024, 16384],
@@ -92,6 +94,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--budget-s", type=float, default=420.0,
                     help="skip the stages that would start after this many seconds")
     ap.add_argument("--json", action="store_true")
+    record.add_arguments(ap, "device_throughput or device_throughput_quick (--quick)")
     args = ap.parse_args(argv)
     sizes = QUICK if args.quick else FULL
     start = time.perf_counter()
@@ -129,6 +132,8 @@ def main(argv: list[str] | None = None) -> dict:
                      if "error" not in r else r["error"]))
         print(f"best {out['best_agent_steps_per_s']} agent-steps/s (goal on a GPU: 1e9); "
               f"peak device memory {out['peak_device_memory_bytes']}; {out['wall_s']} s")
+    record.write(args, out, __file__, argv,
+                 "device_throughput_quick" if args.quick else "device_throughput")
     return out
 
 

@@ -48,6 +48,8 @@ from jaxmarket import economics
 from jaxmarket.config.loader import load_config
 from jaxmarket.train.slots import per_seed
 from jaxmarket.train.run import final_learner_state, start_run
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import record  # noqa: E402  (benchmarks/record.py: --write, --json-out)
 
 CONFIGS = ROOT / "configs"
 
@@ -144,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="*", choices=list(SCENARIOS), default=None)
     ap.add_argument("--seeds", type=int, default=8, help="num_seeds for every scenario")
     ap.add_argument("--json", action="store_true", help="last line: JSON list of results")
+    record.add_arguments(ap, "ground_truths")
     args = ap.parse_args(argv)
     info = machine()
     print(f"machine: {info['cpu']}, {info['nproc']} cores, load {info['load_avg']}, "
@@ -164,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row['iterations']:>6} {row['wall_s']:>7.1f}{extra}", flush=True)
     if args.json:
         print(json.dumps(rows))
+    record.write(args, rows, __file__, argv, "ground_truths")
     return 0
 
 

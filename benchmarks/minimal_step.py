@@ -19,10 +19,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import record  # noqa: E402  (benchmarks/record.py: --write, --json-out)
 
 # bench_b's market (configs/bench_b.yaml)
 CONSUMERS, SELLERS, PRODUCTS = 10, 32, 8
@@ -79,12 +84,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-envs", type=int, default=4096)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--seconds", type=float, default=5.0, help="seconds of timed calls")
+    record.add_arguments(ap, "minimal_step")
     args = ap.parse_args(argv)
     r = measure(args.num_envs, args.steps, args.seconds)
     print(f"minimal bench_b step: {r['env_steps_per_s']:,.0f} env-steps/s "
           f"({r['timed_calls']} calls, compile {r['compile_s']:.2f}s; jax {jax.__version__} "
           f"{jax.default_backend()})", flush=True)
     print(json.dumps(r))
+    record.write(args, r, __file__, argv, "minimal_step")
     return 0
 
 

@@ -56,6 +56,8 @@ from jaxmarket.offline.behaviour import truncated_gaussian
 from jaxmarket.offline.fit import make_chunk
 from jaxmarket.offline.onnx_export import export_onnx, onnx_max_abs_diff
 from jaxmarket.offline.scenario import load_scenario
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import record  # noqa: E402  (benchmarks/record.py: --write, --json-out)
 
 DUOPOLY = ROOT / "benchmarks" / "offline_duopoly.yaml"
 BANDIT = ROOT / "benchmarks" / "offline_bandit.yaml"
@@ -72,6 +74,7 @@ def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--json", action="store_true")
     p.add_argument("--quick", action="store_true")
+    record.add_arguments(p, "offline or offline_quick (--quick)")
     args = p.parse_args(argv)
     q = args.quick
     t_start = time.perf_counter()
@@ -161,6 +164,7 @@ def main(argv=None) -> dict:
                loadavg=os.getloadavg()[0])
     if args.json:
         print(json.dumps(out))
+    record.write(args, out, __file__, argv, "offline_quick" if args.quick else "offline")
     return out
 
 

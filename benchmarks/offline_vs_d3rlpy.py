@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import record  # noqa: E402  (benchmarks/record.py: --write, --json-out)
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -88,6 +90,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--action-dim", type=int, default=1)
     ap.add_argument("--updates", type=int, default=200)
     ap.add_argument("--json", action="store_true")
+    record.add_arguments(ap, "offline_vs_d3rlpy")
     args = ap.parse_args(argv)
     d = data(args.rows, args.obs_dim, args.action_dim)
     out = {"rows": args.rows, "obs_dim": args.obs_dim, "action_dim": args.action_dim,
@@ -114,6 +117,7 @@ def main(argv=None) -> dict:
     else:
         print(f"CQL updates/s, batch 256, 256x256: jaxmarket {out['jaxmarket_updates_per_s']}, "
               f"d3rlpy {out['d3rlpy_updates_per_s']}")
+    record.write(args, out, __file__, argv, "offline_vs_d3rlpy")
     return out
 
 

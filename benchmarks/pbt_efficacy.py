@@ -46,7 +46,10 @@ from compile_timer import CompileTimer  # noqa: E402
 
 from jaxmarket.config.loader import load_config  # noqa: E402
 from jaxmarket.economics import logit_profits, monopoly_price  # noqa: E402
-from jaxmarket.train.run import Trainer  # noqa: E402
+from jaxmarket.train.plan import resolve
+from jaxmarket.train.trainer import Trainer  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import record  # noqa: E402  (benchmarks/record.py: --write, --json-out)
 
 
 def scenario(iterations: int, seeds: int, members: int, envs_per_member: int, period: int,
@@ -66,7 +69,7 @@ def scenario(iterations: int, seeds: int, members: int, envs_per_member: int, pe
 def regrets(config: dict) -> tuple[np.ndarray, float, dict]:
     """Train ``config``; per-seed population-mean and best-member regret, seconds."""
     with tempfile.TemporaryDirectory() as tmp, CompileTimer() as compiled:
-        trainer = Trainer(copy.deepcopy(config), Path(tmp) / "run")
+        trainer = Trainer(resolve(copy.deepcopy(config)), Path(tmp) / "run")
         t0 = time.perf_counter()
         runner = trainer.initial_runner()
         runner, _ = trainer.chunk_fn(config["train"]["num_iterations"])(runner)
@@ -90,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--envs-per-member", type=int, default=2)
     ap.add_argument("--period", type=int, default=50)
     ap.add_argument("--json", action="store_true")
+    record.add_arguments(ap, "pbt_efficacy")
     args = ap.parse_args(argv)
     out = {}
     for name, pbt in (("fixed", False), ("pbt", True)):
@@ -111,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(out))
     else:
         print(f"ratio pbt / fixed: {out['ratio']:.3f} (target <= 0.5) at {env_steps} env steps")
+    record.write(args, out, __file__, argv, "pbt_efficacy")
     return 0
 
 

@@ -45,6 +45,8 @@ from jaxmarket.config.loader import load_config
 from jaxmarket.models.metrics import asymptotic, auc, convergence, iqm, iqm_interval
 from jaxmarket.train.loop import make_train
 from jaxmarket.train.plan import resolve
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import record  # noqa: E402  (benchmarks/record.py: --write, --json-out)
 
 CONFIG = ROOT / "configs" / "poi_demand.yaml"
 GROUP = "me"
@@ -119,6 +121,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threshold", type=float, default=0.03,
                     help="held-out RMSE below which a phase counts as converged")
     ap.add_argument("overrides", nargs="*", help="dotted config overrides")
+    record.add_arguments(ap, "poi_efficacy")
     args = ap.parse_args(argv)
     overrides = [f"train.num_seeds={args.seeds}"] + list(args.overrides)
     if args.iterations:
@@ -159,6 +162,7 @@ def main(argv=None) -> int:
                   f" {row['auc'][ph]:>7.4f} {row['reward'][ph]:>7.4f} {row['seconds']:>6.0f}")
     if args.json:
         print(json.dumps(summary))
+    record.write(args, summary, __file__, argv, "poi_efficacy")
     return 0
 
 

@@ -36,6 +36,8 @@ from throughput import machine  # noqa: E402
 from train_throughput import time_chunk  # noqa: E402
 
 from jaxmarket.config.loader import load_config  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import record  # noqa: E402  (benchmarks/record.py: --write, --json-out)
 
 PPO = {"kind": "ppo", "hidden_sizes": [32, 32], "num_minibatches": 2, "update_epochs": 2}
 OBSERVATION = [{"kind": "own_price"}, {"kind": "own_traffic"}]
@@ -70,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rollout-length", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3, help="timed calls after the first")
     ap.add_argument("--json", action="store_true", help="last line: JSON result")
+    record.add_arguments(ap, "population_throughput")
     args = ap.parse_args(argv)
     if args.num_envs % args.members:
         ap.error(f"--num-envs ({args.num_envs}) must be a multiple of --members ({args.members})")
@@ -102,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
           "(target >= 0.6)")
     if args.json:
         print(json.dumps(out))
+    record.write(args, out, __file__, argv, "population_throughput")
     return 0
 
 

@@ -21,7 +21,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
+from pathlib import Path
 
 import gymnax
 import jax
@@ -32,6 +34,9 @@ from gymnax.wrappers.purerl import LogWrapper
 from jaxmarket.config.fields import check_mapping
 from jaxmarket.learners.base import LearnerSpec, Transition
 from jaxmarket.learners.ppo import PPO
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import record  # noqa: E402  (benchmarks/record.py: --write, --json-out)
 
 CONFIG = {  # PureJaxRL purejaxrl/ppo.py defaults for CartPole-v1
     "NUM_ENVS": 4,
@@ -174,6 +179,7 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=1,
                         help="timed runs of the compiled program; steps/s uses the fastest")
     parser.add_argument("--json", action="store_true", help="print a last line of JSON")
+    record.add_arguments(parser, "ppo_cartpole")
     args = parser.parse_args(argv)
 
     out = run(args.seeds, args.total_timesteps, args.seed, args.repeats)
@@ -190,10 +196,12 @@ def main(argv=None):
           f"value_loss {float(np.mean(m['value_loss'][..., -1])):.4f}, "
           f"entropy {float(np.mean(m['entropy'][..., -1])):.4f}, "
           f"approx_kl {float(np.mean(m['approx_kl'][..., -1])):.5f}")
+    result = {k: out[k] for k in ("env_steps_per_s", "final_return", "compile_s",
+                                  "final_return_per_seed", "run_s", "seeds",
+                                  "env_steps_per_seed")}
     if args.json:
-        print(json.dumps({k: out[k] for k in ("env_steps_per_s", "final_return", "compile_s",
-                                              "final_return_per_seed", "run_s", "seeds",
-                                              "env_steps_per_seed")}))
+        print(json.dumps(result))
+    record.write(args, result, __file__, argv, "ppo_cartpole")
 
 
 if __name__ == "__main__":

@@ -53,6 +53,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import ppo_cartpole
 from throughput import machine, measure
+import record  # noqa: E402  (benchmarks/record.py: --write, --json-out)
 
 from jaxmarket.config.loader import load_config
 from jaxmarket.learners import ppo as ppo_module
@@ -246,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="skip the market with the learners' group_by_policy: false (the "
                          "per-slot layout, the default before it was auto)")
     ap.add_argument("--json", action="store_true", help="last line: JSON result")
+    record.add_arguments(ap, "ppo_market, or ppo_market_profile with --profile")
     args = ap.parse_args(argv)
     log = (lambda s: print(s, flush=True))
     info = machine()
@@ -284,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         out = {"profile": rows, "machine": info}
         if args.json:
             print(json.dumps(out))
+        record.write(args, out, __file__, argv, "ppo_market_profile")
         return 0
 
     per_slot_config = copy.deepcopy(config)
@@ -345,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
             f"(rounds {p_ratios})")
     if args.json:
         print(json.dumps(out))
+    record.write(args, out, __file__, argv, "ppo_market")
     return 0
 
 

@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from throughput import machine
+import record  # noqa: E402  (benchmarks/record.py: --write, --json-out)
 
 
 def timed(fn: Callable, args: tuple, repeats: int, thread: bool = False) -> list[float]:
@@ -290,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
                          "64-byte row gathers (row_gather) and a session-engine chunk per "
                          "session-period beside its roofline (calvano_cost)")
     ap.add_argument("--json", action="store_true", help="last line: JSON result")
+    record.add_arguments(ap, "roofline")
     args = ap.parse_args(argv)
     if args.calvano and "xla_force_host_platform_device_count" not in os.environ.get(
             "XLA_FLAGS", ""):   # one XLA CPU device per core, as calvano.py (JAX not started)
@@ -326,8 +328,10 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"  {name:<14} {r['value']:>9.2f} {r['unit']:<8} (best {r['best']:.2f}, "
               f"spread {r['spread']:.0%} over {len(r['samples'])} calls)")
+    result = {**out, "machine": {**info, "load_after": machine()["load_avg"]}}
     if args.json:
-        print(json.dumps({**out, "machine": {**info, "load_after": machine()["load_avg"]}}))
+        print(json.dumps(result))
+    record.write(args, result, __file__, argv, "roofline")
     return 0
 
 

@@ -48,6 +48,7 @@ import jax
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compile_timer import CompileTimer
+import record  # noqa: E402  (benchmarks/record.py: --write, --json-out)
 
 from jaxmarket.config.loader import load_config
 from jaxmarket.sessions import engine as eng
@@ -130,6 +131,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--backends", default=",".join(BACKENDS),
                         help=f"comma-separated, of {', '.join(BACKENDS)}")
     parser.add_argument("--json", action="store_true", help="print a JSON object last")
+    record.add_arguments(parser, "sessions_throughput")
     args = parser.parse_args(argv)
     designs = [d for d in args.designs.split(",") if d]
     backends = [b for b in args.backends.split(",") if b]
@@ -160,6 +162,7 @@ def main(argv: list[str] | None = None) -> dict:
               "cpus": os.cpu_count()}
     if args.json:
         print(json.dumps(result))
+    record.write(args, result, __file__, argv, "sessions_throughput")
     return result
 
 

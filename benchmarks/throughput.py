@@ -44,6 +44,9 @@ import jaxmarket
 from jaxmarket.market.distributors import DISTRIBUTORS
 from jaxmarket.market.env import MarketEnv
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import record  # noqa: E402  (benchmarks/record.py: --write, --json-out)
+
 #: issue 10's step-speed target: bench_b at 4,096 markets at least as fast as the
 #: hand-written minimal step timed in the same run (``--against-minimal``); absolute
 #: steps/s targets are retired (they depend on the machine and its load)
@@ -345,6 +348,8 @@ def main(argv: list[str] | None = None) -> int:
                          "(before and after this one) and print the ratio")
     ap.add_argument("--minimal-script", default=str(MINIMAL_SCRIPT),
                     help="the yardstick script (prints JSON with env_steps_per_s)")
+    record.add_arguments(ap, "throughput, throughput_sweep, throughput_breakdown or "
+                             "throughput_against_minimal, by mode")
     args = ap.parse_args(argv)
     info = machine()
     log = (lambda s: print(s, flush=True))
@@ -358,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"sweep took {time.perf_counter() - t0:.0f}s; peak RSS {peak_rss_mb():.0f} MB")
         if args.json:
             print(json.dumps(rows))
+        record.write(args, rows, __file__, argv, "throughput_sweep", machine=info)
         return 0
 
     env, params = jaxmarket.make(args.config, args.overrides)
@@ -407,6 +413,8 @@ def main(argv: list[str] | None = None) -> int:
             log(f"  {row['part']:<28} {row['us_per_env_step']:10.3f}")
     if args.json:
         print(json.dumps(r))
+    record.write(args, r, __file__, argv, "throughput_against_minimal" if args.against_minimal
+                 else "throughput_breakdown" if args.breakdown else "throughput")
     return 0
 
 

@@ -57,6 +57,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from throughput import machine, peak_rss_mb
+import record  # noqa: E402  (benchmarks/record.py: --write, --json-out)
 
 from jaxmarket.config.loader import load_config
 from jaxmarket.train.devices import Placement
@@ -164,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="shard the markets over N local devices (default: all); repeat to "
                          "time several counts side by side")
     ap.add_argument("--json", action="store_true", help="last line: JSON result")
+    record.add_arguments(ap, "train_throughput, train_throughput_devices with --devices")
     args = ap.parse_args(argv)
     counts = args.devices or [None]
     log = (lambda s: print(s, flush=True))
@@ -258,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{row['env_steps_per_s']:>14,.0f} env-steps/s")
     if args.json:
         print(json.dumps(r))
+    record.write(args, r, __file__, argv,
+                 "train_throughput_devices" if args.devices else "train_throughput")
     return 0
 
 
