@@ -2,38 +2,48 @@
 
 from __future__ import annotations
 
+import importlib
 from importlib.metadata import PackageNotFoundError, version
-
-from jaxmarket.config.errors import ConfigError
-from jaxmarket.config.loader import load_config
-from jaxmarket.learners.population import register_mapping
-from jaxmarket.market.env import MarketEnv
-from jaxmarket.market.scenario import make
-from jaxmarket.market.spec import MarketParams, MarketSpec, resolve_market
-from jaxmarket.market.state import MarketState
-from jaxmarket.train.equilibrium import equilibrium
 
 try:
     __version__ = version("jaxmarket")     # pyproject's version, from the installed metadata
 except PackageNotFoundError:              # a source tree that was never pip-installed
     __version__ = "unknown"
 
-__all__ = ["ConfigError", "MarketEnv", "MarketParams", "MarketSpec", "MarketState",
-           "equilibrium", "load_config", "make", "register_mapping", "resolve_market"]
+# the public names and the module each lives in, imported on first use (PEP 562): a
+# command reads its config and answers a config error before jax, flax, optax or orbax
+# are imported (docs/cli.md, "Start-up")
+_HOMES = {
+    "ConfigError": "jaxmarket.config.errors",
+    "MarketEnv": "jaxmarket.market.env",
+    "MarketParams": "jaxmarket.market.spec",
+    "MarketSpec": "jaxmarket.market.spec",
+    "MarketState": "jaxmarket.market.state",
+    "equilibrium": "jaxmarket.train.equilibrium",
+    "load_config": "jaxmarket.config.loader",
+    "make": "jaxmarket.market.scenario",
+    "register_mapping": "jaxmarket.learners.population",
+    "resolve_market": "jaxmarket.market.spec",
+    # runs back in Python (jaxmarket.train.runs, docs/runs.md)
+    "load_run": "jaxmarket.train.runs",
+    "compare": "jaxmarket.train.runs",
+}
 
-# runs back in Python (jaxmarket.train.runs, docs/runs.md): imported on first use, since
-# the training side (orbax, rich) added about 8% to `import jaxmarket` (4.7 s of 57 s,
-# -X importtime on a loaded 2-core machine)
-RUNS = ("load_run", "compare")
-__all__ += list(RUNS)
+__all__ = ["ConfigError", "MarketEnv", "MarketParams", "MarketSpec", "MarketState", "compare",
+           "equilibrium", "load_config", "load_run", "make", "register_mapping",
+           "resolve_market"]
+assert sorted(__all__) == sorted(_HOMES)
 
 
 def __getattr__(name: str):
-    if name in RUNS:
-        from jaxmarket.train import runs
-        return getattr(runs, name)
-    if name == "analysis":   # jaxmarket.analysis.impulse_response (train/analysis.py), as RUNS
-        from jaxmarket.train import analysis
-        return analysis
+    if name in _HOMES:
+        value = getattr(importlib.import_module(_HOMES[name]), name)
+        globals()[name] = value   # once: later reads skip this hook
+        return value
+    if name == "analysis":   # jaxmarket.analysis.impulse_response (train/analysis.py)
+        return importlib.import_module("jaxmarket.train.analysis")
     raise AttributeError(f"module 'jaxmarket' has no attribute {name!r}")
 
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__) | {"analysis"})

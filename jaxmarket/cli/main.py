@@ -16,25 +16,20 @@ jaxmarket COMMAND --help shows a command's own options."""
 
 from __future__ import annotations
 
+import importlib
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
 from jaxmarket.cli import parser as make_parser
 from jaxmarket.cli import run_cli
-from jaxmarket.cli.check import main as check_main
-from jaxmarket.cli.collect import main as collect_main
-from jaxmarket.cli.impulse import main as impulse_main
-from jaxmarket.cli.offline import main as offline_main
-from jaxmarket.cli.plot import main as plot_main
-from jaxmarket.cli.record import main as record_main
-from jaxmarket.cli.reproduce import main as reproduce_main
-from jaxmarket.cli.sweep.main import main as sweep_main
-from jaxmarket.cli.train import main as train_main
 
-COMMANDS = {"train": train_main, "check": check_main, "plot": plot_main,
-            "sweep": sweep_main, "collect": collect_main, "offline": offline_main,
-            "record": record_main, "impulse": impulse_main,
-            "reproduce": reproduce_main}
+# each command's module, imported when the command runs: `jaxmarket --help` and a
+# command's config error import no command's heavy dependencies
+COMMANDS = {"train": "jaxmarket.cli.train", "check": "jaxmarket.cli.check",
+            "plot": "jaxmarket.cli.plot", "sweep": "jaxmarket.cli.sweep.main",
+            "collect": "jaxmarket.cli.collect", "offline": "jaxmarket.cli.offline",
+            "record": "jaxmarket.cli.record", "impulse": "jaxmarket.cli.impulse",
+            "reproduce": "jaxmarket.cli.reproduce"}
 
 
 def package_version() -> str:
@@ -49,7 +44,7 @@ def package_version() -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in COMMANDS:
-        return run_cli(COMMANDS[argv[0]], argv[1:])
+        return run_cli(importlib.import_module(COMMANDS[argv[0]]).main, argv[1:])
     parser = make_parser("jaxmarket", __doc__)
     parser.add_argument("--version", action="version", version=f"jaxmarket {package_version()}")
     parser.add_argument("command", choices=sorted(COMMANDS), help="what to run")

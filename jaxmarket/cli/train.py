@@ -19,25 +19,13 @@ multi-process run (every process runs the same command; docs/scaling.md)."""
 
 from __future__ import annotations
 
-import json
 import math
 import shlex
-import time
-from pathlib import Path
-
-import jax
 
 from jaxmarket.cli import parser as make_parser
-from jaxmarket.compile_cache import compilation_cache, resolve
 from jaxmarket.config.errors import ConfigError
-from jaxmarket.config.loader import SHIPPED_CONFIGS, load_config
-from jaxmarket.sessions import run as session_run
-from jaxmarket.train.distributed import initialize
-from jaxmarket.train.rundir import read_run_config
-from jaxmarket.train.run import finish_message, resume_run, start_run
-
-# inside the package, so an installed wheel finds it too (jaxmarket/configs -> configs/)
-DEFAULT_CONFIG = SHIPPED_CONFIGS / "legacy_default.yaml"
+from jaxmarket.config.loader import DEFAULT_CONFIG, load_config
+from jaxmarket.config.precheck import precheck
 
 
 def split_positional(items: list[str]) -> tuple[str | None, list[str]]:
@@ -107,69 +95,11 @@ def main(argv: list[str]) -> int:
         raise ConfigError("--devices", args.devices, "a positive integer")
     args.progress_every = check_progress_every(args.progress_every)
     args.command = "python -m jaxmarket.train " + shlex.join(argv)
-    if args.distributed:   # before anything compiles
-        initialize(*address_flags)
-    with compilation_cache(resolve(args.compile_cache)):
-        summary = _run(args, positional, overrides)
-    if jax.process_index() == 0:   # a distributed run: process 0 reports
-        print(json.dumps(summary["final"], indent=2))
-        print(session_run.finish_message(summary) if summary.get("engine") == "sessions"
-              else finish_message(summary))
-    return 0
-
-
-def _run(args, positional: str | None, overrides: list[str]) -> dict:
-    if args.resume:
-        if args.config or positional:
-            raise ConfigError("--resume", args.resume, "no scenario file with --resume: the run "
-                              "directory's own config.yaml is used")
-        engine, plan, config = _resume_engine(args.resume, overrides)
-        if engine == "sessions":
-            return session_run.resume(args.resume, config, plan, overrides,
-                                      command=args.command, progress_every=args.progress_every)
-        summary = resume_run(args.resume, args.tracker, args.mongo_url, overrides,
-                             devices=args.devices, command=args.command,
-                             progress_every=args.progress_every)
-    else:
+    if not args.resume:   # the scenario's config errors, before jax is imported
         if args.config and positional:
             raise ConfigError("config", positional, f"one scenario file (--config {args.config} "
                               "was given too)")
-        config = args.config or positional or str(DEFAULT_CONFIG)
-        loaded = load_config(config, overrides)
-        engine, reason, plan = session_run.choose_engine(loaded)
-        if engine == "sessions":
-            _sessions_only(args)
-            run_dir = args.run_dir or default_run_dir(config)
-            return session_run.start(loaded, plan, run_dir, command=args.command,
-                                     progress_every=args.progress_every)
-        if reason is not None:
-            print(f"engine: loop ({reason})")
-        summary = start_run(config, overrides, args.run_dir, args.tracker, args.mongo_url,
-                            devices=args.devices, command=args.command,
-                            progress_every=args.progress_every)
-    return summary
-
-
-def default_run_dir(config: str) -> str:
-    return f"runs/{Path(config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
-def _sessions_only(args) -> None:
-    """Flags of the loop that a sessions run does not take: a one-line error."""
-    if args.tracker != "files" or args.devices is not None or args.distributed:
-        raise ConfigError("train.engine", "sessions", "--tracker files, no --devices and no "
-                          "--distributed (the session engine writes its run directory; set "
-                          "train.engine=loop for the loop's trackers and sharding)")
-
-
-def _resume_engine(run_dir: str, overrides: list[str]):
-    """``(engine, plan, config)`` of the run in ``run_dir``: a sessions run directory
-    holds sessions.csv or a config whose engine resolves to sessions."""
-    path = Path(run_dir)
-    if not (path / "config.yaml").is_file():
-        return "loop", None, None   # resume_run names the problem
-    engine, _, plan = session_run.choose_engine(read_run_config(path))
-    if engine != "sessions":
-        return engine, None, None
-    session_run.check_resume_overrides(overrides)
-    return engine, plan, load_config(path / "config.yaml", overrides)
+        precheck(load_config(args.config or positional or str(DEFAULT_CONFIG), overrides),
+                 "train", say=print)
+    from jaxmarket.cli import train_run  # jax and the training stack: only now
+    return train_run.run(args, positional, overrides)

@@ -24,6 +24,9 @@ TOP_LEVEL = ("market", "learners", "train", "seed", "name", "description", "pbt"
 _PACKAGE = Path(__file__).resolve().parents[1]
 SHIPPED_CONFIGS = next((d for d in (_PACKAGE / "configs", _PACKAGE.parent / "configs")
                         if d.is_dir()), _PACKAGE / "configs")
+# the scenario train and check run without one (inside the package, so an installed
+# wheel finds it too)
+DEFAULT_CONFIG = SHIPPED_CONFIGS / "legacy_default.yaml"
 _TOKEN = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
 
 
