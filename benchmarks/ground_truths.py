@@ -4,7 +4,7 @@ Each scenario trains its config with ``jaxmarket.train.run.start_run`` (into a t
 directory) and compares the learned price or bid with the number theory gives
 (``jaxmarket.economics``, computed from the config's own parameters; docs/ground_truths.md):
 
-* ``legacy_budget``  -- legacy default market (``configs/legacy_default.yaml``; learner
+* ``legacy_budget``  -- legacy default market (``configs/budget_monopoly.yaml``; learner
   settings overridden, see ``LEGACY``), PPO bandit: p* = budget;
 * ``logit_monopoly`` -- one seller, logit demand: the Lambert-W monopoly price;
 * ``duopoly_nash``   -- two independent sellers: the static Nash price;
@@ -91,7 +91,7 @@ def target_value(config):
 
 # name: (config, group, overrides, target)
 SCENARIOS = {
-    "legacy_budget": ("legacy_default", "seller", LEGACY, target_budget),
+    "legacy_budget": ("budget_monopoly", "seller", LEGACY, target_budget),
     "logit_monopoly": ("logit_monopoly", "seller", [], target_monopoly),
     "duopoly_nash": ("logit_duopoly", "sellers", [], target_nash),
     "duopoly_team": ("logit_duopoly_team", "sellers", [], target_joint),

@@ -22,7 +22,7 @@ import jaxmarket.learners  # noqa: F401  (the package registers every learner ki
 from jaxmarket.learners.base import LEARNERS
 from jaxmarket.train.tracking import read_metrics
 
-LEGACY = str(CONFIGS / "legacy_default.yaml")
+LEGACY = str(CONFIGS / "budget_monopoly.yaml")
 TINY = ["train.num_iterations=40", "train.chunk_size=10", "train.checkpoint_every=1",
         "train.num_seeds=2", "train.num_envs=2"]
 
@@ -65,7 +65,7 @@ def test_check_without_arguments_checks_the_default_with_learner_and_train_defau
     out = run(capsys, "check")
     assert out.returncode == 0, out.stderr
     assert "required" not in out.stdout + out.stderr
-    shipped = yaml.safe_load((CONFIGS / "legacy_default.yaml").read_text())
+    shipped = yaml.safe_load((CONFIGS / "budget_monopoly.yaml").read_text())
     # every learner setting is printed, the ones the file leaves out at their registry default
     fields = LEARNERS[shipped["learners"]["seller"]["kind"]].hyper_fields
     for name, field in fields.items():
@@ -76,7 +76,7 @@ def test_check_without_arguments_checks_the_default_with_learner_and_train_defau
 
 
 def test_check_of_a_market_only_mapping_says_it_cannot_train(tmp_path, capsys):
-    cfg = yaml.safe_load((CONFIGS / "legacy_default.yaml").read_text())
+    cfg = yaml.safe_load((CONFIGS / "budget_monopoly.yaml").read_text())
     del cfg["learners"]
     path = tmp_path / "m.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -195,7 +195,7 @@ def test_end_of_run_message_and_per_seed_files_agree_with_the_metrics(tmp_path, 
 
 
 def test_bandit_loss_is_nan_exactly_when_no_update_ran(tmp_path, capsys):
-    # legacy_default: ppo_bandit with buffer_length 4, one step per iteration, so an update
+    # budget_monopoly: ppo_bandit with buffer_length 4, one step per iteration, so an update
     # runs every 4th iteration and only then is there a loss
     out = run(capsys, "train", LEGACY, "--run-dir", str(tmp_path / "r"), *TINY)
     assert out.returncode == 0, out.stderr
@@ -351,7 +351,7 @@ def test_second_train_run_loads_its_compiled_programs_from_the_cache(tmp_path, m
         events.append(event)
 
     cache = tmp_path / "xla"
-    base = [str(CONFIGS / "legacy_default.yaml"), "train.num_iterations=20",
+    base = [str(CONFIGS / "budget_monopoly.yaml"), "train.num_iterations=20",
             "train.chunk_size=10", "train.num_envs=2"]
     jax.monitoring.register_event_listener(listen)
     try:

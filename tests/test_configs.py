@@ -82,7 +82,7 @@ def test_configs_table_lists_every_shipped_file_with_its_learners():
 def test_tutorial_yaml_is_the_shipped_default_file():
     text = (ROOT / "docs" / "tutorial.md").read_text()
     block = re.search(r"```yaml\n(market:.*?)```", text, re.S).group(1)
-    assert yaml.safe_load(block) == yaml.safe_load((CONFIGS / "legacy_default.yaml").read_text())
+    assert yaml.safe_load(block) == yaml.safe_load((CONFIGS / "budget_monopoly.yaml").read_text())
 
 
 def shell_commands(path: Path) -> list[str]:

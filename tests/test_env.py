@@ -125,8 +125,8 @@ def test_multiplier_sellers_quote_multiplier_times_base_price():
     np.testing.assert_allclose(rewards["sellers"], expected, rtol=1e-5)
 
 
-def test_legacy_default_market_pays_price_up_to_budget_only():
-    env, params = jaxmarket.make(CONFIGS / "legacy_default.yaml")
+def test_budget_monopoly_market_pays_price_up_to_budget_only():
+    env, params = jaxmarket.make(CONFIGS / "budget_monopoly.yaml")
     _, state = env.reset(jax.random.key(0), params)
     budget = float(params.consumers["consumer"].budget[0, 0])
     below, above = 0.8 * budget, 1.2 * budget

@@ -77,7 +77,7 @@ def test_monopoly_price_and_the_budget_that_holds_it_down():
 def test_legacy_budget_cliff_is_the_budget():
     """One seller, revenue, no outside good, a consumer with budget 0.5 who buys only at
     or below it: revenue p 1{p <= 0.5}, maximised at the budget."""
-    eq = jaxmarket.equilibrium("configs/legacy_default.yaml")["seller"]
+    eq = jaxmarket.equilibrium("configs/budget_monopoly.yaml")["seller"]
     assert eq["converged"]
     assert 0.5 - 1e-6 <= eq["joint"][0][0] <= 0.5 and 0.5 - 1e-6 <= eq["nash"][0][0] <= 0.5
     np.testing.assert_allclose(eq["joint_reward"], [0.5], rtol=1e-5)

@@ -30,7 +30,7 @@ from jaxmarket.train.slots import per_seed
 from jaxmarket.train.run import final_learner_state, start_run
 
 # Learner settings for the legacy default market that converge without overshooting the
-# budget cliff (see test_legacy_default_ppo_bandit_learns_the_budget).
+# budget cliff (see test_budget_monopoly_ppo_bandit_learns_the_budget).
 LEGACY_LEARNER = ["learners.seller.learning_rate=0.001", "learners.seller.stddev_low=0.002",
                   "learners.seller.buffer_length=4", "train.num_envs=8"]
 
@@ -80,7 +80,7 @@ def check_summary_agrees(summary: dict, group: str, mean: np.ndarray, std: np.nd
 # ------------------------------------------------------------------------ 1. legacy default
 
 def legacy_case(run_dir: Path, extra: list[str], tol: float) -> None:
-    config, summary, runner = train("legacy_default", run_dir, extra)
+    config, summary, runner = train("budget_monopoly", run_dir, extra)
     budget = float(config["market"]["consumers"][0]["budget"])
     mean, std = policy(runner, "seller", config)
     learned = mean.mean()
@@ -90,7 +90,7 @@ def legacy_case(run_dir: Path, extra: list[str], tol: float) -> None:
     check_summary_agrees(summary, "seller", mean, std)
 
 
-def test_legacy_default_ppo_bandit_learns_the_budget(tmp_path):
+def test_budget_monopoly_ppo_bandit_learns_the_budget(tmp_path):
     """Budget-capped monopoly: reward = p x 1{p <= b}; optimum p* = b (read from the config).
 
     Learned price: the policy mean (seed average), within 2 % of the budget, every seed
@@ -98,7 +98,7 @@ def test_legacy_default_ppo_bandit_learns_the_budget(tmp_path):
     cliff (about b - 2.6 s for s << b), so the stddev must shrink: ``stddev_low = 0.002``
     bounds that bias by ~0.005 = 1 % of b.
 
-    The learner settings of ``configs/legacy_default.yaml`` (adam lr 0.01, 4 epochs per
+    The learner settings of ``configs/budget_monopoly.yaml`` (adam lr 0.01, 4 epochs per
     update, one market per seed) are overridden: with them the mean moves up to ~0.04 per
     update while the stddev shrinks to ~0.005, and after ~10k iterations every seed jumps
     over the cliff and stays there (all rewards 0, so the standardised advantages are 0
@@ -109,7 +109,7 @@ def test_legacy_default_ppo_bandit_learns_the_budget(tmp_path):
 
 
 @pytest.mark.slow
-def test_legacy_default_full(tmp_path):
+def test_budget_monopoly_full(tmp_path):
     """8 seeds, 30k iterations (after convergence the cliff must still hold), 1 %."""
     legacy_case(tmp_path / "legacy", LEGACY_LEARNER + one_chunk(30_000) + ["train.num_seeds=8"],
                 tol=0.01)

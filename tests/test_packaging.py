@@ -50,7 +50,7 @@ def test_wheel_ships_the_configs_and_the_command_and_trains_outside_the_checkout
         entry = zf.read(f"jaxmarket-{version}.dist-info/entry_points.txt").decode()
     # every scenario file, byte for byte, and the console script
     on_disk = {p.name: p.read_bytes() for p in CONFIGS.glob("*.yaml")}
-    assert "legacy_default.yaml" in on_disk and shipped == on_disk
+    assert "budget_monopoly.yaml" in on_disk and shipped == on_disk
     assert "jaxmarket = jaxmarket.cli.main:main" in entry
 
     # installed on its own, it trains the default scenario from a directory that is not
@@ -74,9 +74,9 @@ def test_wheel_ships_the_configs_and_the_command_and_trains_outside_the_checkout
     # the installed copy ran, not the checkout
     assert f"imported {target / 'jaxmarket' / '__init__.py'}" in proc.stdout
     assert "calvano logit" in proc.stdout
-    (run_dir,) = (work / "runs").glob("legacy_default-*")
+    (run_dir,) = (work / "runs").glob("budget_monopoly-*")
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
-    shipped = yaml.safe_load((CONFIGS / "legacy_default.yaml").read_text())
+    shipped = yaml.safe_load((CONFIGS / "budget_monopoly.yaml").read_text())
     assert config["market"] == shipped["market"] and config["train"]["num_iterations"] == 20
     assert (run_dir / "summary.json").is_file()
 

@@ -217,7 +217,7 @@ def test_real_run_mean_line_is_the_metrics_column(tmp_path):
     from jaxmarket.train.run import start_run
     from jaxmarket.train.tracking import read_metrics
     d = tmp_path / "run"
-    start_run(str(CONFIGS / "legacy_default.yaml"),
+    start_run(str(CONFIGS / "budget_monopoly.yaml"),
               ["train.num_iterations=40", "train.chunk_size=20", "train.num_seeds=2"], str(d))
     header, data = read_metrics(d / "metrics.csv")
     s = plot_series(d, "seller")

@@ -48,7 +48,7 @@ CASES = {
     # the session engine's estimate (train and check share it): sessions x Q tables
     "calvano_sessions": ["train.num_seeds=32768"],
     "auction": ["train.num_envs=131072"],                     # markets x bidders
-    "legacy_default": ["train.num_envs=1048576"],             # a PPO bandit's markets
+    "budget_monopoly": ["train.num_envs=1048576"],             # a PPO bandit's markets
 }
 
 

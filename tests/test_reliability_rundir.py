@@ -19,7 +19,7 @@ from jaxmarket.train import run as run_module
 from jaxmarket.train.rundir import LOCK_NAME
 from jaxmarket.train.tracking import CsvMetrics
 
-LEGACY = str(CONFIGS / "legacy_default.yaml")
+LEGACY = str(CONFIGS / "budget_monopoly.yaml")
 TINY = ["train.num_iterations=40", "train.chunk_size=10", "train.checkpoint_every=1",
         "train.num_seeds=2", "train.num_envs=2"]
 FILES = ("metrics.csv", "seeds.csv", "summary.json")

@@ -29,7 +29,7 @@ from jaxmarket.train.config import AUTO_MAX_ROWS, AUTO_MAX_SEED_ROWS, auto_log_e
 from jaxmarket.train.run import git_commit
 from jaxmarket.train.summary import seed_stats
 
-LEGACY = str(CONFIGS / "legacy_default.yaml")
+LEGACY = str(CONFIGS / "budget_monopoly.yaml")
 TINY = ["train.num_iterations=40", "train.chunk_size=10", "train.checkpoint_every=1",
         "train.num_seeds=2", "train.num_envs=2"]
 
@@ -273,7 +273,7 @@ def test_load_run_gives_the_files_values_and_a_policy(runs):
     _, state, rewards, *_ = policy.step(jax.random.key(1), policy.state, actions)
     assert np.asarray(rewards["seller"]).shape == (4, 1)
     # the market quotes what the policy chose (within the seller's bounds)
-    low, high = 0.0, 3.0   # configs/legacy_default.yaml
+    low, high = 0.0, 3.0   # configs/budget_monopoly.yaml
     quoted = np.asarray(state.prices["seller"])
     np.testing.assert_allclose(quoted, np.clip(prices, low, high), rtol=0, atol=0)
     with pytest.raises(ConfigError):

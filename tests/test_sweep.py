@@ -18,7 +18,7 @@ from jaxmarket.cli import run_cli
 from jaxmarket.cli.sweep import make_sweep, plot_data, run_sweep
 from jaxmarket.cli.sweep.main import main as sweep_main
 
-CONFIG = str(CONFIGS / "legacy_default.yaml")
+CONFIG = str(CONFIGS / "budget_monopoly.yaml")
 TINY = ["train.num_iterations=20", "train.chunk_size=10", "train.num_envs=2",
         "train.checkpoint_every=1"]
 BUDGETS = [0.5, 1.5]          # axis 0: the consumer's budget (it changes what the seller earns)

@@ -51,7 +51,7 @@ def kill_after_rows(proc: subprocess.Popen, metrics: Path, rows: int, timeout: f
 
 def test_resume_after_kill_is_bit_identical(tmp_path):
     full, broken = tmp_path / "full", tmp_path / "broken"
-    config = str(CONFIGS / "legacy_default.yaml")
+    config = str(CONFIGS / "budget_monopoly.yaml")
     out = cli("--config", config, "--run-dir", str(full), *SMALL)
     assert out.returncode == 0, out.stderr
     # killed from outside with SIGKILL once chunk 5 (iteration 250) is in metrics.csv: the
@@ -74,7 +74,7 @@ def test_resume_after_kill_is_bit_identical(tmp_path):
 
 
 def test_summary_is_mean_of_last_tenth_of_metrics(tmp_path):
-    summary = start_run(str(CONFIGS / "legacy_default.yaml"), SMALL, str(tmp_path / "run"))
+    summary = start_run(str(CONFIGS / "budget_monopoly.yaml"), SMALL, str(tmp_path / "run"))
     header, data = read_metrics(tmp_path / "run" / "metrics.csv")
     assert data.shape[0] == 300
     np.testing.assert_array_equal(data[:, 0], np.arange(1, 301))
@@ -89,7 +89,7 @@ def test_summary_is_mean_of_last_tenth_of_metrics(tmp_path):
 
 
 def test_early_stop_rule_stops_after_the_chunk_that_meets_it(tmp_path):
-    summary = start_run(str(CONFIGS / "legacy_default.yaml"),
+    summary = start_run(str(CONFIGS / "budget_monopoly.yaml"),
                         SMALL + ["train.early_stop={metric: reward/seller, above: -1.0}"],
                         str(tmp_path / "run"))
     assert summary["iterations"] == 50
@@ -114,7 +114,7 @@ def test_nan_metrics_stop_training(tmp_path):
     ("seed=-3", "seed: got -3; allowed: an integer >= 0"),
 ])
 def test_training_config_errors_are_one_line_exit_2(tmp_path, capsys, override, message):
-    out = run_main(capsys, "--config", str(CONFIGS / "legacy_default.yaml"), "--run-dir",
+    out = run_main(capsys, "--config", str(CONFIGS / "budget_monopoly.yaml"), "--run-dir",
                    str(tmp_path / "r"), override)
     assert out.returncode == 2
     assert "Traceback" not in out.stderr
@@ -125,7 +125,7 @@ def test_training_config_errors_are_one_line_exit_2(tmp_path, capsys, override, 
 
 def test_missing_learner_for_an_agent_group_exits_2_from_the_shell(tmp_path):
     import yaml
-    cfg = yaml.safe_load((CONFIGS / "legacy_default.yaml").read_text())
+    cfg = yaml.safe_load((CONFIGS / "budget_monopoly.yaml").read_text())
     cfg["learners"] = {}
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -151,7 +151,7 @@ def read_tfevents(path):
 
 
 def test_tensorboard_tracker_writes_metrics(tmp_path, capsys):
-    out = run_main(capsys, "--config", str(CONFIGS / "legacy_default.yaml"), "--run-dir", str(tmp_path / "r"),
+    out = run_main(capsys, "--config", str(CONFIGS / "budget_monopoly.yaml"), "--run-dir", str(tmp_path / "r"),
               "--tracker", "tensorboard", *SMALL)
     assert out.returncode == 0, out.stderr
     events = list((tmp_path / "r" / "tensorboard").glob("events.out.tfevents.*"))
@@ -165,7 +165,7 @@ def test_tensorboard_tracker_writes_metrics(tmp_path, capsys):
 
 
 def test_sacred_tracker_records_config_metrics_and_artifacts(tmp_path, capsys):
-    out = run_main(capsys, "--config", str(CONFIGS / "legacy_default.yaml"), "--run-dir", str(tmp_path / "r"),
+    out = run_main(capsys, "--config", str(CONFIGS / "budget_monopoly.yaml"), "--run-dir", str(tmp_path / "r"),
               "--tracker", "sacred", *SMALL)
     assert out.returncode == 0, out.stderr
     run = tmp_path / "r" / "sacred" / "1"

@@ -17,7 +17,7 @@ def test_wandb_tracker_logs_means_members_and_every_seed(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     run_dir = tmp_path / "run"
-    start_run(str(CONFIGS / "legacy_default.yaml"),
+    start_run(str(CONFIGS / "budget_monopoly.yaml"),
               ["train.num_iterations=40", "train.chunk_size=20", "train.num_seeds=2",
                "learners.seller.population=2"], str(run_dir), tracker="wandb")
     import wandb

@@ -1,7 +1,7 @@
 """python -m jaxmarket.check [CONFIG] [key=value ...]: print the resolved scenario
 (groups, shapes, kinds, parameters, the train settings and each learner with its
 defaults filled in) or the configuration error on one line (exit code 2). Without
-CONFIG it checks the shipped default, configs/legacy_default.yaml. The line before the
+CONFIG it checks the shipped default, configs/budget_monopoly.yaml. The line before the
 last names the engine train.engine resolves to (and why not sessions); the last is the
 memory the run needs against the device's (a run that cannot fit is a configuration
 error naming the setting to lower); --json prints that estimate as JSON instead.
@@ -23,7 +23,7 @@ from jaxmarket.config.precheck import precheck
 def main(argv: list[str]) -> int:
     parser = make_parser("python -m jaxmarket.check", __doc__)
     parser.add_argument("config", nargs="?", default=None,
-                        help="scenario YAML (default: the shipped configs/legacy_default.yaml)")
+                        help="scenario YAML (default: the shipped configs/budget_monopoly.yaml)")
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="optional dotted overrides, e.g. 'market.sellers[0].count=3'")
     parser.add_argument("--json", action="store_true",

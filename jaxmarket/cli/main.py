@@ -2,7 +2,7 @@
 jaxmarket --version
 
 Commands:
-  train   train the learners of a scenario (default: the shipped legacy_default.yaml)
+  train   train the learners of a scenario (default: the shipped budget_monopoly.yaml)
   check   validate a scenario and print it with every default filled in
   plot    plot a run directory's metrics
   sweep   run a grid of settings x seeds

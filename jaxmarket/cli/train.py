@@ -5,7 +5,7 @@ python -m jaxmarket.train CONFIG --distributed [--coordinator-address HOST:PORT
                           --num-processes N --process-id I]
 
 Trains the learners of a scenario; with no arguments, the shipped default
-(configs/legacy_default.yaml). train.engine (auto, loop, sessions) picks the engine: the
+(configs/budget_monopoly.yaml). train.engine (auto, loop, sessions) picks the engine: the
 session engine plays the pricing literature's independent Q-learning sessions against
 the market's outcome tables (train.num_seeds sessions, docs/sessions.md); auto takes it
 wherever the design is one it plays exactly and says why not otherwise. Overrides are dotted key=value settings (quote the ones

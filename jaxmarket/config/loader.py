@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import re
+import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -26,7 +27,7 @@ SHIPPED_CONFIGS = next((d for d in (_PACKAGE / "configs", _PACKAGE.parent / "con
                         if d.is_dir()), _PACKAGE / "configs")
 # the scenario train and check run without one (inside the package, so an installed
 # wheel finds it too)
-DEFAULT_CONFIG = SHIPPED_CONFIGS / "legacy_default.yaml"
+DEFAULT_CONFIG = SHIPPED_CONFIGS / "budget_monopoly.yaml"
 _TOKEN = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
 
 
@@ -160,11 +161,34 @@ def read_yaml(path: Path) -> Any:
                           "numbers of at most 4300 digits") from None
 
 
+# configs renamed, by their old file name: the old name still loads the new file, with
+# one line on stderr naming it (for one release)
+RENAMED = {"legacy_default.yaml": "budget_monopoly.yaml"}
+
+
+def renamed(path: Path) -> Path:
+    """``path`` itself, or the new file of a renamed config (``configs/legacy_default.yaml``
+    -> ``configs/budget_monopoly.yaml``, beside it or in the shipped configs) with a
+    deprecation line on stderr."""
+    if path.exists() or path.name not in RENAMED:
+        return path
+    new = path.with_name(RENAMED[path.name])
+    if not new.exists() and (SHIPPED_CONFIGS / new.name).is_file() and \
+            (not path.is_absolute() or path.parent.name == "configs"):
+        new = SHIPPED_CONFIGS / new.name
+    if not new.is_file():
+        return path
+    print(f"DeprecationWarning: {path} is renamed {new} (the old name is removed in the next "
+          "release)", file=sys.stderr)
+    return new
+
+
 def shipped_path(source: str | Path) -> Path:
     """``source`` as a path; a relative ``configs/NAME.yaml`` that does not exist from
     the working directory (outside a checkout: an installed wheel, a notebook) is the
-    shipped file of that name, so the paths in the docs work everywhere."""
-    path = Path(source)
+    shipped file of that name, so the paths in the docs work everywhere; a renamed
+    config's old name is its new file (:func:`renamed`)."""
+    path = renamed(Path(source))
     if (not path.exists() and not path.is_absolute() and len(path.parts) == 2
             and path.parts[0] == "configs" and (SHIPPED_CONFIGS / path.name).is_file()):
         return SHIPPED_CONFIGS / path.name

@@ -101,7 +101,7 @@ def finish_message(summary: dict) -> str:
 def main(argv: list[str]) -> int:
     parser = make_parser("python -m jaxmarket.sweep", __doc__)
     parser.add_argument("--config", default=None, help="scenario YAML (or the first "
-                        "positional argument; default configs/legacy_default.yaml)")
+                        "positional argument; default configs/budget_monopoly.yaml)")
     parser.add_argument("--grid", action="append", default=[], metavar="'KEY=[v1, v2, ...]'",
                         help="one axis of the grid (repeat for more; cells are the product)")
     parser.add_argument("--seeds", type=int, default=None,
