@@ -10,7 +10,7 @@ from conftest import ROOT
 
 # phrases that narrate history, matched case-insensitively outside code blocks: a
 # "before | after" table, "used to", "what changed", "after the <refactor>", ...
-HISTORY = [re.compile(p, re.I | re.M) for p in (
+HISTORY = [re.compile(p, re.IGNORECASE | re.MULTILINE) for p in (
     r"\bused to\b", r"\bbefore\s*\|", r"\|\s*before\s*(?:\||$)", r"\bwhat changed\b",
     # "after the <noun>" is ordinary order-of-events wording ("after the run", "after the
     # step"); these uses of it tell a history
@@ -27,7 +27,7 @@ def pages() -> list:
 
 def prose(text: str) -> str:
     """The page without its fenced code blocks (a command's output may say anything)."""
-    return re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    return re.sub(r"^```.*?^```", "", text, flags=re.DOTALL | re.MULTILINE)
 
 
 def history_phrases(text: str) -> list[str]:

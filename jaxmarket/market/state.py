@@ -13,21 +13,23 @@ from jaxmarket.market.spec import MarketSpec
 
 @struct.dataclass
 class MarketState:
-    """Per-group dicts of arrays with a leading agent/entity axis, ``P`` products.
+    """Per-group dicts of arrays with a leading agent/entity axis, ``P`` products::
 
-    prices[g]      [n, P] posted prices of price-setting seller groups
-    multipliers[g] [n, P] price multipliers of multiplier seller groups
-    quantities[g]  [n, P] quantities of quantity-setting (Cournot) seller groups
-    budgets[g]     [n, P] consumer budgets (agents choose theirs)
-    queries[g]     [n, P] queries consumers sent last step
-    traffic[g]     [n, P] queries each seller served last step
-    fees[g]        [n, P] money each seller received last step
-    unserved[g]    [n, P] consumer queries nobody served last step
-    spend[g]       [n, P] money each consumer paid last step
-    demand[g]      demand-process state of consumer group g
-    last_reward[g] [n]    reward of agent group g last step
-    price_history  [K, S, P] quoted prices of all sellers, most recent first
-    time           int32 steps since reset
+        prices[g]      [n, P] posted prices of price-setting seller groups
+        multipliers[g] [n, P] price multipliers of multiplier seller groups
+        quantities[g]  [n, P] quantities of quantity-setting (Cournot) seller groups
+        budgets[g]     [n, P] consumer budgets (agents choose theirs)
+        queries[g]     [n, P] queries consumers sent last step
+        traffic[g]     [n, P] queries each seller served last step
+        fees[g]        [n, P] money each seller received last step
+        unserved[g]    [n, P] consumer queries nobody served last step
+        spend[g]       [n, P] money each consumer paid last step
+        demand[g]      demand-process state of consumer group g
+        last_reward[g] [n]    reward of agent group g last step
+        price_history  [K, S, P] quoted prices of all sellers, most recent first
+        time           int32 steps since reset
+
+    ``g`` is a group's name and ``n`` its count; ``S`` counts all sellers.
     """
 
     prices: Any

@@ -128,7 +128,7 @@ def main(group: str) -> None:
     (dest / "preload_modules.txt").write_text(PRELOAD)
     pyproject = dest / "pyproject.toml"
     text = re.sub(r"\n\[tool\.mutmut\]\n(?:(?!\[).*\n?)*", "\n", pyproject.read_text())
-    q = lambda xs: "[" + ", ".join(f'"{x}"' for x in xs) + "]"  # noqa: E731
+    q = lambda xs: "[" + ", ".join(f'"{x}"' for x in xs) + "]"
     text += f"""
 [tool.mutmut]
 source_paths = ["jaxmarket"]

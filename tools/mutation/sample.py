@@ -2,8 +2,11 @@
 
     ../../.venv/bin/python ../../tools/mutation/sample.py GROUP N [--status]   (cwd: .mutation/GROUP)
 """
-import json, random, sys
+import json
+import random
+import sys
 from pathlib import Path
+
 from mutmut.configuration import config
 from mutmut.mutation.file_mutation import mutate_file_contents
 
