@@ -46,18 +46,19 @@ import json, re, sys
 from pathlib import Path
 import jax, numpy as np
 from jaxmarket.config.errors import ConfigError
-from jaxmarket.train.run import Trainer
+from jaxmarket.train.plan import resolve
+from jaxmarket.train.trainer import Trainer
 from jaxmarket.train.tracking import Tracker
 
 config, out = json.loads(sys.argv[1]), Path(sys.argv[2])
 facts = {"local_devices": len(jax.local_devices()), "errors": {}}
 for n in (9, 3):   # more than exist; not a divisor of the 32 markets
     try:
-        Trainer(config, out / f"bad{n}", devices=n)
+        Trainer(resolve(config), out / f"bad{n}", devices=n)
     except ConfigError as err:
         facts["errors"][str(n)] = str(err)
 for n in (1, 8):   # 2 devices: tests/test_distributed.py
-    t = Trainer(config, out / f"d{n}", devices=n)
+    t = Trainer(resolve(config), out / f"d{n}", devices=n)
     (out / f"d{n}").mkdir()
     t.train(Tracker(), t.initial_runner(), 0)
     runner, _ = t.restore()
@@ -82,13 +83,13 @@ for n in (1, 8):   # 2 devices: tests/test_distributed.py
                                    for p, x in jax.tree_util.tree_leaves_with_path(runner)})
 # 8 seeds of 4 markets on 8 devices: the feature buffer split by policy (24 policies,
 # whole seeds per device, as the markets' state); its shardings, not compiled
-seeds = Trainer({**config, "train": {**config["train"], "num_seeds": 8, "num_envs": 4}},
+seeds = Trainer(resolve({**config, "train": {**config["train"], "num_seeds": 8, "num_envs": 4}}),
                 out / "seeds8", devices=8)
 facts["seeds8_buffer_spec"] = [str(a) for a in
                                seeds.placement.runner.learners["sellers"].buf_sample.spec]
 # 4 buffer rows: neither the 12 policies nor the rows divide over 8 devices
-rows4 = Trainer({**config, "learners": {**config["learners"], "sellers": {
-    **config["learners"]["sellers"], "buffer_length": 4}}}, out / "rows4", devices=8)
+rows4 = Trainer(resolve({**config, "learners": {**config["learners"], "sellers": {
+    **config["learners"]["sellers"], "buffer_length": 4}}}), out / "rows4", devices=8)
 facts["rows4_buffer_spec"] = [str(a) for a in
                               rows4.placement.runner.learners["sellers"].buf_sample.spec]
 from jaxmarket.train.run import _placement_note

@@ -24,7 +24,8 @@ from jaxmarket.learners.base import LEARNERS, Learner, LearnerDef, Transition
 from jaxmarket.learners.fixed import resolve_hyper
 from jaxmarket.learners.ppo import HYPER_FIELDS as PPO_FIELDS
 from jaxmarket.learners.ppo import PPO
-from jaxmarket.train.run import Trainer
+from jaxmarket.train.plan import resolve
+from jaxmarket.train.trainer import Trainer
 from jaxmarket.train.tracking import Tracker, read_metrics
 
 # ----------------------------------------------------------------------------- spies
@@ -110,7 +111,7 @@ LEARNERS.register(LearnerDef("test_ppo_spy", lambda h, s: make_ppo_spy(h, s)[0],
 def train(config: dict, run_dir):
     """Train through the real host loop (``Trainer``): metrics.csv columns and the
     final runner (restored from the last checkpoint)."""
-    trainer = Trainer(copy.deepcopy(config), run_dir)
+    trainer = Trainer(resolve(copy.deepcopy(config)), run_dir)
     trainer.train(Tracker(), trainer.initial_runner(), 0)
     runner, step = trainer.restore()
     assert step == config["train"]["num_iterations"]

@@ -23,7 +23,7 @@ from jaxmarket.learners.ppo import PPO
 from jaxmarket.learners.qlearning import HYPER_FIELDS as Q_FIELDS
 from jaxmarket.learners.qlearning import make as make_q
 from jaxmarket.train.plan import resolve
-from jaxmarket.train.run import Trainer
+from jaxmarket.train.trainer import Trainer
 from jaxmarket.train.tracking import Tracker
 
 
@@ -190,7 +190,7 @@ def test_pbt_on_q_learning_copies_q_tables_and_mutates_alpha_and_beta(tmp_path):
         "period": 20, "replace_fraction": 0.5, "mutation_rate": 1.0,
         "replace_reward_gap": {"relative": 0.0, "absolute": 0.0},
         "hyperparams": {"learning_rate": [0.01, 1.0], "exploration_decay": [1e-6, 1e-1]}}
-    trainer = Trainer(config, tmp_path / "q")
+    trainer = Trainer(resolve(config), tmp_path / "q")
     trainer.train(Tracker(), trainer.initial_runner(), 0)
     state = trainer.restore()[0].learners["sellers"]
     check_events_match_state(tmp_path / "q", state, "rows", 40, 4)
@@ -215,7 +215,7 @@ def test_pbt_on_actor_critic_ppo_copies_parameters_and_adam_state(tmp_path):
         "pbt": {"period": 3, "replace_fraction": 0.5, "mutation_rate": 1.0,
                 "replace_reward_gap": {"relative": 0.0, "absolute": 0.0},
                 "hyperparams": {"learning_rate": [1e-5, 1e-1], "ent_coef": [1e-4, 1.0]}}}
-    trainer = Trainer(config, tmp_path / "ppo")
+    trainer = Trainer(resolve(config), tmp_path / "ppo")
     trainer.train(Tracker(), trainer.initial_runner(), 0)
     state = trainer.restore()[0].learners["seller"]
     check_events_match_state(tmp_path / "ppo", state, "params", 6, 4)

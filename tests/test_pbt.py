@@ -16,7 +16,8 @@ from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.loader import load_config
 from jaxmarket.train.pbt import PbtConfig, no_events, pbt_step
 from jaxmarket.train.plan import resolve
-from jaxmarket.train.run import Trainer
+from jaxmarket.train.checkpoints import Checkpoints
+from jaxmarket.train.trainer import Trainer
 from jaxmarket.train.tracking import CsvMetrics, Tracker, read_metrics
 
 S, K = 3, 6
@@ -153,9 +154,8 @@ def small(iterations=20, **pbt):
 def retarget(trainer, run_dir, iterations):
     """``trainer`` writing to ``run_dir`` for ``iterations``, sharing its compiled chunks."""
     t = copy.copy(trainer)
-    t.run_dir, t._ckpt = run_dir, None
+    t.run_dir, t.checkpoints = run_dir, Checkpoints(run_dir)
     t.metrics, t.seed_metrics = CsvMetrics(run_dir / "metrics.csv"), CsvMetrics(run_dir / "seeds.csv")
-    t.pbt_events = CsvMetrics(run_dir / "pbt.csv")
     t.tcfg = dataclasses.replace(trainer.tcfg, num_iterations=iterations)
     return t
 
@@ -171,7 +171,7 @@ def test_training_run_logs_events_that_match_the_state_and_resumes_bit_identical
     differs from an uninterrupted one (objective sums or keys not checkpointed), pbt.csv
     rows past the checkpoint kept on resume."""
     config = small()
-    full = Trainer(config, tmp_path / "full")
+    full = Trainer(resolve(config), tmp_path / "full")
     runner0 = full.initial_runner()
     lr0 = np.asarray(runner0.learners["seller"].hyper["learning_rate"]).reshape(2, 4)
     np.testing.assert_allclose(lr0, np.tile(np.logspace(-5, -1, 4), (2, 1)), rtol=1e-6)

@@ -239,7 +239,8 @@ def test_a_consumer_group_has_no_demand_model():
 
 
 def test_nan_model_loss_stops_the_run(tmp_path):
-    from jaxmarket.train.run import Trainer
+    from jaxmarket.train.plan import resolve
+    from jaxmarket.train.trainer import Trainer
     from jaxmarket.train.tracking import with_tracker
 
     def nan_model(settings, ctx):
@@ -250,11 +251,11 @@ def test_nan_model_loss_stops_the_run(tmp_path):
     MODELS.register(ModelDef("nan_targets", nan_model, {}))
     config = scenario({"kind": "nan_targets", "eval_random": 0, "eval_grid": 2})
     config["train"].update(num_iterations=4, chunk_size=2, num_envs=2)
-    trainer = Trainer(config, tmp_path)
+    trainer = Trainer(resolve(config), tmp_path)
     summary = with_tracker("files", tmp_path, config,
                            lambda t: trainer.train(t, trainer.initial_runner(), 0))
     assert summary["stopped"].startswith("non-finite metric model/me/")
-    assert summary["iterations"] == 2 and trainer.ckpt.latest_step() == 2
+    assert summary["iterations"] == 2 and trainer.checkpoints.latest() == 2
 
 
 def test_running_statistics_merge_batches_and_forget_beyond_the_horizon():
@@ -299,7 +300,7 @@ def test_surprise_restarts_beta_and_the_heldout_error_is_against_the_true_demand
     truth = np.stack([traffic, p * traffic / 2.5], -1)
     x = np.stack([(p - 1.75) / 0.75, np.full(5, (1.6 - 1.75) / 0.75)], -1)
     for s in range(2):
-        params = jax.tree.map(lambda v, s=s: v[s], runner.models["me"]["model"].params)
+        params = jax.tree.map(lambda v, s=s: v[s], runner.components["models"]["me"]["model"].params)
         pred = numpy_forward(params, x).mean(0)
         rmse = np.sqrt(np.mean(np.square(pred - truth)))
         np.testing.assert_allclose(m["per_seed/model/me/heldout_error"][-1, s], rmse, rtol=1e-4)

@@ -21,7 +21,9 @@ from conftest import CONFIGS
 from jaxmarket.cli import run_cli
 from jaxmarket.learners.base import LEARNERS, Learner, LearnerDef, Transition
 from jaxmarket.learners.population import Population, episodes_trigger_draw
-from jaxmarket.train.run import Trainer, start_run
+from jaxmarket.train.plan import resolve
+from jaxmarket.train.run import start_run
+from jaxmarket.train.trainer import Trainer
 from jaxmarket.train.tracking import Tracker, read_metrics
 
 S, E, A, K, Q = 2, 4, 2, 2, 10.0    # seeds, markets per seed, sellers, members, queries
@@ -71,7 +73,7 @@ def market(mapping, learner=None) -> dict:
 
 def train(config, run_dir):
     run_dir.mkdir(parents=True)
-    trainer = Trainer(copy.deepcopy(config), run_dir)
+    trainer = Trainer(resolve(copy.deepcopy(config)), run_dir)
     trainer.train(Tracker(), trainer.initial_runner(), 0)
     runner, _ = trainer.restore()
     header, data = read_metrics(run_dir / "metrics.csv")
@@ -123,7 +125,7 @@ def test_resample_is_balanced_and_each_member_sees_only_its_own_experience(tmp_p
     # layout[j] and must carry that member's price and the revenue of the market slot it
     # was dealt, computed here by hand from the market's prices
     batch = runner.learners["sellers"]["batch"]
-    gather = np.asarray(runner.assignment["sellers"][0])
+    gather = np.asarray(runner.components["population"]["sellers"][0])
     layout = Population(K, "resample").layout(E, A)
     policy_of_slot = np.repeat(np.arange(S), E * A) * K + np.tile(layout, S)
     np.testing.assert_array_equal(np.asarray(batch.action)[0, :, 0], 1.0 + policy_of_slot)
@@ -153,13 +155,13 @@ def test_the_assignment_changes_only_when_the_schedule_says(tmp_path):
     # no episode_length: one episode per iteration; every 3, first 1 -> draws after
     # iterations 1, 3 and 6; step the compiled chunk one iteration at a time
     config = market({"kind": "resample", "every": 3, "first": 1})
-    trainer = Trainer(copy.deepcopy(config), tmp_path)
+    trainer = Trainer(resolve(copy.deepcopy(config)), tmp_path)
     runner = trainer.initial_runner()
-    seen = [np.asarray(runner.assignment["sellers"][0])]
+    seen = [np.asarray(runner.components["population"]["sellers"][0])]
     for n in range(1, 8):
         runner, _ = trainer.chunk_fn(1)(runner)
         assert int(runner.episodes) == n
-        seen.append(np.asarray(runner.assignment["sellers"][0]))
+        seen.append(np.asarray(runner.components["population"]["sellers"][0]))
     changed = [n for n in range(1, 8) if not np.array_equal(seen[n - 1], seen[n])]
     # a draw may repeat the old assignment by chance (1 in (4!)^2 here), never change it
     # off-schedule
@@ -180,8 +182,8 @@ def test_resume_with_a_resampled_population_is_bit_identical(tmp_path, capsys):
     capsys.readouterr()
     for name in ("metrics.csv", "seeds.csv", "mapping.csv"):
         assert (tmp_path / "full" / name).read_text() == (tmp_path / "part" / name).read_text()
-    full = Trainer(copy.deepcopy(config), tmp_path / "full").restore()[0]
-    part = Trainer(copy.deepcopy(config), tmp_path / "part").restore()[0]
+    full = Trainer(resolve(copy.deepcopy(config)), tmp_path / "full").restore()[0]
+    part = Trainer(resolve(copy.deepcopy(config)), tmp_path / "part").restore()[0]
     for x, y in zip(jax.tree.leaves(full), jax.tree.leaves(part)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
@@ -261,9 +263,9 @@ def test_every_learner_kind_trains_under_league_and_a_custom_mapping(tmp_path, m
             # the newest entry (ring position (3 - 1) mod 2 = 0) is the snapshot taken
             # after the last update: the learner's current parameters (or Q tables)
             from jaxmarket.train.components import snapshot_fields
-            assert int(runner.league[g]["count"]) == 3
-            for now, pooled in zip(jax.tree.leaves(snapshot_fields(runner.learners[g])),
-                                   jax.tree.leaves(runner.league[g]["pool"])):
+            assert int(runner.components["league"][g]["count"]) == 3
+            for now, pooled in zip(jax.tree.leaves(snapshot_fields(runner.learners[g], KINDS[i])),
+                                   jax.tree.leaves(runner.components["league"][g]["pool"])):
                 np.testing.assert_array_equal(np.asarray(pooled[0]), np.asarray(now))
         else:     # the members' columns average back to the group's (equal shares)
             members = np.stack([cols[f"reward/{g}/m{k}"] for k in range(K)])
@@ -534,10 +536,10 @@ def test_league_resumes_bit_identically(tmp_path):
     config["train"].update(chunk_size=3, checkpoint_every=1)
     full, _ = train(config, tmp_path / "full")
     (tmp_path / "half").mkdir()
-    t = Trainer(copy.deepcopy({**config, "train": {**config["train"], "num_iterations": 3}}),
+    t = Trainer(resolve(copy.deepcopy({**config, "train": {**config["train"], "num_iterations": 3}})),
                 tmp_path / "half")
     t.train(Tracker(), t.initial_runner(), 0)
-    t2 = Trainer(copy.deepcopy(config), tmp_path / "half")
+    t2 = Trainer(resolve(copy.deepcopy(config)), tmp_path / "half")
     runner, start = t2.restore()
     assert start == 3
     t2.train(Tracker(), runner, start)

@@ -147,7 +147,7 @@ def test_sweep_and_collect_take_the_lock_of_their_output(tmp_path, capsys):
 def test_a_storage_fault_is_one_line_and_keeps_the_last_checkpoint_and_its_rows(
         reference, tmp_path, capsys, monkeypatch, code, where):
     d = tmp_path / "r"
-    save, append = run_module.Trainer._save, CsvMetrics.append
+    save, append = run_module.Trainer.save, CsvMetrics.append
 
     def failing_save(self, runner, iteration):
         if iteration > 20:
@@ -160,7 +160,7 @@ def test_a_storage_fault_is_one_line_and_keeps_the_last_checkpoint_and_its_rows(
         return append(self, rows)
 
     if where == "checkpoint":
-        monkeypatch.setattr(run_module.Trainer, "_save", failing_save)
+        monkeypatch.setattr(run_module.Trainer, "save", failing_save)
     else:
         monkeypatch.setattr(CsvMetrics, "append", failing_append)
     rc, _, err = train(capsys, LEGACY, "--run-dir", str(d), *TINY)

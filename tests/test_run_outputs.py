@@ -26,7 +26,7 @@ from jaxmarket.cli.plot import mean_interval, plot_series
 from jaxmarket.cli.train import main as train_main
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.train.config import AUTO_MAX_ROWS, AUTO_MAX_SEED_ROWS, auto_log_every, resolve_train
-from jaxmarket.train.run import git_commit
+from jaxmarket.train.provenance import git_commit
 from jaxmarket.train.summary import seed_stats
 
 LEGACY = str(CONFIGS / "budget_monopoly.yaml")

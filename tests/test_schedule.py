@@ -11,7 +11,7 @@ import yaml
 
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.train.plan import resolve
-from jaxmarket.train.run import Trainer
+from jaxmarket.train.trainer import Trainer
 
 MONOPOLY = yaml.safe_load("""
 market:
@@ -40,7 +40,7 @@ def test_schedule_changes_the_market_at_its_iteration_without_recompiling(tmp_pa
     # one seller quoting 0.5 <= budget 1 serves every query (cheapest-first): traffic =
     # queries; profit = (0.5 - cost) * traffic. Iterations 1-2 (0-based 0, 1): queries 1,
     # cost 0; from 0-based iteration 2 queries 3; from 4 cost 0.25.
-    trainer = Trainer(copy.deepcopy(MONOPOLY), tmp_path / "run")
+    trainer = Trainer(resolve(copy.deepcopy(MONOPOLY)), tmp_path / "run")
     runner = trainer.initial_runner()
     chunk = trainer.chunk_fn(3)
     traffic, reward = [], []
@@ -79,7 +79,7 @@ train:
 
 
 def test_resume_across_a_change_is_bit_identical(tmp_path):
-    full = Trainer(copy.deepcopy(DUOPOLY), tmp_path / "full")
+    full = Trainer(resolve(copy.deepcopy(DUOPOLY)), tmp_path / "full")
     runner = full.initial_runner()
     for _ in range(3):
         runner, _ = full.chunk_fn(2)(runner)
@@ -87,13 +87,13 @@ def test_resume_across_a_change_is_bit_identical(tmp_path):
     # second) and a fresh Trainer resumes it
     # (the same config is the same program: the Trainers share the compiled functions,
     # so the test compiles once)
-    part = Trainer(copy.deepcopy(DUOPOLY), tmp_path / "part")
+    part = Trainer(resolve(copy.deepcopy(DUOPOLY)), tmp_path / "part")
     part._init, part._chunks = full._init, full._chunks
     r = part.initial_runner()
     for _ in range(2):
         r, _ = part.chunk_fn(2)(r)
-    part._save(r, 4)
-    resumed = Trainer(copy.deepcopy(DUOPOLY), tmp_path / "part")
+    part.save(r, 4)
+    resumed = Trainer(resolve(copy.deepcopy(DUOPOLY)), tmp_path / "part")
     resumed._init, resumed._chunks = full._init, full._chunks
     r, start = resumed.restore()
     assert start == 4

@@ -290,10 +290,11 @@ def test_cells_differing_only_in_market_and_learner_values_share_one_compiled_ch
     program text, so the sweep compiles it once (the persistent cache then loads it).
     A structural value (the number of markets) gives another program."""
     from jaxmarket.config.loader import load_config
-    from jaxmarket.train.run import Trainer
+    from jaxmarket.train.plan import resolve
+    from jaxmarket.train.trainer import Trainer
 
     def chunk_text(*overrides):
-        t = Trainer(load_config(CONFIG, [*TINY, "train.num_seeds=2", *overrides]), "/nonexistent")
+        t = Trainer(resolve(load_config(CONFIG, [*TINY, "train.num_seeds=2", *overrides])), "/nonexistent")
         runner = jax.eval_shape(t.initial_runner)
         return t.chunk_fn(10).lower(runner).as_text()
 

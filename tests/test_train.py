@@ -98,8 +98,9 @@ def test_early_stop_rule_stops_after_the_chunk_that_meets_it(tmp_path):
 
 def test_nan_metrics_stop_training(tmp_path):
     from jaxmarket.config.loader import load_config
-    from jaxmarket.train.run import Trainer
-    trainer = Trainer(load_config(CONFIGS / "legacy_default.yaml", SMALL), tmp_path)
+    from jaxmarket.train.plan import resolve
+    from jaxmarket.train.trainer import Trainer
+    trainer = Trainer(resolve(load_config(CONFIGS / "budget_monopoly.yaml", SMALL)), tmp_path)
     assert trainer._stop_reason([{"iteration": 7, "reward/seller": float("nan")}]).startswith(
         "non-finite metric reward/seller at iteration 7")
     assert trainer._stop_reason([{"iteration": 7, "reward/seller": 1.0}]) is None

@@ -3,7 +3,7 @@ states, the POI exploration bonus, the fit on the iteration's experience and the
 ground-truth evaluation. Used by :func:`jaxmarket.train.loop.make_train`.
 
 One model (``M`` members) per seed and group, trained on every agent of the group in
-that seed's markets; its state is ``runner.models[group]``::
+that seed's markets; its state is the models component's entry ``[group]`` of ``runner.components``::
 
     {"model": ModelState (leaves [S, M, ...]),
      "poi": {"count", "mean", "var"} [S]     running POI statistics,

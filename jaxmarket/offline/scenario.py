@@ -22,7 +22,7 @@ from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.loader import load_config
 from jaxmarket.learners.base import materialize
 from jaxmarket.train.plan import resolve
-from jaxmarket.train.run import Trainer
+from jaxmarket.train.trainer import Trainer
 
 
 @dataclasses.dataclass

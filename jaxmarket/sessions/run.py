@@ -58,7 +58,8 @@ from jaxmarket.train.config import resolve_train
 from jaxmarket.train.equilibrium import benchmarks, equilibrium
 from jaxmarket.train.memory import MemoryEstimate, check_memory
 from jaxmarket.train.plan import RunPlan, resolve
-from jaxmarket.train.run import RUN_RECORD, git_commit, require_new_dir
+from jaxmarket.train.provenance import RUN_RECORD, git_commit
+from jaxmarket.train.run import require_new_dir
 from jaxmarket.train.rundir import (
     StorageError,
     check_config_record,

@@ -168,7 +168,7 @@ def runner_shardings(runner: Any, mesh, num_markets: int, slots: dict[str, tuple
         obs=jax.tree.map(markets, runner.obs),
         learners={g: learner_state(g, s) for g, s in runner.learners.items()},
     )
-    other = ("key", "iteration", "assignment", "episodes", "pbt", "league", "params", "models")
+    other = ("key", "iteration", "episodes", "params", "components")
     return out.replace(**{f: jax.tree.map(lambda _: replicated, getattr(runner, f))
                           for f in other})
 

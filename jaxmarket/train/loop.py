@@ -28,10 +28,10 @@ import numpy as np
 from flax import struct
 
 from jaxmarket.learners.base import Transition, materialize
+from jaxmarket.market.spec import NEVER
 from jaxmarket.train.components import COMPONENTS, Step
 from jaxmarket.train.components.base import quoted, served
 from jaxmarket.train.metrics import PER_SEED, flatten_metrics
-from jaxmarket.train.pbt import PREFIX as PBT_PREFIX
 from jaxmarket.train.slots import SlotView
 
 
@@ -44,21 +44,14 @@ class Runner:
     learners: Any        # dict group -> learner state
     key: jax.Array       # raw uint32 key data (checkpoint friendly)
     iteration: jax.Array  # int32
-    # Populations: groups with a resampled population: (gather, scatter) [S * E * A]
-    # int32 each, the current assignment of market slots to the learner's slots
-    assignment: Any = struct.field(default_factory=dict)
     episodes: jax.Array = struct.field(default_factory=lambda: jnp.zeros((), jnp.int32))
-    # Pbt: groups under PBT: the running sum [S, K] of each member's objective
-    pbt: Any = struct.field(default_factory=dict)
-    # League: groups with a league mapping: pool, count, draw
-    league: Any = struct.field(default_factory=dict)
     # the market's parameters (MarketParams), carried as data rather than baked into the
     # compiled chunk as constants: scenarios that differ only in parameter values (a
     # sweep over a temperature, a budget) share one compiled program
     params: Any = None
-    # Models: groups with an external model: its per-seed state, POI statistics and
-    # last ground-truth errors (jaxmarket.models.runtime)
-    models: Any = struct.field(default_factory=dict)
+    # component name -> that component's state (jaxmarket.train.components: each
+    # documents its own)
+    components: Any = struct.field(default_factory=dict)
 
 
 def chain(plan) -> tuple:
@@ -75,7 +68,7 @@ def make_train(plan, components: tuple | None = None):
     S, view = plan.train.num_seeds, SlotView.of(plan)
     comps = chain(plan) if components is None else tuple(components)
     sellers = frozenset(g.name for g in env.spec.sellers)
-    episodic = int(params.episode_length) < 2**31 - 1
+    episodic = int(params.episode_length) < NEVER
     vstep = jax.vmap(env.step, in_axes=(0, 0, 0, None))
 
     def init(key: jax.Array) -> Runner:
@@ -89,21 +82,25 @@ def make_train(plan, components: tuple | None = None):
             runner = c.init(k_run, runner)
         return runner
 
+    def assignment(runner) -> dict:
+        """The slot order in force: every component's (populations own it)."""
+        out = {}
+        for c in comps:
+            out.update(c.assignment(runner))
+        return out
+
     def act(runner, params, env_state, obs, key):
         """Every group's learner acts on its slots; components add their seats."""
         keys = dict(zip(groups, jax.random.split(key, len(groups))))
         for c in comps:
             obs = c.observe(runner, params, obs, env_state=env_state)
         actions, learner_actions, aux = {}, {}, {}
+        order = assignment(runner)
         for g in groups:   # static loop over groups (config), not agents
-            a, aux[g] = learners[g].act(runner.learners[g],
-                                        view.learner_view(obs[g], g, runner.assignment), keys[g])
+            a, aux[g] = learners[g].act(runner.learners[g], view.learner_view(obs[g], g, order),
+                                        keys[g])
             learner_actions[g] = a = materialize(a)  # once, not inside the market's fusions
-            if g in view.live_only:   # the live seat 0 (a league adds the others)
-                actions[g] = a[:, None]
-            else:
-                a = view.to_market(a, g, runner.assignment)
-                actions[g] = a.reshape((E, view.sizes[g]) + a.shape[1:])
+            actions[g] = view.market_actions(a, g, order)
         for c in comps:
             actions = c.act(runner, actions, obs, keys)
         return obs, actions, learner_actions, aux
@@ -119,7 +116,7 @@ def make_train(plan, components: tuple | None = None):
     def market_step(runner, params, carry, _):
         # ``runner.learners`` is read, never written, during a rollout (``act`` is pure):
         # it is closed over rather than carried, so the scan does not copy learner buffers.
-        # ``runner.assignment`` is fixed within a rollout.
+        # The slot assignment is fixed within a rollout.
         env_state, env_obs, key = carry
         key, k_act, k_step = jax.random.split(key, 3)
         # 1. act
@@ -133,10 +130,10 @@ def make_train(plan, components: tuple | None = None):
         for c in comps:   # at the prices just quoted
             final_obs = c.observe(runner, params, final_obs, prices=info["prices"])
         # 3. record
-        batch = {g: learner_transition(view, g, runner.assignment, obs[g], learner_actions[g],
+        order = assignment(runner)
+        batch = {g: learner_transition(view, g, order, obs[g], learner_actions[g],
                                        rewards[g], final_obs[g], done, aux[g]) for g in groups}
-        step = Step(obs, env_obs, actions, rewards, info, done, before, batch,
-                    runner.assignment, params)
+        step = Step(obs, env_obs, actions, rewards, info, done, before, batch, order, params)
         metrics, outputs = record(step)
         return (env_state, next_obs, key), (batch, metrics, outputs)
 
@@ -184,11 +181,10 @@ def learner_transition(view: SlotView, g: str, assignment, obs, action, reward, 
                        done, aux) -> Transition:
     """One step of group ``g`` in its learner's slot order (market arrays ``[E, A, ...]``,
     ``done [E]``; ``action``: the learner's own, already in its order)."""
-    done = done if g in view.live_only else view.to_learner(
-        jnp.repeat(done, view.sizes[g]), g, assignment)
     return Transition(obs=view.learner_view(obs, g, assignment), action=action,
                       reward=view.learner_view(reward, g, assignment),
-                      next_obs=view.learner_view(next_obs, g, assignment), done=done, aux=aux)
+                      next_obs=view.learner_view(next_obs, g, assignment),
+                      done=view.learner_done(done, g, assignment), aux=aux)
 
 
 def market_metrics(step: Step, groups, sellers: frozenset, num_seeds: int) -> dict:
@@ -212,12 +208,19 @@ def market_metrics(step: Step, groups, sellers: frozenset, num_seeds: int) -> di
     return metrics
 
 
+def host_outputs(components) -> tuple[str, ...]:
+    """The chunk-output prefixes that are components' host data, not metrics."""
+    return tuple(c.host_prefix for c in components if c.host_prefix)
+
+
 def metric_columns(plan) -> list[str]:
     """The ``metrics.csv`` column names of a plan, from the traced (not compiled)
     training program."""
-    init, run_chunk = make_train(plan)
+    comps = chain(plan)
+    init, run_chunk = make_train(plan, comps)
     runner = jax.eval_shape(init, jax.random.key(0))
     _, metrics = jax.eval_shape(lambda r: run_chunk(r, 1), runner)
+    skip = (PER_SEED,) + host_outputs(comps)
     zeros = {k: np.zeros(v.shape, np.float32) for k, v in metrics.items()
-             if not k.startswith(PER_SEED) and not k.startswith(PBT_PREFIX)}
+             if not k.startswith(skip)}
     return [k for k in flatten_metrics(zeros, 0)[0] if k != "iteration"]

@@ -194,8 +194,7 @@ def estimate(plan, train=None, dims: Mapping[int, int] | None = None,
             terms.append(Term(f"learner state {g} ({kind}, per policy x {S} seeds)",
                               state, f"learners.{g}", kind,
                               "settings with a smaller state per policy, or train.num_seeds"))
-    rest = (runner.key, runner.iteration, runner.assignment, runner.episodes, runner.pbt,
-            runner.league, runner.params, runner.models)
+    rest = (runner.key, runner.iteration, runner.episodes, runner.params, runner.components)
     terms.append(Term("components' state", _tree_bytes(rest, dims), "train.num_envs", E))
     avail, device = available_memory()
     state = sum(t.bytes for t in terms)

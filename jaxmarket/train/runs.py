@@ -21,8 +21,9 @@ import numpy as np
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.loader import load_config
 from jaxmarket.train.loop import Runner, chain
-from jaxmarket.train.plan import RunPlan
-from jaxmarket.train.run import Trainer, read_run_record
+from jaxmarket.train.plan import RunPlan, resolve
+from jaxmarket.train.provenance import read_run_record
+from jaxmarket.train.trainer import Trainer
 from jaxmarket.train.rundir import RunDirError, changed_keys
 from jaxmarket.train.slots import SlotView
 from jaxmarket.train.tracking import ParquetRows, read_metrics
@@ -87,17 +88,21 @@ class Policy:
     component (league opponents, external-model observations) are refused."""
 
     def __init__(self, plan: RunPlan, runner: Runner):
-        hooked = [c.name for c in chain(plan) if c.name in ("league", "models")]
+        comps = chain(plan)
+        hooked = [c.name for c in comps if c.in_loop_only]
         if hooked:
             raise ConfigError("load_run(...).policy()", ", ".join(hooked),
-                              "a run without league opponents or external models (their "
-                              "components act and observe inside the training loop only)")
+                              "a run without components that act or observe inside the "
+                              "training loop only (league opponents, external-model "
+                              "observations)")
         self.plan, self.runner = plan, runner
+        self.assignment = {}
+        for c in comps:
+            self.assignment.update(c.assignment(runner))
         self.env, self.params = plan.env, runner.params
         self.groups = plan.groups
         self.obs, self.state = runner.obs, runner.env_state
         view, learners, groups = SlotView.of(plan), plan.learners, plan.groups
-        E = plan.num_markets
 
         def act(learner_states, assignment, obs, key):
             keys = dict(zip(groups, jax.random.split(key, len(groups))))
@@ -105,8 +110,7 @@ class Policy:
             for g in groups:   # static loop over groups (config), not agents
                 a, _ = learners[g].act(learner_states[g], view.learner_view(obs[g], g, assignment),
                                        keys[g])
-                a = view.to_market(a, g, assignment)
-                out[g] = a.reshape((E, view.sizes[g]) + a.shape[1:])
+                out[g] = view.market_actions(a, g, assignment)
             return out
 
         self._act = jax.jit(act)
@@ -116,7 +120,7 @@ class Policy:
     def act(self, key: jax.Array, obs: dict) -> dict:
         """Every group's actions ``{group: [S * E, A, P]}`` for the observations ``obs``
         (``{group: [S * E, A, D]}``), drawn as the learners draw them in training."""
-        return self._act(self.runner.learners, self.runner.assignment, obs, key)
+        return self._act(self.runner.learners, self.assignment, obs, key)
 
     def reset(self, key: jax.Array) -> tuple[dict, Any]:
         """``(obs, state)`` of ``S * E`` fresh markets."""
@@ -177,7 +181,7 @@ class Run:
 
     def _restored(self) -> tuple[RunPlan, Runner, int]:
         if self._runner is None:
-            trainer = Trainer(load_config(self.path / "config.yaml"), self.path)
+            trainer = Trainer(resolve(load_config(self.path / "config.yaml")), self.path)
             runner, step = trainer.restore(report=lambda line: None)
             self._runner = (trainer.plan, runner, step)
         return self._runner

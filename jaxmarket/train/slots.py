@@ -97,3 +97,17 @@ class SlotView:
     def learner_view(self, x: jax.Array, g: str, assignment: Mapping) -> jax.Array:
         """``[E, A, ...]`` market array -> the learner's ``[slots, ...]``."""
         return self.to_learner(self.flat(x, g), g, assignment)
+
+    def market_actions(self, a: jax.Array, g: str, assignment: Mapping) -> jax.Array:
+        """The learner's actions ``[slots, P]`` -> the market's ``[E, A, P]`` (a league's
+        live seats: ``[E, 1, P]``, seat 0; the league adds the other seats)."""
+        if g in self.live_only:
+            return a[:, None]
+        a = self.to_market(a, g, assignment)
+        return a.reshape((self.num_markets, self.sizes[g]) + a.shape[1:])
+
+    def learner_done(self, done: jax.Array, g: str, assignment: Mapping) -> jax.Array:
+        """The markets' ``done [E]`` -> one flag per learner slot."""
+        if g in self.live_only:
+            return done
+        return self.to_learner(jnp.repeat(done, self.sizes[g]), g, assignment)

@@ -9,46 +9,43 @@ else uniform over the filled entries). The opponents are the group's own seats
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
 
-from jaxmarket.learners.base import Learner, materialize
+from jaxmarket.learners.base import LEARNERS, Learner, materialize
 from jaxmarket.learners.population import Population
 from jaxmarket.train.components.base import COMPONENTS, Component
 from jaxmarket.train.slots import SlotView
 
 
-def snapshot_fields(state: Any) -> dict:
-    """The part of a learner state a league snapshot freezes: what ``act`` reads of the
-    members (Q tables, parameters, or a discrete bandit's whole per-policy statistics)."""
-    if hasattr(state, "rows"):
-        return {"rows": state.rows}
-    if hasattr(state, "params"):
-        return {"params": state.params}
-    return {f.name: getattr(state, f.name) for f in dataclasses.fields(state)}  # all stats
+def snapshot_fields(state: Any, kind: str) -> dict:
+    """The part of a learner state of ``kind`` a league snapshot freezes: what ``act``
+    reads of the members, as its definition declares (:attr:`LearnerDef.snapshot`: Q
+    tables, parameters, or every field)."""
+    return LEARNERS[kind].snapshot(state)
 
 
 @dataclass(frozen=True)
 class League(Component):
-    """Owns ``runner.league[g] = {"pool": snapshot fields [pool_size, S K, ...],
-    "count": snapshots taken (int32), "draw": [S E] each market's pool entry}``."""
+    """Owns ``{g: {"pool": snapshot fields [pool_size, S K, ...],
+    "count": snapshots taken (int32), "draw": [S E] each market's pool entry}}``."""
 
     leagues: Mapping[str, Population]
     learners: Mapping[str, Learner]
     view: SlotView
+    kinds: Mapping[str, str]          # group -> its learner kind
     name = "league"
 
     def init(self, key, runner):
         E = self.view.num_markets
         league = {g: {"pool": jax.tree.map(lambda x: jnp.repeat(x[None], pop.pool_size, 0),
-                                           snapshot_fields(runner.learners[g])),
+                                           snapshot_fields(runner.learners[g], self.kinds[g])),
                       "count": jnp.ones((), jnp.int32), "draw": jnp.zeros((E,), jnp.int32)}
                   for g, pop in self.leagues.items()}
-        return runner.replace(league=league)
+        return self.with_state(runner, league)
 
     def act(self, runner, actions, obs, keys):
         """The live group's seats ``1 ..`` and the opponent groups' agents play the
@@ -81,8 +78,8 @@ class League(Component):
             keys = jax.random.split(key, n // L)
             return jax.vmap(lambda o, k: materialize(self.learners[g].act(snap, o, k)[0]))(
                 blocks, keys)                                               # [n/L, E L, P]
-        every = jax.vmap(one_entry)(runner.league[g]["pool"])              # [pool, n/L, E L, P]
-        draw = jnp.repeat(runner.league[g]["draw"], L)                     # [E L]
+        every = jax.vmap(one_entry)(self.state(runner)[g]["pool"])              # [pool, n/L, E L, P]
+        draw = jnp.repeat(self.state(runner)[g]["draw"], L)                     # [E L]
         chosen = jnp.take_along_axis(every, draw[None, None, :, None], axis=0)[0]
         chosen = chosen.reshape((n // L, E, L, chosen.shape[-1])).swapaxes(0, 1)
         return chosen.reshape((E, n, chosen.shape[-1]))
@@ -90,21 +87,21 @@ class League(Component):
     def after_update(self, key, old, new, metrics):
         metrics, league = dict(metrics), {}
         for i, (g, pop) in enumerate(self.leagues.items()):
-            league[g] = self.snapshot(jax.random.fold_in(jax.random.fold_in(key, 5), i), pop,
-                                      new.learners[g], old.league[g], old.iteration + 1)
+            league[g] = self.snapshot(jax.random.fold_in(jax.random.fold_in(key, 5), i), g,
+                                      new.learners[g], self.state(old)[g], old.iteration + 1)
             metrics[f"league/{g}/pool"] = jnp.minimum(league[g]["count"],
                                                       pop.pool_size).astype(jnp.float32)
-        return new.replace(league=league), metrics
+        return self.with_state(new, league), metrics
 
-    def snapshot(self, key, pop: Population, state, league: dict, iteration) -> dict:
+    def snapshot(self, key, g: str, state, league: dict, iteration) -> dict:
         """After the update of iteration ``iteration`` (1-based): every ``snapshot_every``
         iterations the members enter the pool (ring position ``count mod pool_size``);
         then each market draws its opponents' entry for the next iteration."""
-        E = self.view.num_markets
+        E, pop = self.view.num_markets, self.leagues[g]
         take = iteration % pop.snapshot_every == 0
         pos = league["count"] % pop.pool_size
         pool = jax.tree.map(lambda p, x: p.at[pos].set(jnp.where(take, x, p[pos])),
-                            league["pool"], snapshot_fields(state))
+                            league["pool"], snapshot_fields(state, self.kinds[g]))
         count = league["count"] + take.astype(jnp.int32)
         k_latest, k_any = jax.random.split(key)
         newest = (count - 1) % pop.pool_size
@@ -117,4 +114,5 @@ class League(Component):
 @COMPONENTS.register("league")
 def from_plan(plan) -> League | None:
     leagues = {g: p for g, p in plan.populations.items() if p is not None and p.league}
-    return League(leagues, dict(plan.learners), SlotView.of(plan)) if leagues else None
+    kinds = {g: plan.learner_settings[g][0] for g in leagues}
+    return League(leagues, dict(plan.learners), SlotView.of(plan), kinds) if leagues else None

@@ -13,13 +13,14 @@ import jax.numpy as jnp
 from jaxmarket.learners.base import Transition
 from jaxmarket.models.runtime import GroupModel
 from jaxmarket.train.components.base import COMPONENTS, Component, Step
+from jaxmarket.train.components.population import assignment_of
 from jaxmarket.train.metrics import PER_SEED
 from jaxmarket.train.slots import SlotView
 
 
 @dataclass(frozen=True)
 class Models(Component):
-    """Owns ``runner.models[g]`` (model state, POI statistics, last ground-truth errors).
+    """Owns ``{g: ...}`` (each group's model state, POI statistics, last ground-truth errors).
 
     * ``observe``: with ``poi_obs``, the POI field at ``k`` inputs appended to the
       group's observations;
@@ -41,7 +42,7 @@ class Models(Component):
         # model states from a key of their own (fold_in): other streams unchanged
         mstates = {g: m.init(jax.random.fold_in(jax.random.fold_in(key, 6), i))
                    for i, (g, m) in enumerate(self.models.items())}
-        return runner.replace(models=mstates)
+        return self.with_state(runner, mstates)
 
     def observe(self, runner, params, obs, env_state=None, prices=None):
         obs_models = self.obs_models
@@ -50,7 +51,7 @@ class Models(Component):
         obs = dict(obs)
         for g, m in obs_models.items():   # POI observations: k values appended
             at = m.prices_in_force(env_state, params) if prices is None else prices
-            obs[g] = jnp.concatenate([obs[g], m.obs_features(runner.models[g], at, obs[g])],
+            obs[g] = jnp.concatenate([obs[g], m.obs_features(self.state(runner)[g], at, obs[g])],
                                      axis=-1)
         return obs
 
@@ -69,14 +70,14 @@ class Models(Component):
     def after_rollout(self, key, old, new, traj, metrics, outputs):
         if not self.models:
             return new, traj, metrics
-        metrics, traj, mstates = dict(metrics), dict(traj), dict(old.models)
+        metrics, traj, mstates = dict(metrics), dict(traj), dict(self.state(old))
         for g, m in self.models.items():
             io = outputs[g]
             x, y = m.per_seed(io["x"]), m.per_seed(io["y"])       # [S, N, d]
             if m.poi is not None:   # r + beta * normalize(poi), before any advantage
                 xs = m.per_seed(io["xs"]) if "xs" in io else None   # poi target: state
                 bonus, stats, pm = m.bonus(mstates[g], x, y, old.iteration, xs)
-                bonus = jax.vmap(lambda b: self.view.learner_view(b, g, old.assignment))(
+                bonus = jax.vmap(lambda b: self.view.learner_view(b, g, assignment_of(old)))(
                     m.to_market(bonus, self.rollout_length))         # [T, slots]
                 traj[g] = traj[g].replace(reward=traj[g].reward + bonus)
                 mstates[g] = {**mstates[g], "poi": stats}
@@ -90,7 +91,7 @@ class Models(Component):
                             ("random_error", errors["random"])):
                 metrics[f"model/{g}/{name}"] = v.mean()
                 metrics[f"{PER_SEED}model/{g}/{name}"] = v
-        return new.replace(models=mstates), traj, metrics
+        return self.with_state(new, mstates), traj, metrics
 
 
 @COMPONENTS.register("models")

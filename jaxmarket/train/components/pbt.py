@@ -5,6 +5,7 @@ hyperparameters (:mod:`jaxmarket.train.pbt` holds the step itself and its config
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Mapping
 
 import jax
@@ -12,13 +13,36 @@ import jax.numpy as jnp
 
 from jaxmarket.learners.population import Population
 from jaxmarket.train import pbt as pbt_mod
-from jaxmarket.train.components.base import COMPONENTS, Component, Step
+from jaxmarket.train.components.base import COMPONENTS, Component, HostOutput, Step
 from jaxmarket.train.components.population import member_rewards, member_weights
+from jaxmarket.train.tracking import CsvMetrics
+
+#: the run directory's file of PBT events (one row per replaced member and
+#: hyperparameter: ``pbt_mod.CSV_COLUMNS``)
+EVENTS_FILE = "pbt.csv"
+
+
+class PbtEvents(HostOutput):
+    """``pbt.csv``: the header from the start (a run may have no event yet), then each
+    chunk's events (``pbt/...`` chunk outputs, :func:`jaxmarket.train.pbt.event_rows`)."""
+
+    def __init__(self, run_dir: Path):
+        self.rows = CsvMetrics(Path(run_dir) / EVENTS_FILE)
+
+    def start(self, runner, iteration: int) -> None:
+        self.rows.truncate_after(iteration)
+        if not self.rows.path.exists():
+            self.rows.path.parent.mkdir(parents=True, exist_ok=True)
+            self.rows.path.write_text(",".join(pbt_mod.CSV_COLUMNS) + "\n")
+
+    def chunk(self, runner, outputs: dict, iteration: int, length: int) -> None:
+        if outputs:
+            self.rows.append(pbt_mod.event_rows(outputs, iteration))
 
 
 @dataclass(frozen=True)
 class Pbt(Component):
-    """Owns ``runner.pbt[g]``: the running sum ``[S, K]`` of each member's
+    """Owns ``{g: [S, K]}``: the running sum of each member's
     per-iteration mean reward since the last period boundary (its objective)."""
 
     configs: Mapping[str, pbt_mod.PbtConfig]
@@ -27,6 +51,10 @@ class Pbt(Component):
     num_envs: int
     sizes: Mapping[str, int]
     name = "pbt"
+    host_prefix = pbt_mod.PREFIX
+
+    def host(self, plan, run_dir) -> PbtEvents:
+        return PbtEvents(run_dir)
 
     def init(self, key, runner):
         learners = dict(runner.learners)
@@ -36,7 +64,7 @@ class Pbt(Component):
                 self.num_seeds)
         objective = {g: jnp.zeros((self.num_seeds, cfg.size), jnp.float32)
                      for g, cfg in self.configs.items()}
-        return runner.replace(learners=learners, pbt=objective)
+        return self.with_state(runner.replace(learners=learners), objective)
 
     def step_metrics(self, step: Step):
         """PBT's objective signal, per seed and member (popped before metrics are
@@ -51,9 +79,9 @@ class Pbt(Component):
         for i, (g, cfg) in enumerate(self.configs.items()):
             learners[g], objective[g], events = self.step(
                 jax.random.fold_in(jax.random.fold_in(key, 3), i), cfg, learners[g],
-                old.pbt[g] + metrics.pop(f"{pbt_mod.OBJECTIVE}{g}"), old.iteration + 1)
+                self.state(old)[g] + metrics.pop(f"{pbt_mod.OBJECTIVE}{g}"), old.iteration + 1)
             metrics.update({f"{pbt_mod.PREFIX}{g}/{k}": v for k, v in events.items()})
-        return new.replace(learners=learners, pbt=objective), metrics
+        return self.with_state(new.replace(learners=learners), objective), metrics
 
     @staticmethod
     def step(key, cfg: pbt_mod.PbtConfig, state, total, iteration):

@@ -5,6 +5,7 @@ the per-member and cross-play metrics (``reward/<g>/m<k>``, ``price/<g>/m<k>``,
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Mapping
 
 import jax
@@ -14,8 +15,13 @@ import numpy as np
 from jaxmarket.learners.population import (Population, assignment_from_members,
                                            custom_members, draw_assignment,
                                            episodes_trigger_draw)
-from jaxmarket.train.components.base import COMPONENTS, Component, Step, quoted
+from jaxmarket.train.components.base import COMPONENTS, Component, HostOutput, Step, quoted
+from jaxmarket.train.devices import to_host
 from jaxmarket.train.slots import SlotView
+from jaxmarket.train.tracking import CsvMetrics
+
+#: the run directory's file of the assignments in force (groups with a dynamic population)
+MAPPING_FILE = "mapping.csv"
 
 
 def member_weights(pop: Population, num_envs: int, num_agents: int) -> jax.Array:
@@ -30,10 +36,17 @@ def member_rewards(step: Step, g: str, weights: jax.Array, num_seeds: int) -> ja
     return step.batch[g].reward.reshape(num_seeds, -1) @ weights
 
 
+def assignment_of(runner) -> dict:
+    """The population assignment in force, ``{group: (gather, scatter)}`` ``[S E A]``
+    int32 each, of the groups with a dynamic population (none: ``{}``)."""
+    return runner.components.get(Populations.name, {})
+
+
 @dataclass(frozen=True)
 class Populations(Component):
     """The groups with a population (``learners.<g>.population`` / ``mapping``); the
-    dynamic ones (resampled, custom) own ``runner.assignment[g] = (gather, scatter)``."""
+    dynamic ones (resampled, custom) own the slot assignment in force,
+    ``{g: (gather, scatter)}`` (:func:`assignment_of`)."""
 
     pops: Mapping[str, Population]
     num_seeds: int
@@ -67,7 +80,24 @@ class Populations(Component):
         if not self.dynamic:
             return runner
         assignment = self.draw(jax.random.fold_in(key, 1), jnp.zeros((), jnp.int32))[0]
-        return runner.replace(assignment=assignment)
+        return self.with_state(runner, assignment)
+
+    def assignment(self, runner) -> dict:
+        return assignment_of(runner)
+
+    def host(self, plan, run_dir) -> "MappingLog | None":
+        return MappingLog(self, run_dir) if self.dynamic else None
+
+    def members(self, runner) -> dict[str, np.ndarray]:
+        """``{group: [S, E, A]}`` the member driving each market slot under the runner's
+        assignment: ``layout[scatter[i] mod E A]``."""
+        out = {}
+        for g in self.dynamic:
+            scatter = to_host(assignment_of(runner)[g][1])
+            n = scatter.size // self.num_seeds
+            layout = self.pops[g].layout(self.num_envs, n // self.num_envs)
+            out[g] = layout[scatter % n].reshape(self.num_seeds, self.num_envs, -1)
+        return out
 
     def step_metrics(self, step: Step):
         metrics = {}
@@ -115,11 +145,43 @@ class Populations(Component):
         # not a split: other streams unchanged
         fresh, repaired = self.draw(jax.random.fold_in(key, 2), new.episodes)
         assignment = {g: jax.tree.map(lambda a, b: jnp.where(redraw[g], a, b),
-                                      fresh[g], old.assignment[g]) for g in self.dynamic}
+                                      fresh[g], assignment_of(old)[g]) for g in self.dynamic}
         metrics = dict(metrics)
         for g, count in repaired.items():
             metrics[f"mapping/{g}/repaired"] = jnp.where(redraw[g], count, 0).astype(jnp.float32)
-        return new.replace(assignment=assignment), traj, metrics
+        return self.with_state(new, assignment), traj, metrics
+
+
+class MappingLog(HostOutput):
+    """``mapping.csv``: the assignment in force at the start, then after each chunk
+    that changed it (rows: iteration, group, seed, market, members)."""
+
+    def __init__(self, component: Populations, run_dir: Path):
+        self.component = component
+        self.rows = CsvMetrics(Path(run_dir) / MAPPING_FILE)
+        self.logged: dict[str, np.ndarray] = {}
+
+    @staticmethod
+    def rows_of(members: dict[str, np.ndarray], iteration: int) -> list[dict]:
+        """From ``iteration`` on, market ``market`` of seed ``seed`` has its agents driven
+        by ``members`` (space-separated, agent order)."""
+        return [{"iteration": iteration, "group": g, "seed": s, "market": e,
+                 "members": " ".join(str(int(k)) for k in m[s, e])}
+                for g, m in members.items() for s in range(m.shape[0])
+                for e in range(m.shape[1])]
+
+    def start(self, runner, iteration: int) -> None:
+        self.logged = self.component.members(runner)
+        self.rows.truncate_after(iteration)
+        if iteration == 0:
+            self.rows.path.parent.mkdir(parents=True, exist_ok=True)
+            self.rows.append(self.rows_of(self.logged, 0))
+
+    def chunk(self, runner, outputs: dict, iteration: int, length: int) -> None:
+        now = self.component.members(runner)
+        changed = {g: m for g, m in now.items() if not np.array_equal(m, self.logged[g])}
+        self.rows.append(self.rows_of(changed, iteration + length))
+        self.logged = now
 
 
 @COMPONENTS.register("population")

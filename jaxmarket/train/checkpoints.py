@@ -1,0 +1,108 @@
+"""A run's checkpoints: the :class:`~jaxmarket.train.loop.Runner` saved leaf by leaf
+with orbax into ``run_dir/checkpoints/<iteration>`` (orbax writes to a temporary
+directory and renames it: atomic), the newest two kept. Restoring takes the newest
+checkpoint that restores; a damaged one is reported in one line, removed, and the next
+older one is tried."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import orbax.checkpoint as ocp
+
+from jaxmarket.train.rundir import RunDirError
+
+CHECKPOINTS_DIR = "checkpoints"
+KEEP = 2
+
+
+def saveable(tree: Any) -> dict:
+    """Runner -> flat dict of its non-empty leaves (orbax refuses zero-size arrays)."""
+    return {f"leaf{i:05d}": x for i, x in enumerate(jax.tree.leaves(tree)) if x.size > 0}
+
+
+def unsaveable(saved: dict, target: Any) -> Any:
+    """The inverse of :func:`saveable` on the structure of ``target``."""
+    leaves, treedef = jax.tree.flatten(target)
+    out = [saved[f"leaf{i:05d}"] if x.size > 0 else jnp.zeros(x.shape, x.dtype)
+           for i, x in enumerate(leaves)]
+    return jax.tree.unflatten(treedef, out)
+
+
+class Checkpoints:
+    """The checkpoints of ``run_dir``. ``primary``: this process removes damaged ones (in
+    a distributed run every process saves its shards; orbax's primary host, process 0,
+    creates the directory, writes the metadata and commits the step: the run directory
+    must be storage every process sees)."""
+
+    def __init__(self, run_dir: Path, primary: bool = True):
+        self.run_dir, self.primary = Path(run_dir), primary
+        self._manager: ocp.CheckpointManager | None = None
+
+    @property
+    def path(self) -> Path:
+        return self.run_dir / CHECKPOINTS_DIR
+
+    @property
+    def manager(self) -> ocp.CheckpointManager:
+        # created on first use: a run that fails validation leaves no directory behind
+        if self._manager is None:
+            self._manager = ocp.CheckpointManager(
+                self.path.absolute(),
+                options=ocp.CheckpointManagerOptions(
+                    max_to_keep=KEEP, create=True, enable_async_checkpointing=False,
+                    multiprocessing_options=ocp.options.MultiprocessingOptions(primary_host=0)))
+        return self._manager
+
+    def latest(self) -> int | None:
+        return self.manager.latest_step()
+
+    def save(self, runner: Any, iteration: int) -> None:
+        """The runner at ``iteration`` (once: a second save of one iteration is none)."""
+        if self.manager.latest_step() != iteration:
+            self.manager.save(iteration, args=ocp.args.StandardSave(saveable(runner)))
+            self.manager.wait_until_finished()
+
+    def restore(self, target: Any, report: Callable[[str], None] = print
+                ) -> tuple[Any, int] | None:
+        """``(saved tree of target's structure, iteration)`` of the newest checkpoint that
+        restores (``target``: shapes with shardings, restored in place); None without any;
+        :class:`~jaxmarket.train.rundir.RunDirError` when none restores."""
+        steps = sorted(self.manager.all_steps(), reverse=True)
+        if not steps:
+            return None
+        bad = []
+        for step in steps:
+            try:
+                saved = self.manager.restore(step, args=ocp.args.StandardRestore(saveable(target)))
+            except Exception as err:   # orbax/tensorstore raise many types for damaged files
+                why = " ".join(f"{type(err).__name__}: {err}".split())
+                bad.append((int(step), why[:120] + ("..." if len(why) > 120 else "")))
+                self._manager = None   # a failed restore can leave the manager confused
+                continue
+            if bad:
+                self.drop([s for s, _ in bad])
+                report(f"checkpoint at iteration {bad[0][0]} cannot be restored ({bad[0][1]})"
+                       + "".join(f"; nor the one at {s}" for s, _ in bad[1:])
+                       + f"; removed, resuming from the one at iteration {int(step)}")
+            return unsaveable(saved, target), int(step)
+        raise RunDirError(
+            f"run directory error: no checkpoint in {self.path} can be "
+            f"restored (iteration {bad[0][0]}: {bad[0][1]}" + "".join(
+                f"; iteration {s}: {why}" for s, why in bad[1:]) + "); start the run again: python -m "
+            f"jaxmarket.train {self.run_dir / 'config.yaml'} --run-dir NEW_DIR")
+
+    def drop(self, steps: list[int]) -> None:
+        """Remove the checkpoints of ``steps`` (damaged ones)."""
+        if self.primary:
+            for step in steps:
+                shutil.rmtree(self.path / str(step), ignore_errors=True)
+        self._manager = None   # a manager that has not seen them
+
+
+__all__ = ["CHECKPOINTS_DIR", "Checkpoints", "saveable", "unsaveable"]
