@@ -12,7 +12,7 @@ except PackageNotFoundError:              # a source tree that was never pip-ins
 
 # the public names and the module each lives in, imported on first use (PEP 562): a
 # command reads its config and answers a config error before jax, flax, optax or orbax
-# are imported (docs/cli.md, "Start-up")
+# are imported (docs/configuration.md, "Start-up")
 _HOMES = {
     "ConfigError": "jaxmarket.config.errors",
     "MarketEnv": "jaxmarket.market.env",

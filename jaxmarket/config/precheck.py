@@ -1,6 +1,6 @@
 """The commands' quick checks: a loaded config's first configuration error, found
 before jax and the training stack are imported, so ``train`` and ``check`` answer a
-bad value in about a second (docs/cli.md, "Start-up").
+bad value in about a second (docs/configuration.md, "Start-up").
 
 :func:`precheck` walks the config in the order the full validation does
 (:func:`jaxmarket.train.plan.resolve`, and ``check``'s market-only description) with
