@@ -66,10 +66,7 @@ def payoff_caveat(spec: MarketSpec, group: str) -> str | None:
               if g.demand_kind != "constant"]
     if moving:
         return "consumer demand changes over time: " + ", ".join(moving)
-    deterministic = getattr(DISTRIBUTORS[spec.distributor], "deterministic", True)
-    if callable(deterministic):
-        deterministic = deterministic(dict(thaw(spec.distributor_options) or {}))
-    if not deterministic:
+    if not DISTRIBUTORS[spec.distributor].is_deterministic(thaw(spec.distributor_options)):
         return f"distributor {spec.distributor!r} draws random numbers"
     if move_order(spec) != "simultaneous":
         return "sellers move in turn (market.move_order: alternating)"
@@ -110,7 +107,9 @@ def resolve_learner(config: Any, where: str) -> tuple[str, dict]:
     return kind, hyper
 
 
-def build_learner(config: Any, spec: LearnerSpec, where: str) -> Learner:
+def check_learner(config: Any, spec: LearnerSpec, where: str) -> tuple[str, dict]:
+    """:func:`resolve_learner`, and the learner handles the market's move order: what
+    can be checked without building it."""
     kind, hyper = resolve_learner(config, where)
     order = "alternating" if spec.turns is not None else "simultaneous"
     if order not in LEARNERS[kind].move_orders:
@@ -118,6 +117,11 @@ def build_learner(config: Any, spec: LearnerSpec, where: str) -> Learner:
         raise ConfigError(f"{where}.kind", kind, f"a learner that handles market.move_order "
                           f"{order!r} (its action takes effect only in its turn): "
                           + ", ".join(able))
+    return kind, hyper
+
+
+def build_learner(config: Any, spec: LearnerSpec, where: str) -> Learner:
+    kind, hyper = check_learner(config, spec, where)
     try:
         return LEARNERS[kind].make(hyper, spec)
     except ConfigError as err:
@@ -135,12 +139,18 @@ def _in_group(field: str, kind: str, where: str) -> str:
     return f"{where}.{field}"
 
 
-def build_controller(env: MarketEnv, params: MarketParams, learners: Any,
+def check_controller(env: MarketEnv, params: MarketParams, learners: Any,
                      where: str = "learners",
-                     specs: Mapping[str, LearnerSpec] | None = None) -> dict[str, Learner]:
-    """One learner per agent group; every agent group needs one, unknown names fail.
-    ``specs`` (default: each group's own spec) lets the training loop pass the specs
-    of its folded seeds and markets (and of the observation features it appends)."""
+                     specs: Mapping[str, LearnerSpec] | None = None) -> dict[str, tuple[str, dict]]:
+    """Every agent group has a learner config, no other name has one, and each is valid
+    (:func:`check_learner`): ``{group: (kind, settings)}``, nothing built."""
+    _check_names(env, learners, where)
+    specs = specs or {name: group_learner_spec(env, params, name) for name in env.agent_groups}
+    return {name: check_learner(learners[name], specs[name], f"{where}.{name}")
+            for name in env.agent_groups}
+
+
+def _check_names(env: MarketEnv, learners: Any, where: str) -> None:
     groups = env.agent_groups
     if not isinstance(learners, Mapping):
         raise ConfigError(where, learners, "a mapping from agent group name to learner config; "
@@ -153,8 +163,17 @@ def build_controller(env: MarketEnv, params: MarketParams, learners: Any,
         if name not in learners:
             raise ConfigError(f"{where}.{name}", "<missing>",
                               f"a learner config (every agent group needs one: {', '.join(groups)})")
-    specs = specs or {name: group_learner_spec(env, params, name) for name in groups}
+
+
+def build_controller(env: MarketEnv, params: MarketParams, learners: Any,
+                     where: str = "learners",
+                     specs: Mapping[str, LearnerSpec] | None = None) -> dict[str, Learner]:
+    """One learner per agent group; every agent group needs one, unknown names fail.
+    ``specs`` (default: each group's own spec) lets the training loop pass the specs of
+    its folded seeds and markets (and of the observation features it appends)."""
+    _check_names(env, learners, where)
+    specs = specs or {name: group_learner_spec(env, params, name) for name in env.agent_groups}
     return {name: build_learner(learners[name], specs[name], f"{where}.{name}")
-            for name in groups}
+            for name in env.agent_groups}
 
 

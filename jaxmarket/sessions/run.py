@@ -90,7 +90,8 @@ def session_plan(config: dict) -> RunPlan:
     small = {**config, "train": {**(config.get("train") or {}), "num_seeds": 1,
                                  "num_envs": 1, "chunk_size": 1}}
     plan = resolve(small, validate_only=True)
-    return dataclasses.replace(plan, train=resolve_train(config.get("train")), memory=None)
+    return dataclasses.replace(plan, train=resolve_train(config.get("train")), memory=None,
+                               traced=None)
 
 
 def memory(game: SessionGame, tcfg) -> MemoryEstimate:

@@ -213,14 +213,45 @@ def host_outputs(components) -> tuple[str, ...]:
     return tuple(c.host_prefix for c in components if c.host_prefix)
 
 
+class Traced:
+    """A plan's training program traced once, abstractly (nothing compiled), on first
+    use of each part: ``runner`` (the state's shapes), ``iteration`` (one iteration's
+    jaxpr and its output shapes), ``metric_columns``. The memory estimate
+    (:mod:`jaxmarket.train.memory`) and the metric-name checks read the same trace."""
+
+    def __init__(self, plan):
+        self.plan = plan
+
+    @functools.cached_property
+    def components(self) -> tuple:
+        return chain(self.plan)
+
+    @functools.cached_property
+    def functions(self) -> tuple:
+        """``(init, run_chunk)`` of :func:`make_train`."""
+        return make_train(self.plan, self.components)
+
+    @functools.cached_property
+    def runner(self) -> Runner:
+        return jax.eval_shape(self.functions[0], jax.random.key(0))
+
+    @functools.cached_property
+    def iteration(self) -> tuple:
+        """``(closed jaxpr, (runner, metrics) shapes)`` of a one-iteration chunk."""
+        run_chunk = self.functions[1]
+        return jax.make_jaxpr(lambda r: run_chunk(r, 1), return_shape=True)(self.runner)
+
+    @functools.cached_property
+    def metric_columns(self) -> tuple[str, ...]:
+        """The ``metrics.csv`` column names."""
+        metrics = self.iteration[1][1]
+        skip = (PER_SEED,) + host_outputs(self.components)
+        zeros = {k: np.zeros(v.shape, np.float32) for k, v in metrics.items()
+                 if not k.startswith(skip)}
+        return tuple(k for k in flatten_metrics(zeros, 0)[0] if k != "iteration")
+
+
 def metric_columns(plan) -> list[str]:
     """The ``metrics.csv`` column names of a plan, from the traced (not compiled)
     training program."""
-    comps = chain(plan)
-    init, run_chunk = make_train(plan, comps)
-    runner = jax.eval_shape(init, jax.random.key(0))
-    _, metrics = jax.eval_shape(lambda r: run_chunk(r, 1), runner)
-    skip = (PER_SEED,) + host_outputs(comps)
-    zeros = {k: np.zeros(v.shape, np.float32) for k, v in metrics.items()
-             if not k.startswith(skip)}
-    return [k for k in flatten_metrics(zeros, 0)[0] if k != "iteration"]
+    return list(Traced(plan).metric_columns)

@@ -39,7 +39,7 @@ from jax.extend import core as jcore
 import numpy as np
 
 from jaxmarket.config.errors import ConfigError
-from jaxmarket.train.loop import make_train
+from jaxmarket.train.loop import Traced
 
 MEMORY_ENV = "JAXMARKET_MEMORY_BYTES"
 # the metrics of one chunk are traced only when they could matter: this many bytes per
@@ -171,16 +171,17 @@ def probe_dims(probe, num_envs: int, num_seeds: int) -> dict[int, int]:
 
 
 def estimate(plan, train=None, dims: Mapping[int, int] | None = None,
-             detail: bool = True) -> MemoryEstimate:
+             detail: bool = True, traced: Traced | None = None) -> MemoryEstimate:
     """The memory ``plan`` needs; with ``dims`` (:func:`probe_dims`) ``plan`` is a probe
     and ``train`` the run's :class:`~jaxmarket.train.config.TrainConfig`. ``detail``:
     trace one iteration for its temporaries and metrics even when the state is far from
-    the memory (a run within 1/64 of it always is)."""
+    the memory (a run within 1/64 of it always is). ``traced``: the plan's
+    :class:`~jaxmarket.train.loop.Traced` program (the trace it holds is reused)."""
     dims = Dims() if dims is None else dims
     train = plan.train if train is None else train
     S, E = train.num_seeds, train.num_envs
-    init, run_chunk = make_train(plan)
-    runner = jax.eval_shape(init, jax.random.key(0))
+    traced = Traced(plan) if traced is None else traced
+    runner = traced.runner
     market = _tree_bytes((runner.env_state, runner.obs), dims)
     terms = [Term("market state", market, "train.num_envs", E)]
     for g in plan.groups:
@@ -204,8 +205,7 @@ def estimate(plan, train=None, dims: Mapping[int, int] | None = None,
     bound = state + max(market, rollout) + METRIC_BOUND * S * train.chunk_size
     if detail or avail is None or TRACE_FACTOR * (state + rollout) > avail or bound > avail:
         # one iteration, traced: its temporaries' peak and the metrics it stacks
-        jaxpr, (_, metrics) = jax.make_jaxpr(lambda r: run_chunk(r, 1), return_shape=True)(
-            runner)
+        jaxpr, (_, metrics) = traced.iteration
         terms.append(Term("one iteration's temporaries", peak_live(jaxpr.jaxpr, dims),
                           "train.num_envs", E))
         terms.append(Term("metrics of one chunk", train.chunk_size

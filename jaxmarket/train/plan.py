@@ -28,14 +28,15 @@ from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.fields import INT32_MAX
 from jaxmarket.config.loader import load_config
 from jaxmarket.learners.base import Learner, LearnerSpec
-from jaxmarket.learners.controller import build_controller, group_learner_spec, resolve_learner
+from jaxmarket.learners.controller import (build_controller, check_controller,
+                                           group_learner_spec, resolve_learner)
 from jaxmarket.learners.population import (Population, league_opponents, resolve_population,
                                            split_learner_config)
 from jaxmarket.market.env import MarketEnv
 from jaxmarket.market.spec import MarketParams, resolve_market, to_device
 from jaxmarket.models.config import ModelConfig, poi_obs_spec, resolve_group_models
 from jaxmarket.train.config import ScheduleEntry, TrainConfig, resolve_schedule, resolve_train
-from jaxmarket.train.loop import metric_columns
+from jaxmarket.train.loop import Traced
 from jaxmarket.train.memory import MemoryEstimate, check_memory, estimate, lcm, probe_dims
 from jaxmarket.train.pbt import PbtConfig, resolve_pbt, strip_pbt
 from jaxmarket.train.slots import tile_spec
@@ -68,6 +69,9 @@ class RunPlan:
     # (a few markets: its train, specs, learners, populations are the probe's; memory is
     # the run's); it must not train
     probe: bool = False
+    # the training program traced once (jaxmarket.train.loop.Traced): what the memory
+    # estimate and the metric columns read
+    traced: Traced | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def groups(self) -> tuple[str, ...]:
@@ -81,7 +85,7 @@ class RunPlan:
     @cached_property
     def metric_columns(self) -> tuple[str, ...]:
         """The ``metrics.csv`` column names, from the traced (not compiled) program."""
-        return tuple(metric_columns(self))
+        return (self.traced or Traced(self)).metric_columns
 
 
 def learners_template(env: MarketEnv) -> str:
@@ -124,7 +128,7 @@ def resolve(config: Mapping[str, Any] | str, overrides: tuple[str, ...] | list[s
     config = league_opponents(env, params, config)   # groups that play snapshots
     learner_config = config["learners"]
     base = group_specs(env, params, learner_config)
-    build_controller(env, params, learner_config, specs=base)   # names, kinds, settings first
+    check_controller(env, params, learner_config, specs=base)   # names, kinds, settings first
     check_sizes(base, tcfg)
     schedule = resolve_schedule(config, tcfg, (spec, params))
     populations = resolve_populations(env, params, config, tcfg)
@@ -137,7 +141,9 @@ def resolve(config: Mapping[str, Any] | str, overrides: tuple[str, ...] | list[s
     probe = _probe(parts, config, tcfg) if slots > PROBE_SLOTS else None
     if probe is None:
         plan = _assemble(parts, tcfg, populations)
-        plan = dataclasses.replace(plan, memory=estimate(plan, detail=validate_only))
+        traced = Traced(plan)
+        plan = dataclasses.replace(plan, memory=estimate(plan, detail=validate_only,
+                                                         traced=traced), traced=traced)
     else:
         memory = estimate(probe, tcfg, probe_dims(probe, tcfg.num_envs, tcfg.num_seeds),
                           detail=validate_only)
@@ -281,13 +287,5 @@ def resolve_populations(env: MarketEnv, params: MarketParams, config: Mapping,
     return out
 
 
-def with_train(plan: RunPlan, **changes: Any) -> RunPlan:
-    """``plan`` with ``train:`` settings changed that touch nothing else the plan
-    resolved (the run's length and stop rules, as ``--resume`` may change them)."""
-    allowed = {"num_iterations", "early_stop", "stop_on_nan", "checkpoint_every"}
-    assert set(changes) <= allowed, set(changes) - allowed
-    return dataclasses.replace(plan, train=dataclasses.replace(plan.train, **changes))
-
-
 __all__ = ["RunPlan", "resolve", "resolve_populations", "resolve_train_section",
-           "learners_template", "with_train"]
+           "learners_template"]
