@@ -48,8 +48,8 @@ def compilation_cache(path: str | Path | None):
     compiled: the same executable, so the same bits. Programs are shared when runs differ
     only in values the program takes as data: the seed, the market's parameters (carried
     in the training runner), and the learner hyperparameters held per member in its
-    state (``jaxmarket.train.pbt.HYPERPARAMS``: learning rates, entropy and clip
-    coefficients, Q-learning's alpha and beta). Structural values (counts, kinds, action
+    state (the ``pbt_hyperparams`` a learner's ``LearnerDef`` declares: learning rates,
+    entropy and clip coefficients, Q-learning's alpha and beta). Structural values (counts, kinds, action
     bounds, buffer lengths) compile once per distinct value."""
     import jax
     from jax.experimental.compilation_cache import compilation_cache as cc

@@ -21,6 +21,7 @@ agents.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, NamedTuple
 
@@ -105,10 +106,43 @@ class Learner(NamedTuple):
     update: Callable[[Any, Transition], tuple[Any, dict]]
 
 
+def every_field(state: Any) -> dict:
+    """``{field: value}`` of every field of a ``flax.struct`` learner state."""
+    return {f.name: getattr(state, f.name) for f in dataclasses.fields(state)}
+
+
+#: the keys of a :attr:`LearnerDef.convergence` report, ``[S]`` (or ``[]``) each
+CONVERGENCE_KEYS = ("converged", "stable_periods", "step")
+
+
 @dataclass(frozen=True)
 class LearnerDef:
     """Registry entry: ``make(hyper, spec) -> Learner`` with ``hyper`` validated
-    against ``hyper_fields`` (a ``ConfigError`` names ``learners.<group>.<field>``)."""
+    against ``hyper_fields`` (a ``ConfigError`` names ``learners.<group>.<field>``).
+
+    The other fields declare what the training loop's features may do with the learner
+    (each feature reads them here, never the kind's name):
+
+    * ``pbt_hyperparams``: the hyperparameters the learner keeps per policy in
+      ``state.hyper`` (``{name: [policies] array}``, read by ``update``) that PBT may
+      mutate (docs/pbt.md); empty: PBT does not apply to the learner. ``member_fields``:
+      the state fields a replaced PBT member copies from its source, those whose leaves
+      are policy-stacked (the rest, e.g. sample buffers or a session's step, stay).
+    * ``action_set(hyper, spec, n) -> ActionSet``
+      (:class:`jaxmarket.market.equilibrium.ActionSet`): what one market's ``n`` agents of
+      the group can play, for the static equilibrium (docs/equilibrium.md); None: the
+      box of the group's action bounds.
+    * ``fixed_policy``: the learner learns nothing (a fixed rule), so the equilibrium
+      solver treats its group as part of the environment; ``random_policy``: a fixed
+      policy whose ``act`` draws with its key (the period is then random).
+    * ``snapshot(state) -> {field: value}``: the part of the state a league snapshot
+      freezes, what ``act`` reads of the members (docs/populations.md); the default
+      freezes every field.
+    * ``convergence(state) -> {"converged", "stable_periods", "step"}`` (``[S]`` or
+      ``[]`` each: whether each session converged, its counter of stable periods, and
+      the period it converged at): the run summary's ``convergence`` section; None: the
+      learner keeps no convergence rule.
+    """
 
     kind: str
     make: Callable[[Mapping[str, Any], LearnerSpec], Learner]
@@ -117,6 +151,18 @@ class LearnerDef:
     # the market move orders (``market.move_order``) the learner handles: one that
     # assumes its action takes effect every period refuses "alternating" at config time
     move_orders: tuple[str, ...] = ("simultaneous",)
+    pbt_hyperparams: tuple[str, ...] = ()
+    member_fields: tuple[str, ...] = ("params", "opt_state", "hyper")
+    action_set: Callable[[Mapping[str, Any], LearnerSpec, int], Any] | None = None
+    fixed_policy: bool = False
+    random_policy: bool = False
+    snapshot: Callable[[Any], dict] = every_field
+    convergence: Callable[[Any], Mapping[str, Any]] | None = None
+
+    def members(self, state: Any) -> dict:
+        """``{field: value}`` of :attr:`member_fields`: what a replaced PBT member copies
+        (and, in ``hyper``, mutates)."""
+        return {f: getattr(state, f) for f in self.member_fields}
 
 
 # kind -> LearnerDef; each learner module registers its kinds, and the package's

@@ -56,6 +56,7 @@ from jaxmarket.learners.base import (
     Transition,
 )
 from jaxmarket.learners.fixed import bounds, resolve_hyper
+from jaxmarket.market.equilibrium import ActionSet
 
 _GRID_FIELDS = {
     "grid_size": Field(kind="int", default=11, low=2,
@@ -269,11 +270,23 @@ def exp3_probs(log_weights: jax.Array, gamma: float) -> jax.Array:
     return (1.0 - gamma) * jax.nn.softmax(log_weights, axis=-1) + gamma / log_weights.shape[-1]
 
 
+def arms(kind: str, hyper: Mapping[str, Any], spec: LearnerSpec, n: int) -> ActionSet:
+    """The static game's actions of one market's ``n`` agents: their arms per agent and
+    product."""
+    return ActionSet.from_grid(np.asarray(discrete_bandit_settings(kind, hyper, spec).grid)[:n])
+
+
+# the equilibrium solver plays their arms; a league snapshot freezes every statistic
+# (the default); no hyperparameter is worth mutating per member (no PBT)
 LEARNERS.register(LearnerDef("epsilon_greedy", make_epsilon_greedy, EPSILON_GREEDY_FIELDS,
-                             doc="epsilon-greedy over a price grid per product"))
+                             doc="epsilon-greedy over a price grid per product",
+                             action_set=partial(arms, "epsilon_greedy")))
 LEARNERS.register(LearnerDef("ucb1", make_ucb1, UCB1_FIELDS,
-                             doc="UCB1 over a price grid per product"))
+                             doc="UCB1 over a price grid per product",
+                             action_set=partial(arms, "ucb1")))
 LEARNERS.register(LearnerDef("thompson", make_thompson, THOMPSON_FIELDS,
-                             doc="Gaussian Thompson sampling over a price grid per product"))
+                             doc="Gaussian Thompson sampling over a price grid per product",
+                             action_set=partial(arms, "thompson")))
 LEARNERS.register(LearnerDef("exp3", make_exp3, EXP3_FIELDS,
-                             doc="EXP3 over a price grid per product"))
+                             doc="EXP3 over a price grid per product",
+                             action_set=partial(arms, "exp3")))

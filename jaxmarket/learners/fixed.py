@@ -253,20 +253,22 @@ def make_random(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
 
 
 # fixed rules learn nothing, so they play under either move order (an action out of turn
-# is simply not taken up by the market)
+# is simply not taken up by the market), and the equilibrium solver counts their groups
+# as part of the environment (``random`` draws with its key: the period is random)
 _EITHER = ("simultaneous", "alternating")
 LEARNERS.register(LearnerDef("constant", make_constant, CONSTANT_FIELDS,
-                             doc="a constant action per slot and product", move_orders=_EITHER))
+                             doc="a constant action per slot and product", move_orders=_EITHER,
+                             fixed_policy=True))
 LEARNERS.register(LearnerDef("schedule", make_schedule, SCHEDULE_FIELDS,
                              doc="piecewise-constant actions switched at given steps",
-                             move_orders=_EITHER))
+                             move_orders=_EITHER, fixed_policy=True))
 LEARNERS.register(LearnerDef("undercut", make_undercut, UNDERCUT_FIELDS,
                              doc="quote the competitors' minimum price minus an amount "
                                  "(observation must start with competitor_prices min)",
-                             move_orders=_EITHER))
+                             move_orders=_EITHER, fixed_policy=True))
 LEARNERS.register(LearnerDef("random", make_random, RANDOM_FIELDS,
                              doc="uniform random actions within the action bounds",
-                             move_orders=_EITHER))
+                             move_orders=_EITHER, fixed_policy=True, random_policy=True))
 
 __all__ = [
     "bounds",

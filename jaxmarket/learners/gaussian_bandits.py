@@ -631,6 +631,11 @@ def _stddev_bounds(h, where) -> tuple[float, float, float | None]:
     return std_low, std_high, fallback
 
 
+# per algorithm: the per-policy hyperparameters of ``state.hyper`` (what PBT may mutate)
+PBT_HYPERPARAMS = {"vpg": ("learning_rate", "entropy_coef", "pullback_coef"),
+                   "ppo": ("learning_rate", "entropy_coef", "pullback_coef", "clip_eps")}
+
+
 def gaussian_bandit_settings(kind: str, hyper: Mapping[str, Any],
                              spec: LearnerSpec) -> GaussianBanditSettings:
     """Validate ``hyper`` for ``kind`` (one of :data:`KINDS`) against ``spec`` and
@@ -656,8 +661,7 @@ def gaussian_bandit_settings(kind: str, hyper: Mapping[str, Any],
     slot_weight = 1.0 / jnp.asarray(np.bincount(index_np, minlength=spec.policies),
                                     jnp.float32)[spec.index()]          # [A]
     layout = SlotLayout(spec)
-    names = ("learning_rate", "entropy_coef", "pullback_coef") + (
-        ("clip_eps",) if algo == "ppo" else ())
+    names = PBT_HYPERPARAMS[algo]
     return GaussianBanditSettings(
         kind=kind, algo=algo, rolling=rolling, num_agents=spec.num_agents,
         num_products=spec.num_products, num_policies=spec.policies,
@@ -690,10 +694,20 @@ def make_rolling_ppo_bandit(hyper: Mapping[str, Any], spec: LearnerSpec) -> Lear
     return make_gaussian_bandit("rolling_ppo_bandit", hyper, spec)
 
 
+def _params(state: GaussianBanditState) -> dict:
+    """What ``act`` reads of the members (a league snapshot): the policy parameters."""
+    return {"params": state.params}
+
+
+# PBT: a replaced member copies its parameters, optimizer state and hyper (the sample
+# buffers are per slot and stay); the static equilibrium: the box of the action bounds
 LEARNERS.register(LearnerDef("vpg_bandit", make_vpg_bandit, VPG_FIELDS,
-                             doc="Gaussian-policy bandit, vanilla policy gradient"))
+                             doc="Gaussian-policy bandit, vanilla policy gradient",
+                             pbt_hyperparams=PBT_HYPERPARAMS["vpg"], snapshot=_params))
 LEARNERS.register(LearnerDef("ppo_bandit", make_ppo_bandit, PPO_FIELDS,
-                             doc="Gaussian-policy bandit, PPO clipped surrogate"))
+                             doc="Gaussian-policy bandit, PPO clipped surrogate",
+                             pbt_hyperparams=PBT_HYPERPARAMS["ppo"], snapshot=_params))
 LEARNERS.register(LearnerDef("rolling_ppo_bandit", make_rolling_ppo_bandit, ROLLING_PPO_FIELDS,
                              doc="Gaussian-policy bandit, PPO on a rolling window updated "
-                                 "every step"))
+                                 "every step",
+                             pbt_hyperparams=PBT_HYPERPARAMS["ppo"], snapshot=_params))

@@ -254,6 +254,7 @@ class PPOState:
     hyper: Any = None
 
 
+# the per-policy hyperparameters of ``state.hyper`` (what PBT may mutate)
 HYPERPARAMS = ("learning_rate", "ent_coef", "vf_coef", "clip_eps")
 
 
@@ -596,4 +597,8 @@ PPO = LEARNERS.register(LearnerDef(
     make=make_ppo,
     hyper_fields=HYPER_FIELDS,
     doc="PPO actor-critic (clipped surrogate, GAE, Adam); gaussian or discrete price head",
+    # PBT: a replaced member copies params, opt_state and hyper; a league snapshot
+    # freezes the network parameters; the static equilibrium: the box of the bounds
+    pbt_hyperparams=HYPERPARAMS,
+    snapshot=lambda state: {"params": state.params},
 ))

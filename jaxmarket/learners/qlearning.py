@@ -75,6 +75,7 @@ from jaxmarket.learners.base import (
     Transition,
     scatter_mean,
 )
+from jaxmarket.market.equilibrium import ActionSet
 
 _INT32_MAX = np.iinfo(np.int32).max
 # Largest number of joint actions evaluated for the random-rival initial Q.
@@ -794,7 +795,28 @@ def make(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
                    update=partial(update, settings))
 
 
-Q_LEARNING = LEARNERS.register(LearnerDef(kind="q_learning", make=make,
-                                          hyper_fields=HYPER_FIELDS,
-                                          doc=__doc__.split("\n\n")[0],
-                                          move_orders=("simultaneous", "alternating")))
+def equilibrium_actions(hyper: Mapping[str, Any], spec: LearnerSpec, n: int) -> ActionSet:
+    """The static game's actions of one market's ``n`` agents: the price grid, for every
+    agent and product."""
+    prices = np.asarray(grid_of(qlearning_settings(hyper, spec)).prices)
+    return ActionSet.from_grid(np.broadcast_to(prices, (n, spec.num_products, prices.size)))
+
+
+def convergence(state: QLearningState) -> dict:
+    """Each session's convergence rule: ``converged``, ``stable_periods`` and ``step``
+    (a converged session's period count stops at its convergence)."""
+    return {"converged": state.converged, "stable_periods": state.stable_periods,
+            "step": state.step}
+
+
+# the per-policy hyperparameters of ``state.hyper`` (what PBT may mutate)
+PBT_HYPERPARAMS = ("learning_rate", "exploration_decay")
+
+Q_LEARNING = LEARNERS.register(LearnerDef(
+    kind="q_learning", make=make, hyper_fields=HYPER_FIELDS, doc=__doc__.split("\n\n")[0],
+    move_orders=("simultaneous", "alternating"),
+    # a replaced member copies its Q tables (with their greedy column) and hyper; the
+    # session's period count is shared
+    pbt_hyperparams=PBT_HYPERPARAMS, member_fields=("rows", "hyper"),
+    action_set=equilibrium_actions, snapshot=lambda state: {"rows": state.rows},
+    convergence=convergence))

@@ -30,6 +30,9 @@ class DemandDef:
     params: Mapping[str, Field] = field(default_factory=dict)
     check: Callable[[Mapping[str, Any], str], None] | None = None
     doc: str = ""
+    # True when ``step`` ignores its key: a period's queries are a function of ``t`` and
+    # the state alone (the static equilibrium then needs one key, not a sample of them)
+    deterministic: bool = False
 
 
 DEMANDS: Registry[DemandDef] = Registry("demand process")
@@ -90,19 +93,20 @@ def _check_regime(values: Mapping[str, Any], where: str) -> None:
         raise ConfigError(f"{where}.steps", list(steps), "strictly increasing step numbers")
 
 
-DEMANDS.register(DemandDef("constant", _no_state, constant_step, {}, doc=constant_step.__doc__))
+DEMANDS.register(DemandDef("constant", _no_state, constant_step, {}, doc=constant_step.__doc__,
+                           deterministic=True))
 DEMANDS.register(DemandDef("noisy", _no_state, noisy_step,
                            {"sigma": Field("float", 0.1, low=0.0, doc="noise scale")},
                            doc=noisy_step.__doc__))
 DEMANDS.register(DemandDef("cyclic", _no_state, cyclic_step,
                            {"period": Field("int", 10, low=1, doc="steps per level"),
                             "levels": Field("floats", (1.0,), low=0.0, doc="demand multipliers")},
-                           doc=cyclic_step.__doc__))
+                           doc=cyclic_step.__doc__, deterministic=True))
 DEMANDS.register(DemandDef("regime", _no_state, regime_step,
                            {"steps": Field("ints", (), low=0, doc="switch steps"),
                             "levels": Field("floats", (1.0,), low=0.0,
                                             doc="multiplier per regime")},
-                           check=_check_regime, doc=regime_step.__doc__))
+                           check=_check_regime, doc=regime_step.__doc__, deterministic=True))
 DEMANDS.register(DemandDef("shocks", shocks_init, shocks_step,
                            {"rate": Field("float", 0.01, low=0.0, high=1.0,
                                           doc="shock probability"),

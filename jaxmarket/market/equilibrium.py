@@ -64,13 +64,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxmarket.market.demand import DEMANDS
 from jaxmarket.market.distributors import DISTRIBUTORS
 from jaxmarket.market.env import MarketEnv
 from jaxmarket.market.spec import MarketParams, freeze, thaw
 from jaxmarket.market.state import current_actions
 
-#: demand processes that do not draw with their key
-DETERMINISTIC_DEMANDS = ("constant", "cyclic", "regime")
 #: keys averaged over in a random period (unless ``samples`` is given)
 DEFAULT_SAMPLES = 256
 #: the relative rise of a group's summed reward a single cell's move must bring (the
@@ -134,13 +133,19 @@ DEFAULT_SEARCH = Search()
 
 
 def is_deterministic(env: MarketEnv) -> bool:
-    """Whether one period from the reset state is the same for every key (constant,
-    cyclic or regime demand and a distributor that does not draw)."""
+    """Whether one period from the reset state is the same for every key (every demand
+    process and the distributor declared deterministic on their definitions)."""
     spec = env.spec
-    if any(c.demand_kind not in DETERMINISTIC_DEMANDS for c in spec.consumers):
+    if not deterministic_demand(spec):
         return False
     options = dict(thaw(spec.distributor_options) or {})
     return DISTRIBUTORS[spec.distributor].is_deterministic(options)
+
+
+def deterministic_demand(spec: Any) -> bool:
+    """Whether every consumer group's demand process ignores its key
+    (:attr:`DemandDef.deterministic`)."""
+    return all(DEMANDS[c.demand_kind].deterministic for c in spec.consumers)
 
 
 def outcomes(env: MarketEnv) -> tuple[tuple[float, MarketEnv], ...] | None:
@@ -151,7 +156,7 @@ def outcomes(env: MarketEnv) -> tuple[tuple[float, MarketEnv], ...] | None:
     if is_deterministic(env):
         return ((1.0, env),)
     spec = env.spec
-    if any(c.demand_kind not in DETERMINISTIC_DEMANDS for c in spec.consumers):
+    if not deterministic_demand(spec):
         return None
     options = dict(thaw(spec.distributor_options) or {})
     found = DISTRIBUTORS[spec.distributor].outcome_options(options)

@@ -3,17 +3,14 @@
 :func:`equilibrium` resolves a config (or takes a resolved
 :class:`~jaxmarket.train.plan.RunPlan`) and solves the static one-shot game of its
 *learning* groups with :func:`jaxmarket.market.equilibrium.solve`: each group's actions
-are what its learner can play --
+are what its learner can play -- the :class:`~jaxmarket.market.equilibrium.ActionSet`
+its definition declares (:attr:`LearnerDef.action_set`: a price grid, arms per agent and
+product), else the box of the group's action bounds.
 
-* ``q_learning``: its price grid (``grid_low``/``grid_high``/``grid_size`` or ``grid``);
-* ``epsilon_greedy``, ``ucb1``, ``thompson``, ``exp3``: their arms per agent and product;
-* every other learner (``ppo_bandit``, ``vpg_bandit``, ``rolling_ppo_bandit``, ``ppo``, a
-  registered kind): the box of the group's action bounds.
-
-Groups driven by a fixed policy (``constant``, ``schedule``, ``undercut``, ``random``) are
-part of the environment: they play what their policy plays at the reset state (its
-``act`` on the reset observation, one draw per sample key; a ``random`` group makes the
-period random, so the payoffs are averaged over
+Groups driven by a fixed policy (a learner whose definition declares ``fixed_policy``)
+are part of the environment: they play what their policy plays at the reset state (its
+``act`` on the reset observation, one draw per sample key; a group whose definition
+declares ``random_policy`` makes the period random, so the payoffs are averaged over
 :data:`~jaxmarket.market.equilibrium.DEFAULT_SAMPLES` keys). The period evaluated is the
 first one from the reset state (module docstring of :mod:`jaxmarket.market.equilibrium`).
 
@@ -37,10 +34,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxmarket.learners.base import LEARNERS
+from jaxmarket.learners.base import LEARNERS, LearnerDef
 from jaxmarket.learners.controller import group_learner_spec
-from jaxmarket.learners.discrete_bandits import discrete_bandit_settings
-from jaxmarket.learners.qlearning import grid_of, qlearning_settings
 from jaxmarket.market.equilibrium import (
     DEFAULT_SAMPLES,
     DEFAULT_SEARCH,
@@ -53,30 +48,23 @@ from jaxmarket.market.equilibrium import (
 )
 from jaxmarket.train.plan import RunPlan, resolve
 
-#: learners that follow a fixed policy: their groups are part of the environment
-FIXED_KINDS = ("constant", "schedule", "undercut", "random")
-#: fixed policies that draw with their key
-RANDOM_KINDS = ("random",)
-#: learners over a grid of arms per agent and product
-BANDIT_GRID_KINDS = ("epsilon_greedy", "ucb1", "thompson", "exp3")
+
+def _definition(plan: RunPlan, group: str) -> LearnerDef:
+    return LEARNERS[plan.learner_settings[group][0]]
 
 
 def learning_groups(plan: RunPlan) -> tuple[str, ...]:
     """The agent groups driven by a learner that learns (not a fixed policy)."""
-    return tuple(g for g in plan.groups if plan.learner_settings[g][0] not in FIXED_KINDS)
+    return tuple(g for g in plan.groups if not _definition(plan, g).fixed_policy)
 
 
 def action_set(plan: RunPlan, group: str) -> ActionSet:
-    """What ``group``'s learner can play (module docstring)."""
+    """What ``group``'s learner can play: its definition's ``action_set`` of one market's
+    agents, else the box of the group's action bounds."""
     kind, hyper = plan.learner_settings[group]
-    n = plan.env.num_agents(group)
-    if kind == "q_learning":
-        prices = np.asarray(grid_of(qlearning_settings(hyper, plan.specs[group])).prices)
-        return ActionSet.from_grid(np.broadcast_to(prices, (n, plan.env.spec.num_products,
-                                                            prices.size)))
-    if kind in BANDIT_GRID_KINDS:
-        grid = np.asarray(discrete_bandit_settings(kind, hyper, plan.specs[group]).grid)
-        return ActionSet.from_grid(grid[:n])
+    declared = LEARNERS[kind].action_set
+    if declared is not None:
+        return declared(hyper, plan.specs[group], plan.env.num_agents(group))
     space = plan.env.action_space(group, plan.params)
     return ActionSet.box(space.low, space.high)
 
@@ -90,7 +78,7 @@ def fixed_actions(plan: RunPlan, samples: int) -> dict[str, np.ndarray]:
     out = {}
     for g in plan.groups:
         kind, hyper = plan.learner_settings[g]
-        if kind not in FIXED_KINDS:
+        if not LEARNERS[kind].fixed_policy:
             continue
         spec = group_learner_spec(env, params, g)
         learner = LEARNERS[kind].make(hyper, spec)
@@ -103,16 +91,19 @@ def fixed_actions(plan: RunPlan, samples: int) -> dict[str, np.ndarray]:
 def deterministic(plan: RunPlan) -> bool:
     """Whether a period's payoff is a function of the actions alone (no demand or
     distributor draw, no fixed group acting at random): one key gives the static game."""
-    random = any(plan.learner_settings[g][0] in RANDOM_KINDS for g in plan.groups)
-    return is_deterministic(plan.env) and not random
+    return is_deterministic(plan.env) and not _random_group(plan)
 
 
 def exact(plan: RunPlan) -> bool:
     """Whether the static game's expected payoff is computed exactly: a deterministic
     period, or a draw with finitely many declared outcomes
     (:func:`jaxmarket.market.equilibrium.outcomes`), and no fixed group acting at random."""
-    random = any(plan.learner_settings[g][0] in RANDOM_KINDS for g in plan.groups)
-    return outcomes(plan.env) is not None and not random
+    return outcomes(plan.env) is not None and not _random_group(plan)
+
+
+def _random_group(plan: RunPlan) -> bool:
+    """Whether a fixed group acts at random (its definition declares ``random_policy``)."""
+    return any(_definition(plan, g).random_policy for g in plan.groups)
 
 
 def benchmarks(eq: Mapping[str, Any]) -> dict[str, Any]:
@@ -210,6 +201,6 @@ def summary_profit_gain(plan: RunPlan, summary: Mapping[str, Any],
     return out
 
 
-__all__ = ["BANDIT_GRID_KINDS", "FIXED_KINDS", "action_set", "benchmarks", "deterministic",
+__all__ = ["action_set", "benchmarks", "deterministic",
            "equilibrium", "exact", "fixed_actions",
            "learning_groups", "profit_gain", "summary_profit_gain"]

@@ -42,26 +42,13 @@ import numpy as np
 
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.fields import Field, check_mapping
+from jaxmarket.learners.base import LEARNERS
 
 PREFIX = "pbt/"              # chunk outputs that become pbt.csv rows, not metrics
 OBJECTIVE = "pbt_objective/"  # per-iteration [S, K] objective signal, internal to the loop
 CSV_COLUMNS = ("iteration", "group", "seed", "member", "source", "objective",
                "source_objective", "hyperparameter", "old", "new")
 
-# learner kinds PBT supports -> the hyperparameters they keep per policy in state.hyper
-HYPERPARAMS = {
-    "vpg_bandit": ("learning_rate", "entropy_coef", "pullback_coef"),
-    "ppo_bandit": ("learning_rate", "entropy_coef", "pullback_coef", "clip_eps"),
-    "rolling_ppo_bandit": ("learning_rate", "entropy_coef", "pullback_coef", "clip_eps"),
-    "q_learning": ("learning_rate", "exploration_decay"),
-    "ppo": ("learning_rate", "ent_coef", "vf_coef", "clip_eps"),
-}
-# what a replaced member copies from its source, per learner state: the fields whose
-# leaves are policy-stacked (the rest, e.g. sample buffers or a session's step, stay)
-MEMBER_FIELDS = {
-    "q_learning": ("rows", "hyper"),            # Q tables (with their greedy column)
-}
-DEFAULT_MEMBER_FIELDS = ("params", "opt_state", "hyper")
 INIT_MODES = ("log_spaced", "log_uniform")
 
 FIELDS = {
@@ -103,6 +90,12 @@ class PbtConfig:
 
 def _number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def pbt_kinds() -> list[str]:
+    """The learner kinds PBT applies to: those whose :class:`LearnerDef` declares
+    ``pbt_hyperparams``."""
+    return sorted(k for k, d in LEARNERS.items() if d.pbt_hyperparams)
 
 
 def split_pbt(raw: Any) -> tuple[Any, Any]:
@@ -153,9 +146,11 @@ def resolve_pbt(config: dict, populations: Mapping[str, Any]) -> dict[str, PbtCo
 def _resolve_one(raw: Mapping, where: str, group: str, learner: Any, size: int) -> PbtConfig:
     h = check_mapping(FIELDS, raw, where, ignore=())
     kind = learner.get("kind") if isinstance(learner, Mapping) else None
-    if kind not in HYPERPARAMS:
-        raise ConfigError(f"learners.{group}.kind", kind, "one of " + ", ".join(HYPERPARAMS)
-                          + f" (the learner kinds {where} supports)")
+    if kind not in LEARNERS or not LEARNERS[kind].pbt_hyperparams:
+        raise ConfigError(f"learners.{group}.kind", kind, "one of " + ", ".join(pbt_kinds())
+                          + f" (the learners whose definition declares PBT hyperparameters, "
+                          f"which {where} mutates)")
+    names = LEARNERS[kind].pbt_hyperparams
     if size < 2:
         raise ConfigError(f"learners.{group}.population", size,
                           f"an integer >= 2 ({where} needs members to compare)")
@@ -173,12 +168,12 @@ def _resolve_one(raw: Mapping, where: str, group: str, learner: Any, size: int) 
     if not isinstance(hp, Mapping) or not hp:
         raise ConfigError(f"{where}.hyperparams", hp if hp is not None else "<missing>",
                           "a mapping {name: [low, high]} of the hyperparameters to mutate, "
-                          "names among " + ", ".join(HYPERPARAMS[kind]))
+                          "names among " + ", ".join(names))
     bounds = []
     for name, b in hp.items():
-        if name not in HYPERPARAMS[kind]:
+        if name not in names:
             raise ConfigError(f"{where}.hyperparams.{name}", b, f"a hyperparameter of {kind}: "
-                              + ", ".join(HYPERPARAMS[kind]))
+                              + ", ".join(names))
         if not (isinstance(b, (list, tuple)) and len(b) == 2 and all(map(_number, b))
                 and 0 < b[0] <= b[1]):
             raise ConfigError(f"{where}.hyperparams.{name}", b,
@@ -214,8 +209,9 @@ def _resolve_one(raw: Mapping, where: str, group: str, learner: Any, size: int) 
 
 def members(state: Any, kind: str) -> dict:
     """The per-member part of a learner state of ``kind``: what a replaced member copies
-    (parameters and optimizer state, or Q tables) and what it mutates (``hyper``)."""
-    return {f: getattr(state, f) for f in MEMBER_FIELDS.get(kind, DEFAULT_MEMBER_FIELDS)}
+    (its definition's ``member_fields``: parameters and optimizer state, or Q tables) and
+    what it mutates (``hyper``)."""
+    return LEARNERS[kind].members(state)
 
 
 def with_members(state: Any, tree: dict) -> Any:
@@ -341,4 +337,4 @@ def event_rows(outputs: Mapping[str, np.ndarray], start: int) -> list[dict]:
 
 
 __all__ = ["PbtConfig", "resolve_pbt", "strip_pbt", "split_pbt", "pbt_step", "initial_hyper",
-           "event_rows", "HYPERPARAMS", "PREFIX", "CSV_COLUMNS"]
+           "event_rows", "pbt_kinds", "PREFIX", "CSV_COLUMNS"]

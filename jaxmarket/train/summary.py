@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import bootstrap, trim_mean
 
+from jaxmarket.learners.base import CONVERGENCE_KEYS, LEARNERS
 from jaxmarket.market.env import MarketEnv
 from jaxmarket.market.state import current_actions
 from jaxmarket.models.metrics import asymptotic, auc
@@ -146,8 +147,9 @@ def final_state(plan: Any, runner: Any) -> dict:
     every process of a distributed run): per group and seed, each agent's action in
     force (price, multiplier, budget or quantity), last reward and traffic, averaged over
     the seed's markets (``[S, A, P]``, ``[S, A]``, ``[S, A, P]``); and the learners'
-    convergence state where they keep one (Q-learning: ``converged``,
-    ``stable_periods``, ``step``, ``[S]`` each)."""
+    convergence state where their definition declares a report
+    (:attr:`LearnerDef.convergence`: ``converged``, ``stable_periods``, ``step``, ``[S]``
+    each)."""
     env, S = plan.env, plan.train.num_seeds
     state, actions = runner.env_state, current_actions(plan.env.spec, runner.env_state)
     sellers = {g.name for g in env.spec.sellers}
@@ -162,10 +164,11 @@ def final_state(plan: Any, runner: Any) -> dict:
         served = state.traffic[g] if g in sellers else state.queries[g] - state.unserved[g]
         agents[g] = {"action": spec.action, "value": per_seed(actions[g]),
                      "reward": per_seed(state.last_reward[g]), "traffic": per_seed(served)}
-        learner = runner.learners[g]
-        if all(hasattr(learner, k) for k in ("converged", "stable_periods", "step")):
-            convergence[g] = {k: np.broadcast_to(np.asarray(to_host(getattr(learner, k))), (S,))
-                              for k in ("converged", "stable_periods", "step")}
+        report = LEARNERS[plan.learner_settings[g][0]].convergence
+        if report is not None:
+            c = report(runner.learners[g])
+            convergence[g] = {k: np.broadcast_to(np.asarray(to_host(c[k])), (S,))
+                              for k in CONVERGENCE_KEYS}
     return {"agents": agents, "convergence": convergence}
 
 

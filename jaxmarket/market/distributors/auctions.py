@@ -144,10 +144,10 @@ def allocate_mixed_price(key: jax.Array, quotes: Quotes, params: Mapping[str, ja
 
 FIRST_PRICE = DISTRIBUTORS.register(DistributorDef(
     kind="first_price", allocate=allocate_first_price, params=PARAMS, options=OPTIONS,
-    dense=False))
+    dense=False, auction=True))
 SECOND_PRICE = DISTRIBUTORS.register(DistributorDef(
     kind="second_price", allocate=allocate_second_price, params=PARAMS, options=OPTIONS,
-    dense=False))
+    dense=False, auction=True))
 MIXED_PRICE = DISTRIBUTORS.register(DistributorDef(
     kind="mixed_price", allocate=allocate_mixed_price, params=MIXED_PARAMS, options=OPTIONS,
-    dense=False))
+    dense=False, auction=True))

@@ -82,7 +82,10 @@ class DistributorDef:
     (the allocation is random), or a function of the resolved options (a dict with
     defaults filled in) saying so for one configuration (use :meth:`is_deterministic`);
     ``check``: an optional ``check(values, where)`` of the resolved params and options
-    that raises :class:`ConfigError` (cross-field rules a ``Field`` cannot state).
+    that raises :class:`ConfigError` (cross-field rules a ``Field`` cannot state);
+    ``auction``: a sealed-bid auction (every seller's quoted price is its bid, the fees
+    are what the winners pay): a run of its market reports the auction metrics
+    (``auction/revenue``, ``auction/winning_bid``, ``auction/win_share/<g>/<j>``).
     """
 
     kind: str
@@ -98,6 +101,7 @@ class DistributorDef:
     # deterministic; None where the draw is not finite (the expectation is then sampled)
     outcomes: Callable[[Mapping[str, Any]], tuple[tuple[float, Mapping[str, Any]], ...] | None] \
         | None = None
+    auction: bool = False
 
     def outcome_options(self, options: Mapping[str, Any] | None = None
                         ) -> tuple[tuple[float, dict], ...] | None:

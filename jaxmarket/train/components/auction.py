@@ -1,6 +1,6 @@
 """Auction metrics: the auctioneer's revenue, the winning bid and each bidder's share of
 the wins, per iteration (``metrics.csv``, ``seeds.csv``) and in ``summary.json``, for
-the sealed-bid distributors (``first_price``, ``second_price``, ``mixed_price``).
+the sealed-bid auctions (the distributors whose definition declares ``auction``).
 
 Per product ``p``, in each market and period (every seller group bids in the one
 auction; a seller's quoted price is its bid)::
@@ -24,11 +24,10 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
+from jaxmarket.market.distributors import DISTRIBUTORS
 from jaxmarket.train.components.base import COMPONENTS, Component, Step
 from jaxmarket.train.metrics import PER_SEED
 
-#: the distributors whose markets get the auction metrics
-AUCTIONS = ("first_price", "second_price", "mixed_price")
 PREFIX = "auction/"
 
 
@@ -72,7 +71,7 @@ class Auction(Component):
 @COMPONENTS.register("auction")
 def from_plan(plan) -> Auction | None:
     spec = plan.env.spec
-    if spec.distributor not in AUCTIONS:
+    if not DISTRIBUTORS[spec.distributor].auction:
         return None
     return Auction(tuple((g.name, g.count) for g in spec.sellers), plan.train.num_seeds)
 
@@ -116,4 +115,4 @@ def auction_summary(header: list[str], tail: np.ndarray,
     return {"auction": out}
 
 
-__all__ = ["AUCTIONS", "Auction", "auction_summary"]
+__all__ = ["Auction", "auction_summary"]
