@@ -9,7 +9,7 @@ raises the :class:`ConfigError` the full validation raises first, with the same
 message. It covers the ``train:`` section and ``seed``, the ``market:`` section (its
 groups, entity arrays, reward and observation components, demand process and
 distributor) and, where every agent group observes nothing, the ``learners:`` names
-and the first group's kind and settings. Wherever the next check is one it does not
+and every group's kind and settings. Wherever the next check is one it does not
 hold (a component's own ``check``, a reward's builder, the session engine's choice,
 populations, PBT, external models, train.schedule, a learner's ``make``), it stops
 and leaves the config to the full validation, which always runs next; so does a
@@ -271,10 +271,10 @@ def _move_order(order: str, num_sellers: int, episode_length: int | None, where:
 # ------------------------------------------------------------------ learners:
 
 def learner_section(learners: dict, groups: list[dict], where: str = "learners") -> None:
-    """:func:`jaxmarket.learners.controller.build_controller`'s checks of the names, then
-    the first agent group's kind and settings (its ``make`` runs before the next
-    group's). Only where no agent group observes anything and no group uses the
-    loop's own keys (populations, PBT, external models): their checks come first."""
+    """:func:`jaxmarket.learners.controller.check_controller`'s checks: the names, then
+    each agent group's kind, settings and move order. Only where no agent group
+    observes anything and no group uses the loop's own keys (populations, external
+    models): their checks come first."""
     learners = {g: ({k: v for k, v in c.items() if k != "pbt"} if isinstance(c, Mapping)
                     else c) for g, c in learners.items()}   # strip_pbt
     agents = [g for g in groups if g["agent"]]
@@ -292,7 +292,13 @@ def learner_section(learners: dict, groups: list[dict], where: str = "learners")
         if name not in learners:
             raise ConfigError(f"{where}.{name}", "<missing>",
                               f"a learner config (every agent group needs one: {', '.join(names)})")
-    at = f"{where}.{names[0]}"
-    _, d = lookup_kind(learners[names[0]], schema.LEARNERS, at,
-                       "a mapping with a 'kind' key, e.g. {kind: ppo_bandit}")
-    check_mapping(d["fields"], learners[names[0]], at)
+    for name in names:   # check_controller: each group's kind, settings and move order
+        at = f"{where}.{name}"
+        kind, d = lookup_kind(learners[name], schema.LEARNERS, at,
+                              "a mapping with a 'kind' key, e.g. {kind: ppo_bandit}")
+        check_mapping(d["fields"], learners[name], at)
+        if "simultaneous" not in d["move_orders"]:
+            able = [k for k, x in schema.LEARNERS.items() if "simultaneous" in x["move_orders"]]
+            raise ConfigError(f"{at}.kind", kind, "a learner that handles market.move_order "
+                              "'simultaneous' (its action takes effect only in its turn): "
+                              + ", ".join(able))
