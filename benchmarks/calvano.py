@@ -8,7 +8,7 @@ directory (``--run-dir DIR`` keeps it), times that call and prints the published
 experiment's numbers from the run's ``summary.json`` and ``sessions.csv``:
 
 * ``--firms N``: ``market.sellers[0].count = N``, ``low``/``high`` = the bounds of
-  :func:`jaxmarket.economics.calvano_grid` for ``N`` sellers (``p_N - xi (p_M - p_N)``,
+  :func:`jaxmarket.market.economics.calvano_grid` for ``N`` sellers (``p_N - xi (p_M - p_N)``,
   ``p_M + xi (p_M - p_N)``, xi = 0.1);
 * ``--alpha``, ``--beta``, ``--window``: ``learners.sellers.learning_rate``,
   ``exploration_decay``, ``convergence_window``;
@@ -83,7 +83,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compile_timer import CompileTimer
 import record  # noqa: E402  (benchmarks/record.py: --write, --json-out)
 
-from jaxmarket import economics
+from jaxmarket.market import economics
 from jaxmarket.config.loader import load_config
 from jaxmarket.sessions import run as session_run
 from jaxmarket.sessions.game import MAX_PROFILES

@@ -2,7 +2,7 @@
 
 Each scenario trains its config with ``jaxmarket.train.run.start_run`` (into a temporary
 directory) and compares the learned price or bid with the number theory gives
-(``jaxmarket.economics``, computed from the config's own parameters; docs/ground_truths.md):
+(``jaxmarket.market.economics``, computed from the config's own parameters; docs/ground_truths.md):
 
 * ``legacy_budget``  -- legacy default market (``configs/budget_monopoly.yaml``; learner
   settings overridden, see ``LEGACY``), PPO bandit: p* = budget;
@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from compile_timer import CompileTimer
 from throughput import machine
 
-from jaxmarket import economics
+from jaxmarket.market import economics
 from jaxmarket.config.loader import load_config
 from jaxmarket.train.slots import per_seed
 from jaxmarket.train.run import final_learner_state, start_run

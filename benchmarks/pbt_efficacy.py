@@ -1,7 +1,7 @@
 """Does population-based training find a learning rate the hand-picked grid misses?
 
 Scenario: the logit monopoly (``configs/logit_monopoly.yaml``: one seller, multinomial
-logit demand, closed-form optimum ``p* = jaxmarket.economics.monopoly_price() = 1.8020``),
+logit demand, closed-form optimum ``p* = jaxmarket.market.economics.monopoly_price() = 1.8020``),
 its ``ppo_bandit`` seller given a population of ``K`` members per seed whose learning
 rates start log-spaced over four decades (``pbt.init: {learning_rate: log_spaced}``,
 bounds ``[1e-5, 1e-1]``). Two runs at equal env steps, same seeds:
@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from compile_timer import CompileTimer  # noqa: E402
 
 from jaxmarket.config.loader import load_config  # noqa: E402
-from jaxmarket.economics import logit_profits, monopoly_price  # noqa: E402
+from jaxmarket.market.economics import logit_profits, monopoly_price  # noqa: E402
 from jaxmarket.train.plan import resolve
 from jaxmarket.train.trainer import Trainer  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -24,9 +24,9 @@ _HOMES = {
     "make": "jaxmarket.market.scenario",
     "register_mapping": "jaxmarket.learners.population",
     "resolve_market": "jaxmarket.market.spec",
-    # runs back in Python (jaxmarket.train.runs, docs/runs.md)
-    "load_run": "jaxmarket.train.runs",
-    "compare": "jaxmarket.train.runs",
+    # runs back in Python (jaxmarket.analysis.runs, docs/runs.md)
+    "load_run": "jaxmarket.analysis.runs",
+    "compare": "jaxmarket.analysis.runs",
 }
 
 __all__ = ["ConfigError", "MarketEnv", "MarketParams", "MarketSpec", "MarketState", "compare",
@@ -40,8 +40,8 @@ def __getattr__(name: str):
         value = getattr(importlib.import_module(_HOMES[name]), name)
         globals()[name] = value   # once: later reads skip this hook
         return value
-    if name == "analysis":   # jaxmarket.analysis.impulse_response (train/analysis.py)
-        return importlib.import_module("jaxmarket.train.analysis")
+    if name == "analysis":   # the subpackage: jaxmarket.analysis.impulse_response
+        return importlib.import_module("jaxmarket.analysis")
     raise AttributeError(f"module 'jaxmarket' has no attribute {name!r}")
 
 

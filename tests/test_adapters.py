@@ -20,7 +20,7 @@ from jaxmarket.adapters import (
     make_parallel_env,
     make_vector_env,
 )
-from jaxmarket.economics import logit_profits, nash_price
+from jaxmarket.market.economics import logit_profits, nash_price
 
 MULTI = str(CONFIGS / "multi_product.yaml")
 DUOPOLY = str(CONFIGS / "logit_duopoly.yaml")

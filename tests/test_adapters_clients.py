@@ -5,7 +5,7 @@ under gymnasium's observation wrappers, ``gym.make`` ids of the shipped scenario
 the optional extras (sacred, clients) in pyproject.toml.
 
 Every market here is the deterministic logit duopoly, so rewards are closed forms
-(``jaxmarket.economics.logit_profits``) and gymnasium's own ``SyncVectorEnv`` over
+(``jaxmarket.market.economics.logit_profits``) and gymnasium's own ``SyncVectorEnv`` over
 single-market envs gives the reference for the vector env."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from jaxmarket.adapters import (
 )
 from jaxmarket.adapters.registration import env_id, shipped_scenarios
 from jaxmarket.config.errors import ConfigError
-from jaxmarket.economics import logit_profits
+from jaxmarket.market.economics import logit_profits
 from jaxmarket.train.tracking import with_tracker
 
 DUOPOLY = str(CONFIGS / "logit_duopoly.yaml")

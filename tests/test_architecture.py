@@ -13,13 +13,14 @@ ROOT = Path(__file__).resolve().parents[1] / "jaxmarket"
 
 # low to high; a module may import its own layer and the layers below it
 LAYERS = [
-    ("config", ("jaxmarket.config", "jaxmarket.economics", "jaxmarket.compile_cache")),
+    ("config", ("jaxmarket.config", "jaxmarket.compile_cache")),
     ("combinators", ("jaxmarket.combinators",)),
     ("market", ("jaxmarket.market",)),
     ("learners", ("jaxmarket.learners",)),
     ("models", ("jaxmarket.models",)),
     ("train", ("jaxmarket.train",)),
     ("sessions", ("jaxmarket.sessions",)),
+    ("analysis", ("jaxmarket.analysis",)),
     ("offline", ("jaxmarket.offline",)),
     ("adapters", ("jaxmarket.adapters",)),
     ("cli", ("jaxmarket.cli",)),

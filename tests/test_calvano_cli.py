@@ -4,7 +4,7 @@ config, the JSON read from the run directory, the one-line errors of bad flags, 
 alpha x beta grid mode. (The engine itself: ``tests/test_sessions_engine.py``.)
 
 Expected values are computed here by hand or with numpy/scipy from the logit formulas
-(never read back from ``jaxmarket.economics`` or the script)."""
+(never read back from ``jaxmarket.market.economics`` or the script)."""
 
 import csv
 import importlib.util

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxmarket import economics
+from jaxmarket.market import economics
 from jaxmarket.train.run import final_learner_state, start_run
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "calvano.yaml"

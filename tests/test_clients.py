@@ -15,7 +15,7 @@ import importlib.util
 import numpy as np
 from conftest import CONFIGS
 
-from jaxmarket.economics import logit_profits, monopoly_price
+from jaxmarket.market.economics import logit_profits, monopoly_price
 
 CLIENTS = ("torch", "stable_baselines3", "d3rlpy")
 INSTALLED = all(importlib.util.find_spec(m) is not None for m in CLIENTS)

@@ -31,7 +31,7 @@ def test_mkdocs_strict_build_has_every_page_and_the_api_reference(tmp_path):
     reference = (site / "reference" / "index.html").read_text()
     for name in ("jaxmarket.make", "jaxmarket.adapters.make_parallel_env",
                  "jaxmarket.adapters.make_jaxmarl_env", "jaxmarket.market.env.MarketEnv",
-                 "jaxmarket.economics.nash_price"):
+                 "jaxmarket.market.economics.nash_price"):
         assert f'id="{name}"' in reference, name
     # docstring text, not just headings
     assert "dotted overrides" in reference and "ParallelEnv</code> of one market" in reference

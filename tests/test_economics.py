@@ -1,4 +1,4 @@
-"""Closed forms of ``jaxmarket.economics`` checked against independent numerics.
+"""Closed forms of ``jaxmarket.market.economics`` checked against independent numerics.
 
 Each test derives its reference here (finite differences, brute-force grids), not from
 the module under test. Tolerances:
@@ -16,7 +16,7 @@ import math
 import numpy as np
 import pytest
 
-from jaxmarket import economics as econ
+from jaxmarket.market import economics as econ
 
 A, C, A0, MU = 2.0, 1.0, 0.0, 0.25  # Calvano's baseline economy
 

@@ -1,5 +1,5 @@
 """Static equilibria on the market's own reward (jaxmarket.equilibrium) against the closed
-forms of docs/ground_truths.md (jaxmarket.economics, float64), the Calvano et al. (2020)
+forms of docs/ground_truths.md (jaxmarket.market.economics, float64), the Calvano et al. (2020)
 baseline, auctions on a grid (numpy brute force of the auction rules), budget-bound
 optima derived here, and the check CLI's JSON line."""
 
@@ -14,7 +14,7 @@ import pytest
 from scipy.optimize import fsolve, minimize
 
 import jaxmarket
-from jaxmarket import economics
+from jaxmarket.market import economics
 from jaxmarket.cli.check import main as check_main
 from jaxmarket.train.equilibrium import profit_gain, summary_profit_gain
 from jaxmarket.train.plan import resolve

@@ -2,7 +2,7 @@
 
 Each test trains the scenario's learners with ``start_run`` into ``tmp_path`` and compares
 what they learned with a number derived here, from the closed forms of
-``jaxmarket.economics`` and the scenario's own config values (never a pasted constant).
+``jaxmarket.market.economics`` and the scenario's own config values (never a pasted constant).
 
 *Learned price.* Unless stated otherwise it is the **policy mean** of the Gaussian bandit
 read from the final checkpoint (``final_learner_state``), averaged over the vmapped seeds:
@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from conftest import CONFIGS
 
-from jaxmarket import economics
+from jaxmarket.market import economics
 from jaxmarket.config.loader import load_config
 from jaxmarket.train.slots import per_seed
 from jaxmarket.train.run import final_learner_state, start_run

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 import jaxmarket
-from jaxmarket import economics
+from jaxmarket.market import economics
 from jaxmarket.cli import run_cli
 from jaxmarket.cli.impulse import main as impulse_main
 from jaxmarket.config.errors import ConfigError
-from jaxmarket.train.analysis import Strategies, impulse_response, strategies_from_run
+from jaxmarket.analysis.impulse import Strategies, impulse_response, strategies_from_run
 from jaxmarket.train.run import start_run
 
 GRID = np.array([1.0, 2.0, 3.0])

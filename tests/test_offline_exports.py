@@ -16,7 +16,7 @@ from jaxmarket.adapters import registration
 from jaxmarket.cli.collect import main as collect_main
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.loader import load_config
-from jaxmarket.economics import logit_profits
+from jaxmarket.market.economics import logit_profits
 from jaxmarket.offline import collect, load_dataset
 from jaxmarket.offline.export import ENV_ENTRY_POINT
 from jaxmarket.offline.formats import export_dataset

@@ -10,7 +10,8 @@ from conftest import CONFIGS
 
 from jaxmarket import ConfigError
 from jaxmarket.cli import run_cli
-from jaxmarket.cli.plot import main, make_figure, moving_average, plot_run, plot_series
+from jaxmarket.analysis.plots import make_figure, moving_average, plot_run, plot_series
+from jaxmarket.cli.plot import main
 
 CONFIG_YAML = """\
 market:

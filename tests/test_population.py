@@ -329,8 +329,8 @@ def test_cross_play_matrix_is_each_members_reward_against_each_other_member(tmp_
                 np.testing.assert_allclose(got[i][j], expected[i][j], rtol=1e-6)
     np.testing.assert_allclose(summary["members"]["sellers"]["mean_price"], [[1.0], [2.0]])
     # the plot draws the same matrix, and a member column is not a group of its own
-    from jaxmarket.cli.plot import cross_play, load_run, plot_run, run_groups
-    run = load_run(tmp_path / "r")
+    from jaxmarket.analysis.plots import cross_play, plot_run, run_data, run_groups
+    run = run_data(tmp_path / "r")
     assert run_groups(run.header) == ["sellers"]
     matrix = cross_play(run, "sellers")
     np.testing.assert_array_equal(np.isnan(matrix), [[v is None for v in row] for row in got])

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import jaxmarket
-from jaxmarket import economics
+from jaxmarket.market import economics
 from jaxmarket.market.distributors import DISTRIBUTORS, Quotes
 from jaxmarket.market.state import current_actions
 

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxmarket import economics
+from jaxmarket.market import economics
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.learners.base import LEARNERS, LearnerSpec, Transition
 from jaxmarket.learners import qlearning

@@ -22,7 +22,7 @@ from jaxmarket.cli.reproduce import main as reproduce_main
 from jaxmarket.cli.train import main as train_main
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.loader import load_config
-from jaxmarket.economics import calvano_grid
+from jaxmarket.market.economics import calvano_grid
 from jaxmarket.sessions.engine import bootstrap_ci
 from jaxmarket.sessions.game import make_game
 from jaxmarket.sessions.reproduce import (DESIGNS_DIR, MEASURES, TOLERANCE, find_design,

@@ -22,7 +22,7 @@ from scipy import stats
 import jaxmarket
 from jaxmarket.cli import run_cli
 from jaxmarket.cli.plot import main as plot_main
-from jaxmarket.cli.plot import mean_interval, plot_series
+from jaxmarket.analysis.plots import mean_interval, plot_series
 from jaxmarket.cli.train import main as train_main
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.train.config import AUTO_MAX_ROWS, AUTO_MAX_SEED_ROWS, auto_log_every, resolve_train

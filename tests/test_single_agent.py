@@ -18,7 +18,7 @@ from gymnax.wrappers.purerl import LogWrapper
 from scipy.optimize import brentq
 
 import jaxmarket
-from jaxmarket.economics import logit_profits
+from jaxmarket.market.economics import logit_profits
 from jaxmarket.adapters.single_agent import SingleAgentEnv
 
 # Three products, a posted-price seller group and a budget-setting buyer group, with

@@ -16,7 +16,7 @@ The scenario is ``configs/logit_monopoly.yaml`` (group ``seller``, one agent, on
 product, no observation features) with ``market.episode_length=1``: a monopolist's
 profit does not depend on past prices, so each step is one pricing episode (``done``
 every step, GAE reduces to ``reward - value``) and gymnax's ``LogWrapper`` reports each
-step's profit as an episode return. Theory (``jaxmarket.economics.monopoly_price``):
+step's profit as an episode return. Theory (``jaxmarket.market.economics.monopoly_price``):
 ``p* = c + mu (1 + W(exp((a - c - mu - a0) / mu))) = 1.8020``.
 """
 
@@ -37,7 +37,7 @@ from flax.training.train_state import TrainState
 from gymnax.wrappers.purerl import GymnaxWrapper, LogWrapper
 
 import jaxmarket
-from jaxmarket.economics import monopoly_price
+from jaxmarket.market.economics import monopoly_price
 from jaxmarket.adapters.single_agent import SingleAgentEnv
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "logit_monopoly.yaml"

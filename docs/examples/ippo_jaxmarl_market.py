@@ -20,7 +20,7 @@ prices in ``[1, 2.5]``, profit rewards) with ``market.episode_length=1``: each s
 one pricing episode, and the observation is the seller's own price at the reset (1.75,
 a constant: JaxMARL's ``batchify`` needs at least one feature). The policy starts at mean
 0 (every price clipped up to 1 = cost, profit 0) and the independent learners should end
-near the static Nash price ``jaxmarket.economics.nash_price() = 1.4729``.
+near the static Nash price ``jaxmarket.market.economics.nash_price() = 1.4729``.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from flax.linen.initializers import constant, orthogonal
 from flax.training.train_state import TrainState
 
 from jaxmarket.adapters import make_jaxmarl_env
-from jaxmarket.economics import nash_price
+from jaxmarket.market.economics import nash_price
 
 QUICK = os.environ.get("JAXMARKET_QUICK") == "1"
 CONFIG = dict(

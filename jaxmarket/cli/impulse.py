@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 
 from jaxmarket.cli import parser as make_parser
-from jaxmarket.train.analysis import ImpulseResponse, impulse_response
+from jaxmarket.analysis.impulse import ImpulseResponse, impulse_response
 
 
 def _deviation(text: str) -> str | float:

@@ -53,7 +53,6 @@ from jaxmarket.config.errors import ConfigError, Interrupted
 from jaxmarket.sessions import engine as eng
 from jaxmarket.sessions.game import SessionGame, check_game, make_game
 from jaxmarket.sessions.memory import estimate as estimate_memory
-from jaxmarket.train.analysis import STRATEGIES_FILE
 from jaxmarket.train.config import resolve_train
 from jaxmarket.train.equilibrium import benchmarks, equilibrium
 from jaxmarket.train.memory import MemoryEstimate, check_memory
@@ -61,6 +60,8 @@ from jaxmarket.train.plan import RunPlan, resolve
 from jaxmarket.train.provenance import RUN_RECORD, git_commit
 from jaxmarket.train.run import require_new_dir
 from jaxmarket.train.rundir import (
+    SESSIONS_FILE,
+    STRATEGIES_FILE,
     StorageError,
     check_config_record,
     describe_os_error,
@@ -69,7 +70,6 @@ from jaxmarket.train.rundir import (
     storage_cause,
     write_config_record,
 )
-from jaxmarket.train.runs import SESSIONS_FILE
 
 #: what ``--resume DIR key=value`` may change in a sessions run
 RESUME_OVERRIDES = ("train.num_iterations", "train.checkpoint_every")

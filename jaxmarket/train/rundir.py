@@ -21,6 +21,8 @@ from jaxmarket.config.errors import ConfigError
 
 LOCK_NAME = ".lock"                 # inside a run, sweep or offline run directory
 CONFIG_RECORD = ".config.started.yaml"   # the resolved config the run is bound to
+SESSIONS_FILE = "sessions.csv"     # a session-engine run's rows (jaxmarket.sessions.run)
+STRATEGIES_FILE = "strategies.npz"   # a session-engine run's greedy strategies
 # errno values that mean "the storage refused the write" (not a bug of the program)
 STORAGE_ERRNOS = frozenset(getattr(errno, n) for n in (
     "ENOSPC", "EDQUOT", "EROFS", "EACCES", "EPERM", "EIO", "EFBIG") if hasattr(errno, n))

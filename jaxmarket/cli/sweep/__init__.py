@@ -4,7 +4,7 @@
     validation.py  every cell's config validated before anything runs; --metric
     backends.py    running the cells: here one by one, or as Ray tasks
     results.py     sweep.csv, summary.json and sweep.png's numbers (plot_data; the
-                   figure is jaxmarket.cli.plot.sweep_figure)
+                   figure is jaxmarket.analysis.plots.sweep_figure)
     main.py        run_sweep and the command line (main; not re-exported here, so
                    jaxmarket.cli.sweep.main stays the module)
 """

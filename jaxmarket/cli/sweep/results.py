@@ -1,6 +1,6 @@
 """A sweep's results from its cells' summaries: ``sweep.csv`` (one row per cell and
 seed), ``summary.json`` (per cell: mean and sd over seeds) and ``sweep.png`` (what it
-draws: :func:`plot_data`; the figure: :func:`jaxmarket.cli.plot.sweep_figure`)."""
+draws: :func:`plot_data`; the figure: :func:`jaxmarket.analysis.plots.sweep_figure`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxmarket.cli.plot import sweep_figure
+from jaxmarket.analysis.plots import sweep_figure
 from jaxmarket.cli.sweep.grid import Sweep, yaml_text
 from jaxmarket.cli.sweep.validation import FINAL, Cell
 

@@ -24,12 +24,11 @@ from jaxmarket.train.loop import Runner, chain
 from jaxmarket.train.plan import RunPlan, resolve
 from jaxmarket.train.provenance import read_run_record
 from jaxmarket.train.trainer import Trainer
-from jaxmarket.train.rundir import RunDirError, changed_keys
+from jaxmarket.train.rundir import SESSIONS_FILE, RunDirError, changed_keys
 from jaxmarket.train.slots import SlotView
 from jaxmarket.train.tracking import ParquetRows, read_metrics
 
 
-SESSIONS_FILE = "sessions.csv"   # a session-engine run's rows (jaxmarket.sessions.run)
 
 
 def _read_rows(path: Path) -> tuple[list[str], np.ndarray]:

@@ -45,9 +45,9 @@ from jaxmarket.config.loader import load_config
 from jaxmarket.learners.controller import group_learner_spec
 from jaxmarket.learners.qlearning import make_grid
 from jaxmarket.train.plan import RunPlan, resolve
+from jaxmarket.train.rundir import STRATEGIES_FILE
 from jaxmarket.train.trainer import Trainer
 
-STRATEGIES_FILE = "strategies.npz"
 TOLERANCE = 1e-9
 
 
