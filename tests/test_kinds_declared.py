@@ -20,7 +20,7 @@ from jaxmarket.learners.base import LEARNERS, Learner, LearnerDef
 from jaxmarket.market.demand import DEMANDS
 from jaxmarket.market.distributors import DISTRIBUTORS
 from jaxmarket.market.equilibrium import ActionSet
-from jaxmarket.train import equilibrium
+from jaxmarket.equilibria import static_game as equilibrium
 from jaxmarket.train.components import snapshot_fields
 from jaxmarket.train.plan import resolve
 
@@ -34,18 +34,6 @@ NOT_KINDS = {
     ("jaxmarket/train/components/models.py", "random"): "an external model's error on "
                                                         "random points",
 }
-# kind names still written in train/ modules outside the capability lookups
-PENDING = {
-    ("jaxmarket/train/config.py", "constant"): "a consumer group's default demand process",
-    ("jaxmarket/train/plan.py", "ppo"): "learners_template's suggestion for a group that "
-                                        "observes",
-    ("jaxmarket/train/plan.py", "ppo_bandit"): "learners_template's suggestion for a "
-                                               "bandit group",
-    ("jaxmarket/analysis/impulse.py", "q_learning"): "impulse_response replays Q-learning "
-                                                   "strategies",
-}
-
-
 def kind_strings(source: str, kinds: set[str]) -> list[tuple[int, str]]:
     """``(line, kind)`` of every string constant of ``source`` that equals a kind."""
     return sorted((node.lineno, node.value) for node in ast.walk(ast.parse(source))
@@ -77,7 +65,7 @@ def test_no_train_module_names_a_learner_distributor_or_demand_kind():
     for path in sorted(TRAIN.rglob("*.py")):
         module = path.relative_to(ROOT).as_posix()
         for line, kind in kind_strings(path.read_text(), kinds):
-            if (module, kind) not in NOT_KINDS and (module, kind) not in PENDING:
+            if (module, kind) not in NOT_KINDS:
                 found.append(f"{module}:{line}: {kind!r}")
     assert not found, ("kind names in jaxmarket/train/ (declare the capability on the "
                        "kind's definition instead):\n" + "\n".join(found))

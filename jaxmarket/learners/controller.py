@@ -177,3 +177,13 @@ def build_controller(env: MarketEnv, params: MarketParams, learners: Any,
             for name in env.agent_groups}
 
 
+def learners_template(env: MarketEnv) -> str:
+    """A ready-to-paste ``learners:`` block for the scenario's agent groups."""
+    lines = ["learners:"]
+    for g in env.spec.agent_groups:
+        what = {"price": "prices", "multiplier": "price multipliers", "budget": "budgets",
+                "quantity": "quantities"}.get(g.action, g.action)
+        kind = "ppo" if g.observation else "ppo_bandit"
+        lines.append(f"  {g.name}: {{kind: {kind}}}   # {g.side}s, {g.count} agent(s) "
+                     f"setting {what}")
+    return "\n".join(lines)

@@ -93,6 +93,9 @@ def _check_regime(values: Mapping[str, Any], where: str) -> None:
         raise ConfigError(f"{where}.steps", list(steps), "strictly increasing step numbers")
 
 
+#: the demand process of a consumer group that declares none
+DEFAULT_DEMAND = "constant"
+
 DEMANDS.register(DemandDef("constant", _no_state, constant_step, {}, doc=constant_step.__doc__,
                            deterministic=True))
 DEMANDS.register(DemandDef("noisy", _no_state, noisy_step,

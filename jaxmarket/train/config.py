@@ -13,7 +13,7 @@ import numpy as np
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.fields import INT32_MAX, Field, check_mapping
 from jaxmarket.config.loader import _split_path
-from jaxmarket.market.demand import DEMANDS
+from jaxmarket.market.demand import DEFAULT_DEMAND, DEMANDS
 from jaxmarket.market.distributors import DISTRIBUTORS
 from jaxmarket.market.spec import resolve_market
 
@@ -214,7 +214,7 @@ def _schedule_path(config: dict, key: str, where: str) -> tuple:
             and parts[3] == "demand":
         groups = market.get("consumers") if isinstance(market.get("consumers"), list) else []
         if 0 <= parts[2] < len(groups) and isinstance(groups[parts[2]], dict):
-            demand = groups[parts[2]].get("demand") or {"kind": "constant"}
+            demand = groups[parts[2]].get("demand") or {"kind": DEFAULT_DEMAND}
             kind = demand.get("kind") if isinstance(demand, dict) else None
             if kind in DEMANDS and parts[4] in DEMANDS[kind].params:
                 return ("consumers", groups[parts[2]].get("name"), "demand", parts[4])

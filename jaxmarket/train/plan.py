@@ -29,7 +29,8 @@ from jaxmarket.config.fields import INT32_MAX
 from jaxmarket.config.loader import load_config
 from jaxmarket.learners.base import Learner, LearnerSpec
 from jaxmarket.learners.controller import (build_controller, check_controller,
-                                           group_learner_spec, resolve_learner)
+                                           group_learner_spec, learners_template,
+                                           resolve_learner)
 from jaxmarket.learners.population import (Population, league_opponents, resolve_population,
                                            split_learner_config)
 from jaxmarket.market.env import MarketEnv
@@ -86,18 +87,6 @@ class RunPlan:
     def metric_columns(self) -> tuple[str, ...]:
         """The ``metrics.csv`` column names, from the traced (not compiled) program."""
         return (self.traced or Traced(self)).metric_columns
-
-
-def learners_template(env: MarketEnv) -> str:
-    """A ready-to-paste ``learners:`` block for the scenario's agent groups."""
-    lines = ["learners:"]
-    for g in env.spec.agent_groups:
-        what = {"price": "prices", "multiplier": "price multipliers", "budget": "budgets",
-                "quantity": "quantities"}.get(g.action, g.action)
-        kind = "ppo" if g.observation else "ppo_bandit"
-        lines.append(f"  {g.name}: {{kind: {kind}}}   # {g.side}s, {g.count} agent(s) "
-                     f"setting {what}")
-    return "\n".join(lines)
 
 
 # Above this many agent slots (all groups, seeds x markets x agents) the plan's learners
@@ -287,5 +276,4 @@ def resolve_populations(env: MarketEnv, params: MarketParams, config: Mapping,
     return out
 
 
-__all__ = ["RunPlan", "resolve", "resolve_populations", "resolve_train_section",
-           "learners_template"]
+__all__ = ["RunPlan", "resolve", "resolve_populations", "resolve_train_section"]
