@@ -83,7 +83,7 @@ def make_train(plan, components: tuple | None = None):
         return runner
 
     def assignment(runner) -> dict:
-        """The slot order in force: every component's (populations own it)."""
+        """The slot order in force: what the components declare (none: identity)."""
         out = {}
         for c in comps:
             out.update(c.assignment(runner))

@@ -39,6 +39,8 @@ from jaxmarket.train.summary import final_state, write_summary
 from jaxmarket.train.tracking import CsvMetrics, Tracker, seed_rows_file
 
 METRICS_FILE = "metrics.csv"
+# the market's metric families (jaxmarket.train.loop.market_metrics)
+MARKET_METRICS = ("reward", "price", "traffic")
 
 
 class Trainer:
@@ -55,6 +57,9 @@ class Trainer:
         self.env, self.params, self.tcfg = plan.env, plan.params, plan.train
         self.learners, self.specs = plan.learners, plan.specs
         self.components = chain(plan)
+        # the metric families stop_on_nan watches: the market's and the components'
+        self.nan_checked = MARKET_METRICS + tuple(
+            m for c in self.components for m in c.nan_checked)
         init, run_chunk = make_train(plan, self.components)
         self.placement = Placement(init, self.specs, self.tcfg, devices)
         # in a distributed run only process 0 writes files (orbax: every process saves)
@@ -236,8 +241,7 @@ class Trainer:
         columns = metric_table(metrics)
         n = len(next(iter(columns.values())))
         keep = {n - 1}
-        checked = [c for k, c in columns.items()
-                   if k.split("/")[0] in ("reward", "price", "traffic", "model")]
+        checked = [c for k, c in columns.items() if k.split("/")[0] in self.nan_checked]
         if self.tcfg.stop_on_nan and checked:
             bad = ~np.isfinite(np.stack(checked, axis=1)).all(axis=1)
             if bad.any():
@@ -247,12 +251,11 @@ class Trainer:
     def _stop_reason(self, rows: list[dict[str, float]]) -> str | None:
         if self.tcfg.stop_on_nan:
             for row in rows:
-                # market metrics and external models' (model/...) only: a learner reports
-                # NaN for "no update this iteration", while NaN parameters show up in
-                # prices and rewards at once
+                # market metrics and the components' declared ones only: a learner
+                # reports NaN for "no update this iteration", while NaN parameters show
+                # up in prices and rewards at once
                 bad = [k for k, v in row.items()
-                       if k.split("/")[0] in ("reward", "price", "traffic", "model")
-                       and not math.isfinite(v)]
+                       if k.split("/")[0] in self.nan_checked and not math.isfinite(v)]
                 if bad:
                     return f"non-finite metric {bad[0]} at iteration {int(row['iteration'])}"
         rule = self.tcfg.early_stop

@@ -75,6 +75,9 @@ class Component:
     name = "component"
     #: chunk outputs under this prefix are the component's host data (None: it has none)
     host_prefix: ClassVar[str | None] = None
+    #: its metric families (``<family>/...``) whose non-finite values stop a run under
+    #: ``train.stop_on_nan``, beside the market's
+    nan_checked: ClassVar[tuple[str, ...]] = ()
 
     def state(self, runner: Any, default: Any = None) -> Any:
         """This component's entry of ``runner.components``."""

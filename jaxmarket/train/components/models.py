@@ -33,6 +33,7 @@ class Models(Component):
     view: SlotView
     rollout_length: int
     name = "models"
+    nan_checked = ("model",)   # the ground-truth errors: a diverging model stops the run
 
     @property
     def obs_models(self) -> dict[str, GroupModel]:
