@@ -15,7 +15,7 @@ from jaxmarket.compile_cache import resolve as cache_dir
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.market.demand import DEMANDS
 from jaxmarket.market.distributors import DISTRIBUTORS
-from jaxmarket.market.spec import resolve_market, thaw
+from jaxmarket.market.spec import NEVER, resolve_market, thaw
 from jaxmarket.sessions import run as session_run
 from jaxmarket.sessions.game import make_game
 from jaxmarket.train.config import TRAIN_FIELDS
@@ -42,7 +42,7 @@ def describe(config: dict, plan: RunPlan | None = None) -> str:
         spec, params = resolve_market(config["market"])
     lines = [f"market: {spec.num_products} product(s), {spec.num_consumers} consumer(s), "
              f"{spec.num_sellers} seller(s); episode_length: "
-             f"{'never' if params.episode_length == 2**31 - 1 else int(params.episode_length)}",
+             f"{'never' if params.episode_length == NEVER else int(params.episode_length)}",
              f"distributor: {spec.distributor}"]
     table = DISTRIBUTORS[spec.distributor].params   # its declaration order
     for k in sorted(params.distributor, key=lambda k: list(table).index(k) if k in table else 0):

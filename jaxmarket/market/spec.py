@@ -18,7 +18,8 @@ from flax import struct
 from jaxmarket.combinators.observations import build_observation, history_length
 from jaxmarket.combinators.rewards import build_reward
 from jaxmarket.config.errors import ConfigError
-from jaxmarket.config.fields import Field, check_mapping, lookup_kind, resolve_entity_array
+from jaxmarket.config.fields import (INT32_MAX, Field, check_mapping, lookup_kind,
+                                     resolve_entity_array)
 from jaxmarket.market.demand import DEMANDS
 from jaxmarket.market.distributors import DISTRIBUTORS
 
@@ -94,7 +95,7 @@ MARKET_FIELDS: dict[str, Field] = {
 CONSUMER_ARRAYS = ("budget", "budget_low", "budget_high", "base_price", "queries")
 SELLER_ARRAYS = ("low", "high", "initial", "cost", "quality", "reliability", "latency",
                  "freshness", "stake", "value")
-NEVER = 2**31 - 1
+NEVER = INT32_MAX   # an episode length: never truncate
 
 
 @dataclass(frozen=True)
