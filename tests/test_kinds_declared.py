@@ -1,8 +1,8 @@
-"""Each kind's capabilities live on its definition: no module of ``jaxmarket/train/``
-names a learner, distributor or demand kind as a string (a feature that applies to some
-kinds reads a field or hook of their ``LearnerDef``, ``DistributorDef`` or
-``DemandDef``; docs/extending.md). The kinds come from the registries, so a kind added
-later is checked too."""
+"""Each kind's capabilities live on its definition: no module of ``jaxmarket/train/`` or
+``jaxmarket/equilibria/`` (the static game of a run) names a learner, distributor or
+demand kind as a string (a feature that applies to some kinds reads a field or hook of
+their ``LearnerDef``, ``DistributorDef`` or ``DemandDef``; docs/extending.md). The kinds
+come from the registries, so a kind added later is checked too."""
 
 from __future__ import annotations
 
@@ -16,16 +16,16 @@ import pytest
 from flax import struct
 
 from jaxmarket.config.errors import ConfigError
+from jaxmarket.equilibria import static_game as equilibrium
 from jaxmarket.learners.base import LEARNERS, Learner, LearnerDef
 from jaxmarket.market.demand import DEMANDS
 from jaxmarket.market.distributors import DISTRIBUTORS
 from jaxmarket.market.equilibrium import ActionSet
-from jaxmarket.equilibria import static_game as equilibrium
 from jaxmarket.train.components import snapshot_fields
 from jaxmarket.train.plan import resolve
 
 ROOT = Path(__file__).resolve().parents[1]
-TRAIN = ROOT / "jaxmarket" / "train"
+SCANNED = (ROOT / "jaxmarket" / "train", ROOT / "jaxmarket" / "equilibria")
 
 # (module, string) where the string is another name that happens to equal a kind
 NOT_KINDS = {
@@ -34,6 +34,8 @@ NOT_KINDS = {
     ("jaxmarket/train/components/models.py", "random"): "an external model's error on "
                                                         "random points",
 }
+
+
 def kind_strings(source: str, kinds: set[str]) -> list[tuple[int, str]]:
     """``(line, kind)`` of every string constant of ``source`` that equals a kind."""
     return sorted((node.lineno, node.value) for node in ast.walk(ast.parse(source))
@@ -59,16 +61,17 @@ def test_the_scan_finds_a_kind_string_and_nothing_else():
                                                                    (2, "first_price")]
 
 
-def test_no_train_module_names_a_learner_distributor_or_demand_kind():
+def test_no_train_or_equilibria_module_names_a_learner_distributor_or_demand_kind():
     kinds = registered_kinds()
     found = []
-    for path in sorted(TRAIN.rglob("*.py")):
+    for path in sorted(p for folder in SCANNED for p in folder.rglob("*.py")):
         module = path.relative_to(ROOT).as_posix()
         for line, kind in kind_strings(path.read_text(), kinds):
             if (module, kind) not in NOT_KINDS:
                 found.append(f"{module}:{line}: {kind!r}")
-    assert not found, ("kind names in jaxmarket/train/ (declare the capability on the "
-                       "kind's definition instead):\n" + "\n".join(found))
+    assert any(SCANNED[1].rglob("*.py")), "no jaxmarket/equilibria/: scan the static game"
+    assert not found, ("kind names in jaxmarket/train/ or jaxmarket/equilibria/ (declare the "
+                       "capability on the kind's definition instead):\n" + "\n".join(found))
 
 
 # ---- the shipped definitions declare what the features read --------------------------
