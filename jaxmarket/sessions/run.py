@@ -44,15 +44,14 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-import orbax.checkpoint as ocp
 import yaml
 
 from jaxmarket.config.errors import ConfigError, Interrupted
 from jaxmarket.sessions import engine as eng
 from jaxmarket.sessions.game import SessionGame, check_game, make_game
 from jaxmarket.sessions.memory import estimate as estimate_memory
+from jaxmarket.train.checkpoints import Checkpoints
 from jaxmarket.train.config import resolve_train
 from jaxmarket.equilibria.static_game import benchmarks, equilibrium
 from jaxmarket.train.memory import MemoryEstimate, check_memory
@@ -149,18 +148,9 @@ def _atomic_text(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def _saveable(sessions: eng.Sessions) -> dict:
-    """The sessions as orbax saves them: plain arrays (the keys as their data)."""
-    plain = sessions._replace(key=jax.random.key_data(sessions.key))
-    return {f"leaf{i:05d}": np.asarray(x) for i, x in enumerate(jax.tree.leaves(plain))}
-
-
-def _unsaveable(saved: dict, like: eng.Sessions) -> eng.Sessions:
-    plain = like._replace(key=jax.random.key_data(like.key))
-    leaves, treedef = jax.tree.flatten(plain)
-    out = jax.tree.unflatten(treedef, [jnp.asarray(saved[f"leaf{i:05d}"])
-                                       for i in range(len(leaves))])
-    return out._replace(key=jax.random.wrap_key_data(out.key))
+def _plain(sessions: eng.Sessions) -> eng.Sessions:
+    """The sessions as checkpoints hold them: the keys as their data."""
+    return sessions._replace(key=jax.random.key_data(sessions.key))
 
 
 class SessionRun:
@@ -177,17 +167,8 @@ class SessionRun:
             chunk=self.tcfg.chunk_size, stop=self.tcfg.session_stop,
             window=self.tcfg.session_window, backend=self.tcfg.session_backend)
         self.runner = eng.Runner(self.game, self.settings)
-        self._ckpt = None
+        self.checkpoints = Checkpoints(self.run_dir)
         self.progress_every = 30.0
-
-    @property
-    def ckpt(self) -> ocp.CheckpointManager:
-        if self._ckpt is None:
-            self._ckpt = ocp.CheckpointManager(
-                (self.run_dir / "checkpoints").absolute(),
-                options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True,
-                                                     enable_async_checkpointing=False))
-        return self._ckpt
 
     def initial(self) -> tuple[eng.Sessions, int]:
         return eng.init_sessions(self.game, self.settings.sessions,
@@ -195,16 +176,14 @@ class SessionRun:
 
     def restore(self) -> tuple[eng.Sessions, int]:
         like, _ = self.initial()
-        step = self.ckpt.latest_step()
-        if step is None:
+        found = self.checkpoints.restore(_plain(like))
+        if found is None:
             return like, 0
-        saved = self.ckpt.restore(step, args=ocp.args.StandardRestore(_saveable(like)))
-        return _unsaveable(saved, like), int(step)
+        saved, step = found
+        return saved._replace(key=jax.random.wrap_key_data(saved.key)), step
 
     def save(self, sessions: eng.Sessions, done: int) -> None:
-        if self.ckpt.latest_step() != done:
-            self.ckpt.save(done, args=ocp.args.StandardSave(_saveable(sessions)))
-            self.ckpt.wait_until_finished()
+        self.checkpoints.save(_plain(sessions), done)
 
     def record(self, command: str | None, start: int) -> dict:
         commit, dirty = git_commit()
