@@ -24,6 +24,19 @@ import sys
 from pathlib import Path
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def relative_paths(value):
+    """``value`` with every string path inside the repository made relative to its root
+    (a results file names no directory of the machine that wrote it)."""
+    if isinstance(value, dict):
+        return {k: relative_paths(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [relative_paths(v) for v in value]
+    if isinstance(value, str) and value.startswith(f"{ROOT}{os.sep}"):
+        return os.path.relpath(value, ROOT)
+    return value
 
 
 def machine_info() -> dict:
@@ -45,6 +58,17 @@ def machine_info() -> dict:
     except ImportError:
         pass
     return info
+
+
+def initial_environment() -> dict:
+    """The environment the process started with (a script may set ``XLA_FLAGS`` itself
+    before importing JAX; the command line is what the user typed)."""
+    try:
+        raw = Path("/proc/self/environ").read_bytes()
+    except OSError:
+        return dict(os.environ)
+    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
 
 
 def add_arguments(parser, default_name: str) -> None:
@@ -75,10 +99,22 @@ def command(script: str, argv: list[str] | None) -> str:
         if arg.startswith(("--write=", "--json-out=")):
             continue
         kept.append(arg)
-    env = os.environ.get("XLA_FLAGS")
+    env = initial_environment().get("XLA_FLAGS")
     prefix = f"XLA_FLAGS={shlex.quote(env)} " if env and "host_platform_device_count" in env \
         else ""
     return f"{prefix}python benchmarks/{Path(script).name} {shlex.join(kept)}".rstrip()
+
+
+def dumps(value, indent: str = "") -> str:
+    """JSON with one key per line and lists of numbers, strings or booleans on one line."""
+    inner = indent + " "
+    if isinstance(value, dict) and value:
+        items = [f"{inner}{json.dumps(str(k))}: {dumps(v, inner)}" for k, v in value.items()]
+        return "{\n" + ",\n".join(items) + f"\n{indent}}}"
+    if isinstance(value, (list, tuple)) and any(isinstance(v, (dict, list, tuple))
+                                                for v in value):
+        return "[\n" + ",\n".join(inner + dumps(v, inner) for v in value) + f"\n{indent}]"
+    return json.dumps(value)
 
 
 def write(args, results, script: str, argv: list[str] | None, name: str,
@@ -101,9 +137,9 @@ def write(args, results, script: str, argv: list[str] | None, name: str,
     record = {"benchmark": Path(script).name, "command": command(script, argv),
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
                   timespec="seconds"),
-              "machine": machine or machine_info(), "results": results}
+              "machine": machine or machine_info(), "results": relative_paths(results)}
     for path in paths:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(record, indent=1) + "\n")
+        path.write_text(dumps(record) + "\n")
         print(f"results written to {path}", file=sys.stderr)
     return paths

@@ -36,14 +36,16 @@ class MissingResult(Exception):
 
 
 class Result:
-    """One results file: ``r["results.a.b"]`` reads a dotted path, naming the file and
-    the key in :class:`MissingResult` where it is absent."""
+    """One results file: ``r["results.a.b"]`` (or ``r["results"]["a.b"]``) reads a dotted
+    path, naming the file and the key in :class:`MissingResult` where it is absent."""
 
-    def __init__(self, name: str, data: dict):
-        self.name, self.data = name, data
+    def __init__(self, name: str, data: dict, prefix: str = ""):
+        self.name, self.data, self.prefix = name, data, prefix
 
     def __getitem__(self, path: str):
-        value = self.data
+        value, path = self.data, self.prefix + path
+        if path == "results" and isinstance(self.data.get("results"), dict):
+            return Result(self.name, self.data, "results.")   # x["a.b"] reads results.a.b
         for part in path.split("."):
             if isinstance(value, list) and part.isdigit() and int(part) < len(value):
                 value = value[int(part)]
@@ -272,7 +274,7 @@ def sessions_throughput(get: Loader) -> str:
              f"**{n(row['session_periods_per_s'])}**", n(row["wall_s"], 1),
              n(row["compile_s"], 1)] for row in r["results.designs"]]
     rows += [[row["design"], row["backend"], "skipped", row["reason"], "", ""]
-             for row in r["results.skipped"]]
+             for row in r["results.skipped"] if row["backend"] != "xla-gpu"]
     return table(["design", "backend", "sessions x periods", "session-periods / s", "wall s",
                   "compile s"], rows, "llllrr") + "\n\n" + source(r)
 
@@ -303,7 +305,8 @@ def pbt_efficacy(get: Loader) -> str:
             ["best member's regret", g(x["best_regret_pbt"]), g(x["best_regret_fixed"]), ""]]
     return table(["", "PBT", "fixed learning rates", "PBT / fixed"], rows, "lrrl") \
         + f"\n\n{x['seeds']} seeds x {x['members']} members, {n(x['env_steps'])} env steps per " \
-        f"run, {n(x['seconds'])} s for both runs.\n\n" + source(r)
+        f"run; {x['seconds_pbt']:.1f} s with PBT, {x['seconds_fixed']:.1f} s without, " \
+        f"{x['compile_s']:.1f} s of compiling.\n\n" + source(r)
 
 
 def device_throughput(get: Loader) -> str:
@@ -380,7 +383,9 @@ def poi_efficacy(get: Loader) -> str:
 def ground_truths(get: Loader) -> str:
     r = get("ground_truths")
     rows = [[f"`{x['scenario']}`", f"{x['theory']:.4f}", f"**{x['learned']:.4f}**",
-             f"{x['abs_error']:+.4f}", f"{100 * x['rel_error']:+.2f} %",
+             f"{x['abs_error']:+.4f}", f"{100 * x['rel_error']:+.2f} %"
+             + (f" ({x['error_over_gap']:+.4f} of the Nash-monopoly gap)"
+                if "error_over_gap" in x else ""),
              f"{x['max_seed_abs_error']:.4f}", f"{x['played_price']:.4f}",
              f"{min(x['per_seed']):.4f}-{max(x['per_seed']):.4f}",
              f"{x['profit_gain']:.3f}" if "profit_gain" in x else "",
@@ -433,6 +438,16 @@ def device_equality(get: Loader) -> str:
         + "\n\n" + source(r)
 
 
+def startup(get: Loader) -> str:
+    r = get("startup")
+    x = r["results"]
+    rows = [[f"`{v['command']}`", f"**{v['median_s']:.2f}**", f"{v['min_s']:.2f}",
+             v["exit_code"], ", ".join(v["heavy_imported"]) or "none"]
+            for k, v in x.data["results"].items() if isinstance(v, dict)]
+    return table(["command", "median wall s", "fastest s", "exit code", "heavy libraries imported"],
+                 rows, "lrrrl") + f"\n\n{x['runs']} runs of each command.\n\n" + source(r)
+
+
 def roofline(get: Loader) -> str:
     r = get("roofline")
     x = r["results"]
@@ -481,7 +496,8 @@ BLOCKS: dict[str, Callable[[Loader], str]] = {f.__name__: f for f in (
     train_throughput, train_throughput_profile, bandit_update, ppo_cartpole, ppo_market,
     ppo_market_profile, calvano, sessions_throughput, population_throughput, pbt_efficacy,
     device_throughput, offline, offline_vs_d3rlpy, poi_efficacy, ground_truths,
-    train_throughput_devices, throughput_devices, device_equality, roofline, cost_model)}
+    train_throughput_devices, throughput_devices, device_equality, startup, roofline,
+    cost_model)}
 
 
 # -- rendering and checking -----------------------------------------------------------
