@@ -546,7 +546,8 @@ def test_league_resumes_bit_identically(tmp_path):
     assert (tmp_path / "half" / "metrics.csv").read_text() == \
         (tmp_path / "full" / "metrics.csv").read_text()
     half, _ = t2.restore()
-    for a, b in zip(jax.tree.leaves(half.league), jax.tree.leaves(full.league)):
+    for a, b in zip(jax.tree.leaves(half.components["league"]),
+                    jax.tree.leaves(full.components["league"])):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
