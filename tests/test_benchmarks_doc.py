@@ -149,15 +149,18 @@ def test_write_records_the_command_without_the_write_flags(tmp_path, monkeypatch
     args = ap.parse_args(argv)
     assert args.write == "mine" and args.overrides == ["market.episode_length=5"]
     monkeypatch.setattr(record, "RESULTS_DIR", tmp_path / "results")
-    paths = record.write(args, {"env_steps_per_s": 12.5}, "benchmarks/throughput.py", argv,
-                         "throughput")
+    results = {"env_steps_per_s": 12.5, "config": str(ROOT / "configs" / "bench_b.yaml"),
+               "rows": [{"file": str(ROOT / "benchmarks" / "x.yaml")}]}
+    paths = record.write(args, results, "benchmarks/throughput.py", argv, "throughput")
     assert paths == [tmp_path / "results" / "mine.json", tmp_path / "a.json"]
     for path in paths:
         data = json.loads(path.read_text())
         assert data["command"] == ("python benchmarks/throughput.py --num-envs 8 "
                                    "market.episode_length=5")
         assert data["benchmark"] == "throughput.py"
-        assert data["results"] == {"env_steps_per_s": 12.5}
+        # paths inside the repository are written relative to its root
+        assert data["results"] == {"env_steps_per_s": 12.5, "config": "configs/bench_b.yaml",
+                                   "rows": [{"file": "benchmarks/x.yaml"}]}
     args = ap.parse_args(["--write"])
     assert record.write(args, {}, "benchmarks/throughput.py", ["--write"], "throughput") == [
         tmp_path / "results" / "throughput.json"]
