@@ -5,7 +5,8 @@
     obs, state, rewards, terminated, truncated, info = env.step(key, state, actions, params)
 
 ``obs``, ``actions`` and ``rewards`` are dicts keyed by agent-group name with a leading
-agent axis. One step: actions -> prices/multipliers/budgets (clipped to bounds) ->
+agent axis. One step: actions -> prices/multipliers/budgets (clipped to bounds; a NaN or
++-inf entry keeps the action in force, flagged in ``info["nonfinite_actions"]``) ->
 demand process -> distributor -> state -> rewards -> observations, then finished
 episodes auto-reset (``terminated`` is always False: a market has no terminal state;
 ``truncated`` when ``time >= episode_length``).
@@ -157,7 +158,19 @@ class MarketEnv:
         """Actions -> prices / multipliers / quantities / budgets, clipped to the group's
         bounds. With ``move_order: alternating`` seller ``s`` (flat seller index) takes its
         action only when ``state.time % num_sellers == s`` and otherwise keeps the one in
-        force (consumer agents always act)."""
+        force (consumer agents always act).
+
+        **Non-finite actions.** An entry that is NaN, +inf or -inf (of a price,
+        multiplier, budget or quantity alike) is no action: the agent keeps that entry's
+        action in force (its price, multiplier, budget or quantity in ``state``, which is
+        finite and within the bounds), as a seller that does not move this period does.
+        Why this rule: a non-finite action is a malfunction (a diverged learner, a bug),
+        not a choice; NaN has no direction to clip towards, and clipping +-inf to a bound
+        would put a price jump that nobody chose into the rivals' observations, rewards and
+        the run's collusion measures. One rule for all three values keeps the market on
+        the last actions actually taken. :meth:`step` flags every such entry in
+        ``info["nonfinite_actions"]`` (see :meth:`nonfinite_actions`); applied in the
+        graph (a select before the clip), so no value is read back to the host."""
         new = {f: dict(getattr(state, f)) for f in ACTION_FIELDS.values()}
         alternating = self.spec.move_order == "alternating"
         for g in self.spec.agent_groups:
@@ -165,7 +178,9 @@ class MarketEnv:
                 raise KeyError(f"actions has no entry for agent group {g.name!r}; "
                                f"expected keys {self.agent_groups}")
             low, high = self._bounds(g, params)
-            a = jnp.clip(jnp.asarray(actions[g.name], jnp.float32), low, high)
+            a = jnp.asarray(actions[g.name], jnp.float32)
+            in_force = new[ACTION_FIELDS[g.action]][g.name]
+            a = jnp.clip(jnp.where(jnp.isfinite(a), a, in_force), low, high)
             if alternating and g.side == "seller":
                 turn = state.time % self.spec.num_sellers
                 mover = jnp.arange(g.offset, g.offset + g.count) == turn      # [n]
@@ -173,9 +188,20 @@ class MarketEnv:
             new[ACTION_FIELDS[g.action]][g.name] = a
         return state.replace(**new)
 
+    def nonfinite_actions(self, state: MarketState, actions: dict) -> dict:
+        """``{group: [n, P] bool}``: True where the entry of ``actions[group]`` is NaN or
+        +-inf (the entries :meth:`apply_actions` replaces by the action in force);
+        ``.sum()`` counts them. An action given with a broadcast shape (a scalar, ``[P]``)
+        is flagged on every entry it fills."""
+        return {g.name: jnp.broadcast_to(
+                    ~jnp.isfinite(jnp.asarray(actions[g.name], jnp.float32)),
+                    getattr(state, ACTION_FIELDS[g.action])[g.name].shape)
+                for g in self.spec.agent_groups if g.name in actions}
+
     def step_env(self, key: jax.Array, state: MarketState, actions: dict, params: MarketParams):
         spec = self.spec
         k_demand, k_dist = jax.random.split(key)
+        nonfinite = self.nonfinite_actions(state, actions)
         state = self.apply_actions(state, actions, params)
         # demand processes
         queries, demand = {}, {}
@@ -207,7 +233,8 @@ class MarketEnv:
         terminated = jnp.zeros((), bool)
         info = {"traffic": state.traffic, "fees": state.fees, "unserved": state.unserved,
                 "spend": state.spend, "queries": state.queries, "budgets": state.budgets,
-                "prices": {g.name: split(quoted, g) for g in spec.sellers}}
+                "prices": {g.name: split(quoted, g) for g in spec.sellers},
+                "nonfinite_actions": nonfinite}
         quantity_groups = [g for g in spec.sellers if g.action == "quantity"]
         if quantity_groups:   # a quantity market: what each sold, and at what price
             info["quantities"] = {g.name: state.quantities[g.name] for g in quantity_groups}
@@ -222,8 +249,10 @@ class MarketEnv:
         """One market step with auto-reset: returns
         ``(obs, state, rewards, terminated, truncated, info)``; ``info`` holds the
         pre-reset ``traffic``/``fees`` (sellers), ``unserved``/``spend``/``queries``
-        (consumers) and quoted ``prices`` per group; in a market with quantity sellers
-        also their ``quantities`` per group and the clearing ``market_price`` [P]."""
+        (consumers) and quoted ``prices`` per group; ``nonfinite_actions`` per agent group,
+        ``[n, P]`` bool, True where the action entry was NaN or +-inf and the action in
+        force was kept (:meth:`apply_actions`); in a market with quantity sellers also
+        their ``quantities`` per group and the clearing ``market_price`` [P]."""
         k_step, k_reset = jax.random.split(key)
         obs_st, state_st, rewards, terminated, info = self.step_env(k_step, state, actions, params)
         truncated = self.is_truncated(state_st, params)

@@ -31,7 +31,7 @@ from jaxmarket.learners.base import Transition, materialize
 from jaxmarket.market.spec import NEVER
 from jaxmarket.train.components import COMPONENTS, Step
 from jaxmarket.train.components.base import quoted, served
-from jaxmarket.train.metrics import PER_SEED, flatten_metrics
+from jaxmarket.train.metrics import NONFINITE, PER_SEED, flatten_metrics
 from jaxmarket.train.slots import SlotView
 
 
@@ -191,10 +191,15 @@ def market_metrics(step: Step, groups, sellers: frozenset, num_seeds: int) -> di
     """``reward/<g>``, ``traffic/<g>``, ``price/<g>``: means over markets and agents
     (and their per-seed copies ``per_seed/...``); ``episodes``: truncations this step.
     Quantity sellers: ``price/<g>`` is the clearing price (what a unit sold for: 0 in a
-    period where nothing is sold) and ``quantity/<g>`` what they set."""
+    period where nothing is sold) and ``quantity/<g>`` what they set.
+    ``nonfinite_actions/<g>``: the action entries of the step that were NaN or +-inf
+    (summed over markets, agents and products; the market kept the actions in force),
+    not a ``metrics.csv`` column: the trainer's ``stop_on_nan`` and its
+    ``nonfinite_actions.csv`` read it (docs/reliability.md, "Non-finite actions")."""
     metrics = {"episodes": step.done[0].astype(jnp.float32)}   # markets step in lockstep
     quantities = step.info.get("quantities", {})
     for g in groups:
+        metrics[f"{NONFINITE}{g}"] = step.info["nonfinite_actions"][g].sum().astype(jnp.float32)
         values = [("reward", step.rewards[g]), ("traffic", served(step.info, g, sellers)),
                   ("price", quoted(step.info, g, sellers))]
         if g in quantities:   # quantity sellers: the clearing price, and what they set

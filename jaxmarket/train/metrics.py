@@ -16,15 +16,20 @@ from collections.abc import Sequence
 import numpy as np
 
 PER_SEED = "per_seed/"   # prefix of the per-seed copies of the market metrics
+# prefix of the non-finite action counts (loop.market_metrics): no metrics.csv column (a
+# column would change every run's header); the trainer reads them (stop_on_nan and
+# nonfinite_actions.csv)
+NONFINITE = "nonfinite_actions/"
 
 
 def metric_table(metrics: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The ``metrics.csv`` columns of a chunk's metrics (``per_seed/`` left out): one
+    """The ``metrics.csv`` columns of a chunk's metrics (``per_seed/`` and
+    ``nonfinite_actions/`` left out): one
     ``[chunk]`` float64 array per column, per-product vectors expanded to name/p{j}, the
     POI observation's ``k`` values (``poi/<g>/obs``) to name/k{j}."""
     columns: dict[str, np.ndarray] = {}
     for name, value in metrics.items():
-        if name.startswith(PER_SEED):
+        if name.startswith((PER_SEED, NONFINITE)):
             continue
         v = np.asarray(value, np.float64)
         if v.ndim == 1:

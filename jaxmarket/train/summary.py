@@ -214,6 +214,25 @@ def _profit_gains(plan: Any, summary: dict) -> dict:
     return {"profit_gain": gains, "benchmarks": {g: benchmarks(eq[g]) for g in gains}}
 
 
+def nonfinite_summary(run_dir: Path) -> dict:
+    """``nonfinite_actions[group]`` (only in a run where some group sent NaN or +-inf
+    actions: the trainer's ``nonfinite_actions.csv`` exists): ``entries`` (the non-finite
+    action entries over the run), ``iterations`` (how many iterations had any) and
+    ``first_iteration``; empty for a run without any, so its summary is unchanged."""
+    path = run_dir / "nonfinite_actions.csv"
+    if not path.exists() or count_rows(path) < 1:
+        return {}
+    header, data = read_metrics(path)
+    it = data[:, header.index("iteration")]
+    out = {}
+    for i, g in enumerate(header):
+        hit = data[:, i] > 0 if g != "iteration" else np.zeros(len(it), bool)
+        if hit.any():
+            out[g] = {"entries": int(data[hit, i].sum()), "iterations": int(hit.sum()),
+                      "first_iteration": int(it[hit].min())}
+    return {"nonfinite_actions": out} if out else {}
+
+
 def write_summary(run_dir: Path, env: MarketEnv, stopped: str | None, iterations: int,
                   final: dict | None = None, log_every: int = 1,
                   seeds_format: str = "csv", plan: Any = None) -> dict:
@@ -235,7 +254,8 @@ def write_summary(run_dir: Path, env: MarketEnv, stopped: str | None, iterations
     (pi_M - pi_N)`` of the window's mean reward against the market's static Nash and
     joint optimum (jaxmarket.equilibria.static_game), ``benchmarks[group]`` (the pi_N, pi_M
     used and how they were computed) and ``per_seed[group]["profit_gain"]``, where both
-    exist. ``engine``: ``"loop"``."""
+    exist. ``nonfinite_actions``: :func:`nonfinite_summary`, only where the run saw any.
+    ``engine``: ``"loop"``."""
     path = run_dir / "metrics.csv"
     rows = count_rows(path)
     n_tail = max(1, int(np.ceil(0.1 * rows)))
@@ -275,6 +295,7 @@ def write_summary(run_dir: Path, env: MarketEnv, stopped: str | None, iterations
         else:
             summary["profit_gain_skipped"] = ("random periods (the static game averages 256 "
                                               "keys per profile): set train.profit_gain: true")
+    summary.update(nonfinite_summary(run_dir))
     tmp = run_dir / "summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=2))
     tmp.replace(run_dir / "summary.json")

@@ -31,7 +31,7 @@ from jaxmarket.train import distributed
 from jaxmarket.train.checkpoints import Checkpoints
 from jaxmarket.train.devices import Placement, to_host
 from jaxmarket.train.loop import Runner, chain, host_outputs, make_train
-from jaxmarket.train.metrics import flatten_metrics, logged, metric_table, seed_rows
+from jaxmarket.train.metrics import NONFINITE, flatten_metrics, logged, metric_table, seed_rows
 from jaxmarket.train.plan import RunPlan
 from jaxmarket.train.progress import PROGRESS_EVERY, PlainProgress, progress_bar, show_bar
 from jaxmarket.train.rundir import StorageError, describe_os_error, storage_cause
@@ -39,6 +39,9 @@ from jaxmarket.train.summary import final_state, write_summary
 from jaxmarket.train.tracking import CsvMetrics, Tracker, seed_rows_file
 
 METRICS_FILE = "metrics.csv"
+# one row per iteration in which an agent group sent NaN or +-inf actions (created at the
+# first such iteration: a run without any has no such file); docs/reliability.md
+NONFINITE_FILE = "nonfinite_actions.csv"
 # the market's metric families (jaxmarket.train.loop.market_metrics)
 MARKET_METRICS = ("reward", "price", "traffic")
 
@@ -69,6 +72,7 @@ class Trainer:
         self._run_chunk = run_chunk
         self.metrics = CsvMetrics(self.run_dir / METRICS_FILE)
         self.seed_metrics = seed_rows_file(self.run_dir, self.tcfg.seeds_format)
+        self.nonfinite = CsvMetrics(self.run_dir / NONFINITE_FILE)
         self.checkpoints = Checkpoints(self.run_dir, self.primary)
         self._compiled: dict[int, Any] = {}
         self.compile_s = 0.0          # compiling the chunk programs, this process's share
@@ -160,6 +164,7 @@ class Trainer:
         if writes:
             self.metrics.truncate_after(start)
             self.seed_metrics.truncate_after(start)
+            self.nonfinite.truncate_after(start)
         runner, done_iters = start_runner, start
         self.done_iters = start
         # the components' own files (process 0 writes)
@@ -191,13 +196,15 @@ class Trainer:
                     h.chunk(runner, {k: v for k, v in outputs.items()
                                      if c.host_prefix and k.startswith(c.host_prefix)},
                             done_iters, length)
-                stopped = self._stop_reason(self._stop_rows(metrics, done_iters))
+                flagged = self._nonfinite_rows(metrics, done_iters)
+                stopped = self._stop_reason(self._stop_rows(metrics, done_iters), flagged)
                 keep = logged(done_iters, length, tcfg.log_every,
                               last=stopped is not None or done_iters + length >= total)
                 last_row = flatten_metrics(metrics, done_iters, [length - 1])[0]
                 if writes:
                     self.metrics.append(flatten_metrics(metrics, done_iters, keep))
                     self.seed_metrics.append(seed_rows(metrics, done_iters, keep))
+                    self.nonfinite.append(flagged)
                     tracker.log(last_row["iteration"],
                                 {k: v for k, v in last_row.items() if k != "iteration"})
                 done_iters += length
@@ -248,8 +255,22 @@ class Trainer:
                 keep.add(int(np.argmax(bad)))
         return flatten_metrics(metrics, start, sorted(keep))
 
-    def _stop_reason(self, rows: list[dict[str, float]]) -> str | None:
+    def _nonfinite_rows(self, metrics: dict, start: int) -> list[dict[str, int]]:
+        """``nonfinite_actions.csv`` rows of a chunk: for each iteration in which some
+        group sent NaN or +-inf action entries, ``iteration`` and per agent group the
+        entries (over the rollout's steps, markets, agents and products)."""
+        counts = {k[len(NONFINITE):]: np.asarray(v, np.float64) * self.tcfg.rollout_length
+                  for k, v in metrics.items() if k.startswith(NONFINITE)}
+        if not counts:
+            return []
+        table = np.rint(np.stack(list(counts.values()), axis=1)).astype(np.int64)
+        return [{"iteration": start + i + 1, **dict(zip(counts, map(int, table[i])))}
+                for i in np.flatnonzero(table.any(axis=1))]
+
+    def _stop_reason(self, rows: list[dict[str, float]],
+                     flagged: list[dict[str, int]] = ()) -> str | None:
         if self.tcfg.stop_on_nan:
+            reasons = []
             for row in rows:
                 # market metrics and the components' declared ones only: a learner
                 # reports NaN for "no update this iteration", while NaN parameters show
@@ -257,7 +278,17 @@ class Trainer:
                 bad = [k for k, v in row.items()
                        if k.split("/")[0] in self.nan_checked and not math.isfinite(v)]
                 if bad:
-                    return f"non-finite metric {bad[0]} at iteration {int(row['iteration'])}"
+                    reasons.append((int(row["iteration"]), f"non-finite metric {bad[0]} at "
+                                    f"iteration {int(row['iteration'])}"))
+                    break
+            if flagged:   # the market kept the actions in force: its metrics stay finite
+                it, groups = flagged[0]["iteration"], [(g, n) for g, n in flagged[0].items()
+                                                       if g != "iteration" and n]
+                reasons.append((it, f"non-finite actions at iteration {it}: " + ", ".join(
+                    f"{g} sent {n} NaN/inf action entries" for g, n in groups)
+                    + f" (the market kept the actions in force; {NONFINITE_FILE})"))
+            if reasons:
+                return min(reasons, key=lambda r: r[0])[1]
         rule = self.tcfg.early_stop
         if rule:
             name = rule["metric"]   # a known column: checked by resolve()
