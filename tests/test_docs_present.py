@@ -17,12 +17,10 @@ HISTORY = [re.compile(p, re.IGNORECASE | re.MULTILINE) for p in (
     r"\bafter the (?:[\w-]+ )?(?:refactor|change|rewrite|fix|speed work)\b",
     r"\bprevious kernel\b", r"\bno longer\b", r"\bwas changed\b", r"\bwe changed\b",
     r"\bas before\b")]
-# measured results by date and machine, regenerated from benchmarks/ (its own owner)
-GENERATED = {"benchmarks.md"}
 
 
 def pages() -> list:
-    return sorted(p for p in (ROOT / "docs").rglob("*.md") if p.name not in GENERATED)
+    return sorted((ROOT / "docs").rglob("*.md"))
 
 
 def prose(text: str) -> str:
