@@ -13,7 +13,10 @@ under a temporary name and renamed when complete. Format: docs/offline.md.
 --format d4rl writes the --group's transitions as a D4RL HDF5 file (--out FILE.hdf5),
 --format minari as a local Minari dataset (--out DATASET_ID, with an env spec that
 rebuilds the market); --normalize-actions stores their actions in [-1, 1] (what d3rlpy
-assumes) instead of market units. docs/ecosystem.md."""
+assumes) instead of market units. docs/ecosystem.md.
+
+A full disk, a read-only or a forbidden path while writing is one line naming the file
+and what was kept (nothing: the partial output is removed), exit code 1."""
 
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from pathlib import Path
 from jaxmarket.cli import parser as make_parser
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.offline.collect import collect
+from jaxmarket.offline.dataset import check_out
 from jaxmarket.offline.formats import EXPORT_FORMATS, export_dataset, load_dataset
 from jaxmarket.train.rundir import lock_beside
 
@@ -62,6 +66,8 @@ def main(argv: list[str]) -> int:
                        group=args.group, noise=args.noise, grid=args.grid,
                        epsilon=args.epsilon, seed=args.seed, progress=True)
 
+    if args.format != "minari":   # a path: one that can be created (before the lock)
+        check_out(args.out)
     if args.format == "native":
         # one writer per output: OUT.lock beside it (OUT itself appears by a rename at the end)
         with lock_beside(args.out, "dataset directory"):

@@ -22,6 +22,7 @@ import yaml
 from jaxmarket.cli import parser as make_parser
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.offline.algos import device_data, make_algo, sample_batch
+from jaxmarket.offline.files import storage_errno, storage_error
 from jaxmarket.offline.fit import fit, write_fit_config
 from jaxmarket.offline.formats import load_dataset
 from jaxmarket.offline.fqe import FQE
@@ -125,7 +126,14 @@ def main(argv: list[str]) -> int:
         run_dir = Path(args.resume)
         if not (run_dir / "offline.json").is_file():
             raise ConfigError("--resume", str(run_dir), "a run directory holding offline.json")
-        info = json.loads((run_dir / "offline.json").read_text())
+        try:
+            info = json.loads((run_dir / "offline.json").read_text())
+        except (OSError, ValueError) as err:   # unreadable, not UTF-8 or not JSON
+            raise ConfigError(f"{run_dir / 'offline.json'}", str(err).splitlines()[0][:120],
+                              "the run's offline.json as written (restore it)") from None
+        if not isinstance(info, dict) or not isinstance(info.get("stop"), dict):
+            raise ConfigError(f"{run_dir / 'offline.json'}", "not the run's settings",
+                              "the run's offline.json as written (restore it)")
         if args.steps is not None:
             info["stop"]["steps"] = args.steps
     else:
@@ -175,7 +183,15 @@ def main(argv: list[str]) -> int:
         if not args.resume and not is_empty(run_dir):       # started by another meanwhile
             raise ConfigError("--run-dir", str(run_dir), "a new or empty directory (to "
                               f"continue it: python -m jaxmarket.offline --resume {run_dir})")
-        write_fit_config(run_dir, info)
+        try:
+            write_fit_config(run_dir, info)
+        except OSError as err:
+            if storage_errno(err) is None:
+                raise
+            kept = ("the run as it was (nothing more was trained)" if args.resume else
+                    "nothing (nothing was trained)")
+            raise storage_error(f"writing {run_dir / 'offline.json'}", storage_errno(err),
+                                kept, "run this again", run_dir / "offline.json") from None
         result = with_tracker(args.tracker, run_dir, info, lambda tracker: fit(
             algo, ds, evaluators=evaluators, stop=stop, batch_size=info["batch_size"],
             chunk=info["chunk"], seed=info["seed"], run_dir=run_dir, resume=bool(args.resume),
@@ -185,6 +201,24 @@ def main(argv: list[str]) -> int:
 
 
 def _finish(args, algo, ds, run_dir: Path, info: dict, result) -> int:
+    """Write the ONNX export and summary.json; a storage fault there is one line (the
+    training is complete and checkpointed: --resume writes them again)."""
+    try:
+        return _write_finish(args, algo, ds, run_dir, info, result)
+    except Exception as err:
+        cause = storage_errno(err)
+        if cause is None:
+            raise
+        again = f"python -m jaxmarket.offline --resume {run_dir}" + (
+            f" --export-onnx {args.export_onnx}" if args.export_onnx else "")
+        raise storage_error(
+            "writing " + (f"the ONNX export {args.export_onnx} or " if args.export_onnx
+                          else "") + f"{run_dir / 'summary.json'}", cause,
+            f"the run in {run_dir}, trained to update {result.steps} (its checkpoints and "
+            "metrics.csv)", f"write them again with {again}", run_dir) from None
+
+
+def _write_finish(args, algo, ds, run_dir: Path, info: dict, result) -> int:
     summary = {"run_dir": str(run_dir), "algo": info["algo"], "steps": result.steps,
                "stopped": result.stopped, "updates_per_s": round(result.updates_per_s, 1),
                "final": result.history[-1] if result.history else {}}

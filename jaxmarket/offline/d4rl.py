@@ -22,8 +22,9 @@ from pathlib import Path
 import numpy as np
 
 from jaxmarket.config.errors import ConfigError
-from jaxmarket.offline.dataset import Dataset, make_dataset
+from jaxmarket.offline.dataset import Dataset, check_out, make_dataset
 from jaxmarket.offline.export import normalized, to_market
+from jaxmarket.offline.files import storage_errno, storage_error
 
 REQUIRED = ("observations", "actions", "rewards", "terminals", "timeouts")
 
@@ -117,6 +118,7 @@ def save_d4rl(ds: Dataset, path: str | Path, normalize_actions: bool = False) ->
     h5py = _h5py()
 
     path = Path(path)
+    check_out(path)
     if normalize_actions:
         ds = normalized(ds)
     order = np.concatenate(ds.episodes())
@@ -125,6 +127,7 @@ def save_d4rl(ds: Dataset, path: str | Path, normalize_actions: bool = False) ->
     ends = np.cumsum([len(e) for e in ds.episodes()]) - 1
     timeouts[ends] |= ~terminals[ends]
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    existed = path.exists()
     try:
         with h5py.File(tmp, "w") as f:
             f["observations"] = np.asarray(ds["observations"])[order]
@@ -145,9 +148,19 @@ def save_d4rl(ds: Dataset, path: str | Path, normalize_actions: bool = False) ->
                 f.attrs["action_values"] = np.asarray(ds.meta["action_values"], np.float32)
                 f.attrs["num_actions"] = len(ds.meta["action_values"])
         tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    except BaseException as err:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        cause = storage_errno(err) if isinstance(err, Exception) else None
+        if cause is None:
+            raise
+        kept = (f"{path} as it was" if existed else f"nothing ({path} was not written)")
+        if tmp.exists():
+            kept += f"; the partial file {tmp} could not be removed: remove it"
+        raise storage_error(f"writing the D4RL file {path}", cause, kept,
+                            "write it again", tmp) from None
     return path
 
 

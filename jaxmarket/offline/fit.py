@@ -32,7 +32,9 @@ import orbax.checkpoint as ocp
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.offline.algos.common import Algo, device_data, sample_batch
 from jaxmarket.offline.dataset import Dataset
+from jaxmarket.offline.files import storage_errno, storage_error
 from jaxmarket.offline.stop import Stop, StopTracker
+from jaxmarket.train.rundir import RunDirError
 
 
 @dataclasses.dataclass
@@ -130,11 +132,27 @@ def _evaluate(evaluators: Mapping[str, Callable], algo: Algo, state: Any) -> dic
 
 
 def _read_rows(path: Path, upto: int) -> list[dict[str, float]]:
+    """The rows of ``path`` up to update ``upto``; a last line cut by a crash or a full
+    disk (no line break at its end: past the checkpoint) is dropped, any other damaged
+    line is a :class:`~jaxmarket.train.rundir.RunDirError` naming it."""
     if not path.exists():
         return []
-    with path.open() as f:
-        return [{k: float(v) for k, v in r.items()} for r in csv.DictReader(f)
-                if int(float(r["step"])) <= upto]
+    text = path.read_text(errors="replace")
+    lines = text.splitlines(keepends=True)
+    if lines and not lines[-1].endswith("\n"):
+        lines.pop()
+    rows = []
+    for n, r in enumerate(csv.DictReader(lines), 2):
+        try:
+            row = {k: float(v) for k, v in r.items()}
+            step = int(row["step"])
+        except (TypeError, ValueError, KeyError, OverflowError):
+            raise RunDirError(f"offline run directory error: {path} line {n} is damaged; "
+                              "restore the file, or start the run again in a new "
+                              "directory") from None
+        if step <= upto:
+            rows.append(row)
+    return rows
 
 
 def _write_rows(path: Path, rows: list[dict[str, float]]) -> None:
@@ -192,80 +210,110 @@ def fit(algo: Algo, dataset: Dataset, *, evaluators: Mapping[str, Callable] | No
     evals_path = None if run_dir is None or not graph_evaluators else Path(run_dir) / "evaluations.csv"
     done, history, tracker = 0, [], StopTracker(stop)
     ckpt, metrics_path = None, None
-    if run_dir is not None:
-        run_dir = Path(run_dir)
-        metrics_path = run_dir / "metrics.csv"
-        has_ckpt = (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").iterdir())
-        if has_ckpt and not resume:
-            raise ConfigError("run_dir", str(run_dir), "a new directory (or resume=True / "
-                              "--resume to continue it)")
-        run_dir.mkdir(parents=True, exist_ok=True)
-        ckpt = ocp.CheckpointManager(
-            (run_dir / "checkpoints").absolute(),
-            options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True,
-                                                 enable_async_checkpointing=False))
-        latest = ckpt.latest_step() if resume else None
-        if latest is not None:
-            target = jax.eval_shape(lambda: state)
-            saved = ckpt.restore(latest, args=ocp.args.StandardRestore(_saveable(target)))
-            state, done = _restore_tree(saved, target), int(latest)
-            history = _read_rows(metrics_path, done)
-            for row in history:   # replay the stop rules' state (best value, patience)
-                tracker.check(row, 0.0)
-        _write_rows(metrics_path, history)
-        if graph_evaluators:
-            evals = run_dir / "evaluations.csv"
-            _write_rows(evals, _read_rows(evals, done))
-    if done >= stop.steps:
-        return FitResult(state, done, None, history, 0.0, 0.0)
-    t0, chunk_index, stopped, update_time = time.perf_counter(), done // chunk, None, 0.0
-    start = done
-    while done < stop.steps:
-        length = min(chunk, stop.steps - done)
-        t1 = time.perf_counter()
-        state, metrics = run(state, data, jax.random.fold_in(base, done), length)
-        metrics = jax.device_get(metrics)
-        update_time += time.perf_counter() - t1
-        done += length
-        chunk_index += 1
-        row = {"step": float(done)}
-        graph = {k: np.asarray(metrics.pop(k), np.float64) for k in list(metrics)
-                 if k.startswith("graph/")}
-        row.update({k: float(np.mean(np.asarray(v, np.float64))) for k, v in metrics.items()})
-        if graph:
-            at = np.flatnonzero(graph.pop("graph/_at") > 0)   # the evaluated updates
-            rows_g = [{"step": float(done - length + i + 1),
-                       **{k: float(v[i]) for k, v in graph.items()}} for i in at]
-            row.update({k: v for k, v in rows_g[-1].items() if k != "step"})
-            if evals_path is not None:
-                for r in rows_g:
-                    _append_row(evals_path, r)
-        if evaluators and (chunk_index % eval_every == 0 or done >= stop.steps):
-            row.update(_evaluate(evaluators, algo, state))
-        history.append(row)
-        if metrics_path is not None:
-            _append_row(metrics_path, row)
-        if logger is not None:
-            (logger.log if hasattr(logger, "log") else logger)(done, dict(row))
-        if verbose:
-            print(" ".join(f"{k}={v:.5g}" for k, v in row.items()), flush=True)
-        reason = tracker.check(row, time.perf_counter() - t0)
-        for cb in callbacks:
-            out = cb(done, state, row)
-            if out and reason is None:
-                reason = str(out) if isinstance(out, str) else f"callback at step {done}"
-        finite = all(math.isfinite(v) for v in row.values())
-        if ckpt is not None and finite and (chunk_index % checkpoint_every == 0 or reason
-                                            or done >= stop.steps):
-            ckpt.save(done, args=ocp.args.StandardSave(_saveable(state)))
-            ckpt.wait_until_finished()
-        if reason:
-            stopped = reason
-            break
-    seconds = time.perf_counter() - t0
-    # updates per second of the compiled chunks (the first chunk's compile included)
-    return FitResult(state, done, stopped, history, seconds,
-                     (done - start) / update_time if update_time > 0 else 0.0)
+    stage, box = ["preparing the run directory"], [None]   # for a storage error's line
+    try:
+        if run_dir is not None:
+            run_dir = Path(run_dir)
+            metrics_path = run_dir / "metrics.csv"
+            has_ckpt = ((run_dir / "checkpoints").is_dir()
+                        and any((run_dir / "checkpoints").iterdir()))
+            if has_ckpt and not resume:
+                raise ConfigError("run_dir", str(run_dir), "a new directory (or resume=True / "
+                                  "--resume to continue it)")
+            stage[0] = f"creating the run directory {run_dir}"
+            run_dir.mkdir(parents=True, exist_ok=True)
+            stage[0] = f"opening the checkpoints in {run_dir / 'checkpoints'}"
+            ckpt = box[0] = ocp.CheckpointManager(
+                (run_dir / "checkpoints").absolute(),
+                options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True,
+                                                     enable_async_checkpointing=False))
+            latest = ckpt.latest_step() if resume else None
+            if latest is not None:
+                target = jax.eval_shape(lambda: state)
+                saved = ckpt.restore(latest, args=ocp.args.StandardRestore(_saveable(target)))
+                state, done = _restore_tree(saved, target), int(latest)
+                history = _read_rows(metrics_path, done)
+                for row in history:   # replay the stop rules' state (best value, patience)
+                    tracker.check(row, 0.0)
+            stage[0] = f"writing {metrics_path}"
+            _write_rows(metrics_path, history)
+            if graph_evaluators:
+                evals = run_dir / "evaluations.csv"
+                stage[0] = f"writing {evals}"
+                _write_rows(evals, _read_rows(evals, done))
+        if done >= stop.steps:
+            return FitResult(state, done, None, history, 0.0, 0.0)
+        t0, chunk_index, stopped, update_time = time.perf_counter(), done // chunk, None, 0.0
+        start = done
+        while done < stop.steps:
+            length = min(chunk, stop.steps - done)
+            t1 = time.perf_counter()
+            state, metrics = run(state, data, jax.random.fold_in(base, done), length)
+            metrics = jax.device_get(metrics)
+            update_time += time.perf_counter() - t1
+            done += length
+            chunk_index += 1
+            row = {"step": float(done)}
+            graph = {k: np.asarray(metrics.pop(k), np.float64) for k in list(metrics)
+                     if k.startswith("graph/")}
+            row.update({k: float(np.mean(np.asarray(v, np.float64)))
+                        for k, v in metrics.items()})
+            if graph:
+                at = np.flatnonzero(graph.pop("graph/_at") > 0)   # the evaluated updates
+                rows_g = [{"step": float(done - length + i + 1),
+                           **{k: float(v[i]) for k, v in graph.items()}} for i in at]
+                row.update({k: v for k, v in rows_g[-1].items() if k != "step"})
+                if evals_path is not None:
+                    stage[0] = f"appending the rows up to update {done} to {evals_path}"
+                    for r in rows_g:
+                        _append_row(evals_path, r)
+            if evaluators and (chunk_index % eval_every == 0 or done >= stop.steps):
+                row.update(_evaluate(evaluators, algo, state))
+            history.append(row)
+            if metrics_path is not None:
+                stage[0] = f"appending the row of update {done} to {metrics_path}"
+                _append_row(metrics_path, row)
+            if logger is not None:
+                (logger.log if hasattr(logger, "log") else logger)(done, dict(row))
+            if verbose:
+                print(" ".join(f"{k}={v:.5g}" for k, v in row.items()), flush=True)
+            reason = tracker.check(row, time.perf_counter() - t0)
+            for cb in callbacks:
+                out = cb(done, state, row)
+                if out and reason is None:
+                    reason = str(out) if isinstance(out, str) else f"callback at step {done}"
+            finite = all(math.isfinite(v) for v in row.values())
+            if ckpt is not None and finite and (chunk_index % checkpoint_every == 0 or reason
+                                                or done >= stop.steps):
+                stage[0] = f"saving the checkpoint at update {done}"
+                ckpt.save(done, args=ocp.args.StandardSave(_saveable(state)))
+                ckpt.wait_until_finished()
+            if reason:
+                stopped = reason
+                break
+        seconds = time.perf_counter() - t0
+        # updates per second of the compiled chunks (the first chunk's compile included)
+        return FitResult(state, done, stopped, history, seconds,
+                         (done - start) / update_time if update_time > 0 else 0.0)
+    except Exception as err:
+        cause = storage_errno(err) if run_dir is not None else None
+        if cause is None:
+            raise
+        raise _storage_error(Path(run_dir), stage[0], cause, box[0]) from None
+
+
+def _storage_error(run_dir: Path, stage: str, err: OSError, ckpt) -> Exception:
+    """One line: what failed, what is kept (the last checkpoint and the metrics.csv rows
+    up to it: a resume drops later rows), how to resume."""
+    try:
+        kept = ckpt.latest_step() if ckpt is not None else None
+    except (OSError, ValueError, RuntimeError):   # the manager may fail on the broken storage
+        kept = None
+    what = (f"the checkpoint at update {kept} and the metrics.csv rows up to it" if kept
+            is not None else "no checkpoint yet (a resume starts at update 0)")
+    return storage_error(stage, err, what, f"resume with python -m jaxmarket.offline "
+                         f"--resume {run_dir} (or fit(..., run_dir={str(run_dir)!r}, "
+                         "resume=True))", run_dir)
 
 
 def write_fit_config(run_dir: Path, info: dict) -> None:

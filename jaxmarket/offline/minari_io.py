@@ -18,13 +18,17 @@ obs[1:]``, ``terminals``/``timeouts`` from ``terminations``/``truncations``.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import warnings
+from pathlib import Path
 
 import numpy as np
 
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.offline.dataset import Dataset, make_dataset
 from jaxmarket.offline.export import env_spec, normalized, to_market
+from jaxmarket.offline.files import storage_errno, storage_error
 
 
 def _minari():
@@ -53,7 +57,8 @@ def save_minari(ds: Dataset, dataset_id: str, description: str = "",
     action space (:func:`jaxmarket.offline.export.normalized`). ``with_env``: attach the
     env spec that rebuilds the market (:func:`jaxmarket.offline.export.env_spec`), so
     ``recover_environment()`` and ``d3rlpy.datasets.get_minari`` work; a dataset without
-    a scenario or without observations gets none."""
+    a scenario or without observations gets none. A storage fault is one
+    :class:`~jaxmarket.train.rundir.StorageError` line (a partial dataset removed)."""
     minari = _minari()
     import gymnasium as gym
     from minari.data_collector import EpisodeBuffer
@@ -92,14 +97,29 @@ def save_minari(ds: Dataset, dataset_id: str, description: str = "",
     meta = {k: ds.meta[k] for k in ("group", "action_low", "action_high", "discrete",
                                     "action_values", "actions_normalized",
                                     "market_action_low", "market_action_high") if k in ds.meta}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")   # minari's notes on optional metadata
-        return minari.create_dataset_from_buffers(
-            dataset_id, buffers, env=spec, observation_space=gym.spaces.Box(
-                -np.inf, np.inf, (ds.obs_dim,), np.float32),
-            action_space=action_space, algorithm_name="jaxmarket.collect",
-            description=json.dumps({"jaxmarket": meta, "text": description}),
-            data_format="hdf5")
+    where = Path(os.environ.get("MINARI_DATASETS_PATH")
+                 or Path("~/.minari/datasets").expanduser()) / dataset_id
+    existed = where.exists()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # minari's notes on optional metadata
+            return minari.create_dataset_from_buffers(
+                dataset_id, buffers, env=spec, observation_space=gym.spaces.Box(
+                    -np.inf, np.inf, (ds.obs_dim,), np.float32),
+                action_space=action_space, algorithm_name="jaxmarket.collect",
+                description=json.dumps({"jaxmarket": meta, "text": description}),
+                data_format="hdf5")
+    except Exception as err:
+        cause = storage_errno(err)
+        if cause is None:
+            raise
+        if not existed:
+            shutil.rmtree(where, ignore_errors=True)
+        kept = (f"{where} as it was" if existed else
+                f"nothing (the partial Minari dataset {where} was removed)" if not where.exists()
+                else f"the partial Minari dataset {where} (it could not be removed: remove it)")
+        raise storage_error(f"writing the Minari dataset {dataset_id}", cause, kept,
+                            "write it again", where) from None
 
 
 def load_minari(dataset_id: str) -> Dataset:
