@@ -16,7 +16,7 @@ from conftest import CONFIGS, ROOT
 from jaxmarket.cli import run_cli
 from jaxmarket.cli.train import main as train_main
 from jaxmarket.train import run as run_module
-from jaxmarket.train.rundir import LOCK_NAME
+from jaxmarket.train.rundir import LOCK_NAME, write_config_record
 from jaxmarket.train.tracking import CsvMetrics
 
 LEGACY = str(CONFIGS / "budget_monopoly.yaml")
@@ -207,7 +207,7 @@ def test_missing_rows_before_the_checkpoint_are_refused(reference, tmp_path, cap
     code, out, err = train(capsys, "--resume", str(d))
     line = one_line(err)
     assert code == 1 and str(path) in line
-    assert "checkpoint restored is at iteration 30" in line
+    assert "oldest checkpoint is at iteration 30" in line
     if damage == "rows_lost":
         assert "holds rows up to iteration 12 only" in line
     assert not (d / "summary.json").exists() and "resuming" not in out
@@ -241,10 +241,10 @@ def test_an_edited_config_is_refused_listing_the_changed_keys(reference, tmp_pat
 
 def test_extending_on_the_command_line_or_in_config_yaml_still_works(reference, tmp_path, capsys):
     def as_30_iterations(d):   # a finished 30-iteration run (its rows: the first 30)
-        for name in ("config.yaml", ".config.started.yaml"):
-            cfg = yaml.safe_load((d / name).read_text())
-            cfg["train"]["num_iterations"] = 30
-            (d / name).write_text(yaml.safe_dump(cfg, sort_keys=False))
+        cfg = yaml.safe_load((d / "config.yaml").read_text())
+        cfg["train"]["num_iterations"] = 30
+        (d / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+        write_config_record(d, cfg)   # the run's identity: started with 30
         for name, n in (("metrics.csv", 30), ("seeds.csv", 60)):
             lines = (d / name).read_bytes().splitlines(keepends=True)
             (d / name).write_bytes(b"".join(lines[:n + 1]))

@@ -1,5 +1,6 @@
 """python -m jaxmarket.train [CONFIG | --config CONFIG] [--run-dir DIR] [key=value ...]
 python -m jaxmarket.train --resume DIR [train.num_iterations=N ...]
+python -m jaxmarket.train --resume DIR --allow-config-change FIELD... [FIELD=VALUE ...]
 python -m jaxmarket.train CONFIG --devices N            (default: every local device)
 python -m jaxmarket.train CONFIG --distributed [--coordinator-address HOST:PORT
                           --num-processes N --process-id I]
@@ -10,7 +11,9 @@ session engine plays the pricing literature's independent Q-learning sessions ag
 the market's outcome tables (train.num_seeds sessions, docs/sessions.md); auto takes it
 wherever the design is one it plays exactly and says why not otherwise. Overrides are dotted key=value settings (quote the ones
 with brackets: 'market.sellers[0].count=3'). --resume continues an interrupted run from
-its last checkpoint, or extends a finished one with train.num_iterations=N.
+its last checkpoint, or extends a finished one with train.num_iterations=N; a config.yaml
+changed since the run started is refused unless --allow-config-change names the changed
+fields (all: accept config.yaml as it is).
 Ctrl-C finishes the running chunk, checkpoints it and says how to resume.
 On a terminal a progress bar; otherwise (a log) plain lines: when a chunk program is
 compiled, then every --progress-every seconds the iteration, rate and ETA.
@@ -60,6 +63,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--resume", default=None, metavar="RUN_DIR",
                         help="continue a run (overrides: only train.num_iterations and the "
                              "stop rules)")
+    parser.add_argument("--allow-config-change", nargs="+", action="extend", default=[],
+                        metavar="FIELD",
+                        help="--resume: accept these fields of config.yaml changed since the "
+                             "run started (dotted, e.g. market.sellers[0].budget; "
+                             "jaxmarket_version: another package version; all: config.yaml as "
+                             "it is); FIELD=VALUE settings of them may follow")
     parser.add_argument("--tracker", default="files", choices=("files", "sacred", "tensorboard", "wandb"))
     parser.add_argument("--mongo-url", default=None, help="sacred: a MongoDB URL instead of files")
     parser.add_argument("--compile-cache", default=None, metavar="DIR",
@@ -85,7 +94,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="dotted overrides, e.g. seed=3 'market.sellers[0].count=3'")
     args = parser.parse_intermixed_args(argv)
-    positional, overrides = split_positional(args.overrides)
+    # FIELD=VALUE after --allow-config-change are settings (argparse gave them to it)
+    overrides_given = [f for f in args.allow_config_change if "=" in f]
+    args.allow_config_change = [f for f in args.allow_config_change if "=" not in f]
+    positional, overrides = split_positional(args.overrides + overrides_given)
+    if args.allow_config_change and not args.resume:
+        raise ConfigError("--allow-config-change", " ".join(args.allow_config_change),
+                          "only with --resume (a new run takes its config as given)")
     address_flags = (args.coordinator_address, args.num_processes, args.process_id)
     if not args.distributed and any(v is not None for v in address_flags):
         raise ConfigError("--coordinator-address/--num-processes/--process-id",

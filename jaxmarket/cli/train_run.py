@@ -39,13 +39,15 @@ def _run(args, positional: str | None, overrides: list[str]) -> dict:
         if args.config or positional:
             raise ConfigError("--resume", args.resume, "no scenario file with --resume: the run "
                               "directory's own config.yaml is used")
-        engine, plan, config = _resume_engine(args.resume, overrides)
+        allow = tuple(getattr(args, "allow_config_change", ()) or ())
+        engine, plan, config = _resume_engine(args.resume, overrides, allow)
         if engine == "sessions":
             return session_run.resume(args.resume, config, plan, overrides,
-                                      command=args.command, progress_every=args.progress_every)
+                                      command=args.command, progress_every=args.progress_every,
+                                      allow_changes=allow)
         summary = resume_run(args.resume, args.tracker, args.mongo_url, overrides,
                              devices=args.devices, command=args.command,
-                             progress_every=args.progress_every)
+                             progress_every=args.progress_every, allow_changes=allow)
     else:
         if args.config and positional:
             raise ConfigError("config", positional, f"one scenario file (--config {args.config} "
@@ -78,7 +80,7 @@ def _sessions_only(args) -> None:
                           "train.engine=loop for the loop's trackers and sharding)")
 
 
-def _resume_engine(run_dir: str, overrides: list[str]):
+def _resume_engine(run_dir: str, overrides: list[str], allow: tuple[str, ...] = ()):
     """``(engine, plan, config)`` of the run in ``run_dir``: a sessions run directory
     holds sessions.csv or a config whose engine resolves to sessions."""
     path = Path(run_dir)
@@ -87,5 +89,5 @@ def _resume_engine(run_dir: str, overrides: list[str]):
     engine, _, plan = session_run.choose_engine(read_run_config(path))
     if engine != "sessions":
         return engine, None, None
-    session_run.check_resume_overrides(overrides)
+    session_run.check_resume_overrides(overrides, allow)
     return engine, plan, load_config(path / "config.yaml", overrides)

@@ -57,13 +57,15 @@ from jaxmarket.equilibria.static_game import benchmarks, equilibrium
 from jaxmarket.train.memory import MemoryEstimate, check_memory
 from jaxmarket.train.plan import RunPlan, resolve
 from jaxmarket.train.provenance import RUN_RECORD, git_commit
-from jaxmarket.train.run import require_new_dir
+from jaxmarket.train.run import check_resume_overrides as _check_overrides
+from jaxmarket.train.run import require_new_dir, restart_in_place
 from jaxmarket.train.rundir import (
     SESSIONS_FILE,
     STRATEGIES_FILE,
     StorageError,
     check_config_record,
     describe_os_error,
+    has_checkpoint,
     lock_dir,
     read_run_config,
     storage_cause,
@@ -211,12 +213,15 @@ class SessionRun:
         started = last = time.perf_counter()
         first, chunks, every = done, 0, self.tcfg.checkpoint_every
         status = "failed"
+        self.stage = "training"
         try:
             while not self.runner.finished(sessions, done):
                 sessions, done = self.runner.advance(sessions, done)
                 chunks += 1
                 if chunks % every == 0 or self.runner.finished(sessions, done):
+                    self.stage = f"saving the checkpoint at period {done}"
                     self.save(sessions, done)
+                    self.stage = "training"
                 now = time.perf_counter()
                 if now - last >= self.progress_every or self.runner.finished(sessions, done):
                     last = now
@@ -227,6 +232,7 @@ class SessionRun:
                           f"{self.runner.session_periods / elapsed:,.0f} session-periods/s  "
                           f"{now - started:7.1f} s", flush=True)
             result = self.runner.result(sessions, done, time.perf_counter() - started)
+            self.stage = "writing sessions.csv, strategies.npz and summary.json"
             summary = self.write_outputs(result)
             status = "finished"
             return summary
@@ -234,13 +240,31 @@ class SessionRun:
             status = "interrupted"
             raise Interrupted(f"interrupted; continue with: python -m jaxmarket.train "
                               f"--resume {self.run_dir}") from None
+        except Exception as err:
+            cause = storage_cause(err)
+            if cause is None:
+                raise
+            raise self.storage_error(cause) from None
         finally:
+            self.checkpoints.close()   # orbax's threads stop on every way out
             segments[-1].update(end_period=done, status=status,
                                 wall_s=round(time.perf_counter() - started, 3))
             try:
                 self.write_record(segments)
             except OSError:
                 pass
+
+    def storage_error(self, err: OSError) -> StorageError:
+        """One line: what failed, what is kept, the command that resumes."""
+        try:
+            kept = self.checkpoints.latest()
+        except Exception:   # the manager itself may fail on the broken storage
+            kept = None
+        what = (f"the checkpoint at period {kept}" if kept is not None else
+                "no checkpoint yet (resume starts at period 0)")
+        return StorageError(f"storage error while {self.stage}: {describe_os_error(err)}; "
+                            f"kept: {what}; free space or fix the permissions, then resume "
+                            f"with python -m jaxmarket.train --resume {self.run_dir}")
 
     # -------------------------------------------------------------- outputs
 
@@ -364,21 +388,27 @@ def _nan(x) -> float:
 # ------------------------------------------------------------------ commands
 
 def _storage(run_dir: Path, err: OSError) -> StorageError:
-    return StorageError(f"storage error while writing {run_dir}: {describe_os_error(err)}; "
-                        f"continue with python -m jaxmarket.train --resume {run_dir}")
+    return StorageError(f"storage error while starting the run in {run_dir}: "
+                        f"{describe_os_error(err)}; nothing was trained; free space or fix "
+                        "the permissions, then run the same command again (it replaces what "
+                        "this start left)")
 
 
 def start(config: dict, plan: RunPlan, run_dir: str | Path, command: str | None = None,
           progress_every: float | None = None) -> dict:
     """A new sessions run in ``run_dir`` (new or empty)."""
-    run_dir = require_new_dir(run_dir, "that run: python -m jaxmarket.train --resume")
+    run_dir = require_new_dir(run_dir, "that run: python -m jaxmarket.train --resume",
+                              restartable=True)
     run = SessionRun(config, plan, run_dir)
     if progress_every is not None:
         run.progress_every = progress_every
     lock = lock_dir(run_dir)
     lock.acquire()
     try:
+        require_new_dir(run_dir, "that run: python -m jaxmarket.train --resume",
+                        restartable=True)   # a race
         try:
+            restart_in_place(run_dir)
             _atomic_text(run_dir / "config.yaml", yaml.safe_dump(config, sort_keys=False))
             write_config_record(run_dir, config)
         except OSError as err:
@@ -401,23 +431,21 @@ def _engine_line(run: SessionRun) -> str:
     return line + (f"\nnote: {run.runner.note}" if run.runner.note else "")
 
 
-def check_resume_overrides(overrides: list[str]) -> None:
-    for item in overrides:
-        key = item.split("=", 1)[0].strip()
-        if key not in RESUME_OVERRIDES:
-            raise ConfigError("--resume overrides", item, "only " + ", ".join(RESUME_OVERRIDES)
-                              + " (everything else is fixed by the run's config.yaml)")
+def check_resume_overrides(overrides: list[str], allow_changes=()) -> None:
+    _check_overrides(overrides, RESUME_OVERRIDES, allow_changes)
 
 
 def resume(run_dir: str | Path, config: dict, plan: RunPlan, overrides: list[str],
-           command: str | None = None, progress_every: float | None = None) -> dict:
+           command: str | None = None, progress_every: float | None = None,
+           allow_changes: tuple[str, ...] = ()) -> dict:
     """Continue a sessions run from its last checkpoint (bit for bit the sessions of an
     uninterrupted run)."""
     run_dir = Path(run_dir)
     lock = lock_dir(run_dir)
     lock.acquire()
     try:
-        check_config_record(run_dir, read_run_config(run_dir), RESUME_OVERRIDES)
+        check_config_record(run_dir, read_run_config(run_dir), RESUME_OVERRIDES, allow_changes,
+                            required=has_checkpoint(run_dir))
         run = SessionRun(config, plan, run_dir)
         if progress_every is not None:
             run.progress_every = progress_every
@@ -425,9 +453,16 @@ def resume(run_dir: str | Path, config: dict, plan: RunPlan, overrides: list[str
         if run.settings.periods < done:
             raise ConfigError("train.num_iterations", run.settings.periods,
                               f"an integer >= {done} (the run's last checkpoint)")
-        if overrides:
-            _atomic_text(run_dir / "config.yaml", yaml.safe_dump(config, sort_keys=False))
-        write_config_record(run_dir, config)
+        try:
+            if overrides:
+                _atomic_text(run_dir / "config.yaml", yaml.safe_dump(config, sort_keys=False))
+            write_config_record(run_dir, config)
+        except OSError as err:
+            if storage_cause(err) is None:
+                raise
+            raise StorageError(f"storage error while writing {run_dir}/config.yaml: "
+                               f"{describe_os_error(err)}; the run is as it was; resume with "
+                               f"python -m jaxmarket.train --resume {run_dir}") from None
         print(f"resuming {run_dir} from period {done}" if done else
               f"no checkpoint in {run_dir}: starting it from period 0")
         print(_engine_line(run))

@@ -6,7 +6,9 @@ older one is tried."""
 
 from __future__ import annotations
 
+import logging
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,49 @@ from jaxmarket.train.rundir import RunDirError
 
 CHECKPOINTS_DIR = "checkpoints"
 KEEP = 2
+
+
+# When an orbax save or restore fails (a full disk, a damaged file), orbax's event loop
+# closes while tensorstore still completes the other reads and writes: their callbacks
+# then meet a closed loop ("Event loop is closed", as unraisable exceptions), the
+# abandoned tasks are logged at garbage collection ("Task exception was never
+# retrieved") and, at exit, their coroutines find Python shutting down. The failure
+# itself is reported in one line (or recovered from); this is its echo, kept off stderr.
+def _orbax_echo(exc: BaseException | None, obj: object = None) -> bool:
+    text = str(exc)
+    return ((isinstance(exc, RuntimeError) and text == "Event loop is closed")
+            or (isinstance(exc, ImportError) and "Python is likely shutting down" in text)
+            or "orbax" in repr(obj) or "async_serialize" in repr(obj))
+
+
+class _QuietOrbaxEcho(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        if record.name == "asyncio":
+            return not ("Task exception was never retrieved" in msg and "orbax" in msg)
+        # orbax's background threads log the failure they pass on (absl, ERROR)
+        return not (record.levelno >= logging.ERROR and "orbax" in record.pathname
+                    and "raised an exception" in msg)
+
+
+_installed = False
+
+
+def _quiet_orbax_echo() -> None:
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    previous = sys.unraisablehook
+
+    def hook(unraisable):
+        if not _orbax_echo(unraisable.exc_value, unraisable.object):
+            previous(unraisable)
+
+    sys.unraisablehook = hook
+    quiet = _QuietOrbaxEcho()
+    for name in ("asyncio", "absl"):
+        logging.getLogger(name).addFilter(quiet)
 
 
 def saveable(tree: Any) -> dict:
@@ -52,6 +97,7 @@ class Checkpoints:
     def manager(self) -> ocp.CheckpointManager:
         # created on first use: a run that fails validation leaves no directory behind
         if self._manager is None:
+            _quiet_orbax_echo()
             self._manager = ocp.CheckpointManager(
                 self.path.absolute(),
                 options=ocp.CheckpointManagerOptions(
@@ -83,7 +129,7 @@ class Checkpoints:
             except Exception as err:   # orbax/tensorstore raise many types for damaged files
                 why = " ".join(f"{type(err).__name__}: {err}".split())
                 bad.append((int(step), why[:120] + ("..." if len(why) > 120 else "")))
-                self._manager = None   # a failed restore can leave the manager confused
+                self.close()   # a failed restore can leave the manager confused
                 continue
             if bad:
                 self.drop([s for s, _ in bad])
@@ -102,7 +148,21 @@ class Checkpoints:
         if self.primary:
             for step in steps:
                 shutil.rmtree(self.path / str(step), ignore_errors=True)
-        self._manager = None   # a manager that has not seen them
+        self.close()   # a manager that has not seen them
+
+    def steps(self) -> list[int]:
+        """The committed checkpoints' iterations, oldest first."""
+        return sorted(int(s) for s in self.manager.all_steps())
+
+    def close(self) -> None:
+        """Stop the manager's background threads (on every way out: a manager left
+        open echoes its pending work on a closed event loop); the next use opens it."""
+        manager, self._manager = self._manager, None
+        if manager is not None:
+            try:
+                manager.close()
+            except Exception:   # closing after a failed save: the failure is reported
+                pass
 
 
 __all__ = ["CHECKPOINTS_DIR", "Checkpoints", "saveable", "unsaveable"]

@@ -23,10 +23,14 @@ from jaxmarket.config.loader import load_config
 from jaxmarket.train import distributed
 from jaxmarket.train.plan import RunPlan, resolve
 from jaxmarket.train.provenance import read_run_record, run_record, train_recorded, write_record
-from jaxmarket.train.rundir import (RunDirError, StorageError, check_config_record, check_rows,
-                                    describe_os_error, is_empty, lock_dir, read_run_config,
-                                    storage_cause, write_config_record)
-from jaxmarket.train.tracking import ParquetRows
+from jaxmarket.train.loop import Traced
+from jaxmarket.train.metrics import PER_SEED, seed_rows
+from jaxmarket.train.rundir import (RunDirError, StorageError, check_config_record,
+                                    clear_failed_start, cut_rows, describe_os_error,
+                                    failed_start, has_checkpoint, is_empty, lock_dir,
+                                    read_run_config, RowScan, scan_rows, storage_cause,
+                                    write_config_record)
+from jaxmarket.train.tracking import CsvMetrics, ParquetRows
 from jaxmarket.train.trainer import Trainer
 
 
@@ -36,14 +40,26 @@ def _write_config(run_dir: Path, config: dict) -> None:
     tmp.replace(run_dir / "config.yaml")
 
 
-def require_new_dir(run_dir: str | Path, resume: str) -> Path:
-    """``run_dir`` as a Path if it is new or empty, else a ``--run-dir`` config error
-    saying how to continue it (``resume`` + the directory)."""
+def require_new_dir(run_dir: str | Path, resume: str, restartable: bool = False) -> Path:
+    """``run_dir`` as a Path if it is new or empty (``restartable``: or holds only what a
+    start that failed before its first checkpoint wrote, which the new run replaces),
+    else a ``--run-dir`` config error saying how to continue it (``resume`` + the
+    directory)."""
     run_dir = Path(run_dir)
-    if run_dir.exists() and (not run_dir.is_dir() or not is_empty(run_dir)):
+    if run_dir.exists() and (not run_dir.is_dir() or not (
+            is_empty(run_dir) or (restartable and failed_start(run_dir)))):
         raise ConfigError("--run-dir", str(run_dir),
                           f"a new or empty directory (to continue {resume} {run_dir})")
     return run_dir
+
+
+def restart_in_place(run_dir: Path) -> None:
+    """With the lock held: remove what a failed start left (saying so), so the new run
+    starts as in an empty directory."""
+    if run_dir.is_dir() and not is_empty(run_dir):
+        removed = clear_failed_start(run_dir)
+        print(f"note: {run_dir} held a start that failed before its first checkpoint "
+              f"({', '.join(removed)}); starting it again in place")
 
 
 def _agree(config: dict, run_dir: str, **flags) -> str:
@@ -82,7 +98,8 @@ def start_run(config_path: str | Path | dict | RunPlan | None, overrides: list[s
             str(config.get("name", "run"))
         run_dir = f"runs/{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = _agree(config, run_dir, devices=devices, resume=False)
-    run_dir = require_new_dir(run_dir, "that run: python -m jaxmarket.train --resume")
+    run_dir = require_new_dir(run_dir, "that run: python -m jaxmarket.train --resume",
+                              restartable=True)
     trainer = Trainer(plan, run_dir, devices)
     if progress_every is not None:
         trainer.progress_every = progress_every
@@ -92,16 +109,20 @@ def start_run(config_path: str | Path | dict | RunPlan | None, overrides: list[s
     try:
         if lock is not None:
             lock.acquire()   # creates the directory
-            require_new_dir(run_dir, "that run: python -m jaxmarket.train --resume")   # a race
+            require_new_dir(run_dir, "that run: python -m jaxmarket.train --resume",
+                            restartable=True)   # a race
             try:
+                restart_in_place(run_dir)
                 _write_config(run_dir, config)
                 write_config_record(run_dir, config)
                 write_record(run_dir, segments)
             except OSError as err:
                 if storage_cause(err) is None:
                     raise
-                raise StorageError(f"storage error while writing {run_dir}/config.yaml: "
-                                   f"{describe_os_error(err)}; nothing was trained") from None
+                raise StorageError(f"storage error while starting the run in {run_dir}: "
+                                   f"{describe_os_error(err)}; nothing was trained; free space "
+                                   "or fix the permissions, then run the same command again "
+                                   "(it replaces what this start left)") from None
             print(f"run directory: {run_dir}" + _placement_note(trainer))
         _synchronised("run-dir")
         summary = train_recorded(trainer, tracker, mongo_url, config,
@@ -128,12 +149,16 @@ RESUME_OVERRIDES = ("train.num_iterations", "train.early_stop", "train.stop_on_n
 
 def resume_run(run_dir: str, tracker: str = "files", mongo_url: str | None = None,
                overrides: list[str] | tuple[str, ...] = (), devices: int | None = None,
-               command: str | None = None, progress_every: float | None = None) -> dict:
+               command: str | None = None, progress_every: float | None = None,
+               allow_changes: list[str] | tuple[str, ...] = ()) -> dict:
     """Continue ``run_dir`` from its last checkpoint (from iteration 0 if it has none).
     ``overrides`` may extend or shorten the run (``train.num_iterations=N``, at least the
     checkpointed iteration) and change its stop rules; they are saved to its config.yaml.
     ``devices`` may differ from the interrupted run's (a checkpoint holds whole arrays).
-    ``run.json`` keeps the first invocation's record and gains this one as a segment."""
+    ``run.json`` keeps the first invocation's record and gains this one as a segment.
+    ``allow_changes``: fields of config.yaml whose change since the run started is
+    accepted (``--allow-config-change``; ``all``: config.yaml as it is), which
+    ``overrides`` may set too."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ConfigError("--resume", str(run_dir), "an existing run directory")
@@ -141,50 +166,63 @@ def resume_run(run_dir: str, tracker: str = "files", mongo_url: str | None = Non
         raise ConfigError("--resume", str(run_dir), "a run directory holding config.yaml "
                           "(this one has none: the run never started; start it with python -m "
                           f"jaxmarket.train CONFIG --run-dir {run_dir})")
-    for item in overrides:
-        key = item.split("=", 1)[0].strip()
-        if key not in RESUME_OVERRIDES:
-            raise ConfigError("--resume overrides", item, "only " + ", ".join(RESUME_OVERRIDES)
-                              + " (everything else is fixed by the run's config.yaml)")
+    check_resume_overrides(overrides, RESUME_OVERRIDES, allow_changes)
     lock = lock_dir(run_dir) if jax.process_index() == 0 else None
     try:
         if lock is not None:
             lock.acquire()
         return _resume_locked(run_dir, tracker, mongo_url, list(overrides), devices,
-                              command, progress_every)
+                              command, progress_every, tuple(allow_changes))
     finally:
         if lock is not None:
             lock.release()
 
 
+def check_resume_overrides(overrides, resumable: tuple[str, ...],
+                           allow_changes=()) -> None:
+    """``--resume DIR key=value``: only the ``resumable`` settings, or fields the user
+    accepts changing (``--allow-config-change``)."""
+    for item in overrides:
+        key = item.split("=", 1)[0].strip()
+        if key not in resumable and not any(
+                f == "all" or key == f or key.startswith((f + ".", f + "["))
+                for f in allow_changes):
+            raise ConfigError("--resume overrides", item, "only " + ", ".join(resumable)
+                              + " (everything else is fixed by the run's config.yaml; "
+                              "--allow-config-change FIELD accepts changing FIELD)")
+
+
 def _resume_locked(run_dir: Path, tracker: str, mongo_url: str | None, overrides: list[str],
                    devices: int | None, command: str | None = None,
-                   progress_every: float | None = None) -> dict:
-    extended = check_config_record(run_dir, read_run_config(run_dir), RESUME_OVERRIDES)
-    if extended and jax.process_index() == 0:
-        print(f"note: config.yaml changed {', '.join(extended)} since the run started "
-              "(settings --resume may change)")
+                   progress_every: float | None = None,
+                   allow_changes: tuple[str, ...] = ()) -> dict:
+    changed = check_config_record(run_dir, read_run_config(run_dir), RESUME_OVERRIDES,
+                                  allow_changes, required=has_checkpoint(run_dir))
+    if changed and jax.process_index() == 0:
+        print(f"note: config.yaml changed {', '.join(changed)} since the run started "
+              "(settings --resume may change, or accepted by --allow-config-change)")
     config = load_config(run_dir / "config.yaml", overrides)
     _agree(config, str(run_dir), devices=devices, resume=True)
     trainer = Trainer(resolve(config), run_dir, devices)
+    previous = read_run_record(run_dir) if trainer.primary else None
+    # the largest row interval any invocation used (auto grows with num_iterations, by
+    # powers of ten: they nest)
+    every = max([trainer.tcfg.log_every] + [int(s.get("log_every", 1)) for s in
+                                            (previous or {}).get("segments", [])])
+    scans = _check_row_files(trainer, every) if trainer.primary else []
+    _synchronised("rows-checked")
     runner, start = trainer.restore(print if trainer.primary else lambda line: None)
     if trainer.tcfg.num_iterations < start:
         raise ConfigError("train.num_iterations", trainer.tcfg.num_iterations,
                           f"an integer >= {start} (the run's last checkpoint)")
     if progress_every is not None:
         trainer.progress_every = progress_every
-    previous = read_run_record(run_dir) if trainer.primary else None
-    if trainer.primary:   # every row up to the checkpoint, or the summary would be wrong
-        # the largest row interval any invocation used (auto grows with num_iterations, by
-        # powers of ten: they nest)
-        every = max([trainer.tcfg.log_every] + [int(s.get("log_every", 1)) for s in
-                                                (previous or {}).get("segments", [])])
-        check_rows(run_dir / "metrics.csv", start, 1, run_dir, every)
-        if isinstance(trainer.seed_metrics, ParquetRows):
+    if trainer.primary:   # every row up to the checkpoint, nothing after it
+        for scan in scans:
+            cut_rows(scan.path, scan.offset(start) if start else 0)
+        if isinstance(trainer.seed_metrics, ParquetRows) and start:
             _check_parquet_rows(trainer.seed_metrics, start, trainer.tcfg.num_seeds, run_dir,
                                 every)
-        else:
-            check_rows(run_dir / "seeds.csv", start, trainer.tcfg.num_seeds, run_dir, every)
     _synchronised("restored")
     if trainer.primary:
         try:
@@ -211,6 +249,46 @@ def _resume_locked(run_dir: Path, tracker: str, mongo_url: str | None, overrides
     return {**summary, "run_dir": str(run_dir)}
 
 
+def _seed_columns(traced: Traced) -> list[str] | None:
+    """The ``seeds.csv`` header of a plan, from its traced iteration."""
+    metrics = traced.iteration[1][1]
+    rows = seed_rows({k: np.zeros(v.shape, np.float32) for k, v in metrics.items()
+                      if k.startswith(PER_SEED)}, 0)
+    return list(rows[0]) if rows else None
+
+
+def _check_row_files(trainer: Trainer, every: int) -> list:
+    """``metrics.csv`` and ``seeds.csv`` against the checkpoints: their headers must be
+    the run's columns, and they must hold every row up to a checkpoint (clean: no line
+    damaged, repeated, out of order or missing). Checkpoints past the rows are removed
+    (saying so), so the resume starts from the newest one the rows cover; none covered
+    is a RunDirError. The scans, to cut the files at the checkpoint restored."""
+    run_dir = trainer.run_dir
+    steps = trainer.checkpoints.steps()
+    if not steps:   # it starts from iteration 0: the files are removed
+        return [RowScan(f.path) for f in (trainer.metrics, trainer.seed_metrics)
+                if isinstance(f, CsvMetrics)]
+    traced = trainer.plan.traced or Traced(trainer.plan)
+    scans = [scan_rows(trainer.metrics.path, 1, every,
+                       ["iteration", *traced.metric_columns], run_dir)]
+    if isinstance(trainer.seed_metrics, CsvMetrics):
+        scans.append(scan_rows(trainer.seed_metrics.path, trainer.tcfg.num_seeds, every,
+                               _seed_columns(traced), run_dir))
+    worst = min(scans, key=lambda scan: scan.covered)
+    usable = [s for s in steps if s <= worst.covered]
+    if not usable:
+        raise RunDirError(worst.short(steps[0], run_dir))
+    newer = [s for s in steps if s > worst.covered]
+    if newer:
+        why = worst.problem or (f"{worst.path} holds rows up to iteration "
+                                f"{worst.ends[-1][0] if worst.ends else 0} only")
+        print(f"{why}: resuming from the checkpoint at iteration {usable[-1]} (rows from there "
+              f"are recomputed); removed the one at iteration "
+              f"{', '.join(map(str, newer))}")
+        trainer.checkpoints.drop(newer)
+    return scans
+
+
 def _check_parquet_rows(rows: ParquetRows, start: int, num_seeds: int, run_dir: Path,
                         every: int) -> None:
     """As :func:`~jaxmarket.train.rundir.check_rows`, for ``seeds.parquet/``."""
@@ -230,7 +308,10 @@ def final_learner_state(run_dir: str | Path) -> Any:
     """The last checkpointed Runner of a run (for analysis and tests)."""
     config = load_config(Path(run_dir) / "config.yaml")
     trainer = Trainer(resolve(config), Path(run_dir))
-    runner, _ = trainer.restore()
+    try:
+        runner, _ = trainer.restore()
+    finally:
+        trainer.checkpoints.close()
     return runner
 
 
@@ -258,4 +339,4 @@ def finish_message(summary: dict) -> str:
 
 
 __all__ = ["start_run", "resume_run", "final_learner_state", "finish_message",
-           "require_new_dir", "RESUME_OVERRIDES"]
+           "require_new_dir", "restart_in_place", "check_resume_overrides", "RESUME_OVERRIDES"]

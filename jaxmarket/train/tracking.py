@@ -17,30 +17,59 @@ import numpy as np
 from jaxmarket.config.errors import ConfigError, Interrupted
 
 
+def sync_dir(path: Path) -> None:
+    """fsync a directory (a rename or a new file in it made durable); best effort where
+    the file system cannot."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 class CsvMetrics:
-    """``metrics.csv``: one row per iteration, appended as training goes."""
+    """``metrics.csv`` (and the other row files: ``seeds.csv``, ``pbt.csv``,
+    ``mapping.csv``): rows in iteration order, appended as training goes, each append
+    synced to disk before the checkpoint that covers it is saved."""
 
     def __init__(self, path: Path):
         self.path = path
 
     def truncate_after(self, iteration: int) -> None:
-        """Drop rows past ``iteration`` (work lost with an interrupted chunk)."""
+        """Drop rows past ``iteration`` (work lost with an interrupted chunk): the file is
+        cut after the longest run of rows, from the top, whose iterations do not go back
+        and do not pass ``iteration`` (a row cut by a crash mid-append is dropped too);
+        at iteration 0 the file is removed (a new start writes its header)."""
         if not self.path.exists():
             return
-        with self.path.open(newline="") as f:
-            raw = f.read()
-        # a row cut by a crash mid-append lies after the last checkpoint: dropped too
-        text = raw if raw.endswith("\n") else raw[:raw.rfind("\n") + 1]
-        rows = list(csv.reader(text.splitlines()))
-        if not rows:
-            if text != raw:
-                self.path.write_text(text)
+        if iteration == 0:
+            self.path.unlink()
             return
-        keep = [rows[0]] + [r for r in rows[1:] if r and int(r[0]) <= iteration]
-        tmp = self.path.with_suffix(".tmp")
-        with tmp.open("w", newline="") as f:
-            csv.writer(f).writerows(keep)
-        tmp.replace(self.path)
+        with self.path.open("rb") as f:
+            data = f.read()
+        end = data.find(b"\n") + 1   # the header
+        previous = -math.inf
+        while end and end < len(data):
+            nl = data.find(b"\n", end)
+            if nl < 0:
+                break
+            try:
+                it = float(data[end:nl].split(b",", 1)[0])
+            except ValueError:
+                break
+            if it > iteration or it < previous:
+                break
+            previous, end = it, nl + 1
+        if end < len(data):
+            with self.path.open("r+b") as f:
+                f.truncate(end)
+                f.flush()
+                os.fsync(f.fileno())
 
     def append(self, rows: list[dict[str, float]]) -> None:
         if not rows:
@@ -52,6 +81,9 @@ class CsvMetrics:
                 writer.writeheader()
             writer.writerows(rows)
             f.flush()
+            os.fsync(f.fileno())   # on disk before the checkpoint that covers it
+        if new:
+            sync_dir(self.path.parent)
 
 
 def read_metrics(path: Path) -> tuple[list[str], Any]:
@@ -142,7 +174,10 @@ class ParquetRows:
         final = self.path / f"part-{first:010d}-{last:010d}.parquet"
         tmp = final.with_suffix(".tmp")
         pq.write_table(table, tmp)
+        with tmp.open("rb+") as f:   # on disk before the checkpoint that covers it
+            os.fsync(f.fileno())
         tmp.replace(final)
+        sync_dir(self.path)
 
     def append(self, rows: list[dict[str, float]]) -> None:
         if not rows:

@@ -34,7 +34,7 @@ from jaxmarket.train.loop import Runner, chain, host_outputs, make_train
 from jaxmarket.train.metrics import NONFINITE, flatten_metrics, logged, metric_table, seed_rows
 from jaxmarket.train.plan import RunPlan
 from jaxmarket.train.progress import PROGRESS_EVERY, PlainProgress, progress_bar, show_bar
-from jaxmarket.train.rundir import StorageError, describe_os_error, storage_cause
+from jaxmarket.train.rundir import RunDirError, StorageError, describe_os_error, storage_cause
 from jaxmarket.train.summary import final_state, write_summary
 from jaxmarket.train.tracking import CsvMetrics, Tracker, seed_rows_file
 
@@ -141,6 +141,7 @@ class Trainer:
                 raise
             raise self.storage_error(cause) from None
         finally:
+            self.checkpoints.close()   # orbax's threads stop on every way out
             if in_main:
                 signal.signal(signal.SIGINT, previous)
 
@@ -233,9 +234,16 @@ class Trainer:
             distributed.wait_for_primary("summary")
             return json.loads((self.run_dir / "summary.json").read_text())
         self.stage = "writing summary.json"
-        summary = write_summary(self.run_dir, self.env, stopped=stopped, iterations=done_iters,
-                                final=final, log_every=tcfg.log_every,
-                                seeds_format=tcfg.seeds_format, plan=self.plan)
+        try:
+            summary = write_summary(self.run_dir, self.env, stopped=stopped,
+                                    iterations=done_iters, final=final,
+                                    log_every=tcfg.log_every, seeds_format=tcfg.seeds_format,
+                                    plan=self.plan)
+        except KeyError as err:   # a row file's header edited after --resume checked it
+            raise RunDirError(f"run directory error: {self.run_dir / METRICS_FILE} has no "
+                              f"column {err} (its header was changed); restore the file, "
+                              "then resume with python -m jaxmarket.train --resume "
+                              f"{self.run_dir}") from None
         tracker.artifact(self.run_dir / "summary.json")
         tracker.artifact(self.run_dir / "metrics.csv")
         if jax.process_count() > 1:

@@ -4,6 +4,7 @@ hyperparameters (:mod:`jaxmarket.train.pbt` holds the step itself and its config
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
@@ -33,7 +34,10 @@ class PbtEvents(HostOutput):
         self.rows.truncate_after(iteration)
         if not self.rows.path.exists():
             self.rows.path.parent.mkdir(parents=True, exist_ok=True)
-            self.rows.path.write_text(",".join(pbt_mod.CSV_COLUMNS) + "\n")
+            with self.rows.path.open("w") as f:   # synced, as every append
+                f.write(",".join(pbt_mod.CSV_COLUMNS) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
 
     def chunk(self, runner, outputs: dict, iteration: int, length: int) -> None:
         if outputs:

@@ -1,0 +1,395 @@
+"""Reliability, second pass (docs/reliability.md): a lock a removed lock file cannot
+defeat, the run's identity checked on --resume, row files checked against the checkpoint
+both ways, storage faults (orbax's too) as one line, and a way forward from every
+half-started run directory. Every run is the tiny legacy scenario (40 iterations in
+chunks of 10, checkpoints 30 and 40 kept)."""
+
+import errno
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+from conftest import CONFIGS, ROOT
+
+from jaxmarket.cli import run_cli
+from jaxmarket.cli.train import main as train_main
+from jaxmarket.train import checkpoints as checkpoints_module
+from jaxmarket.train import run as run_module
+from jaxmarket.train import rundir
+from jaxmarket.train import trainer as trainer_module
+from jaxmarket.train.rundir import CONFIG_RECORD, LOCK_NAME
+
+LEGACY = str(CONFIGS / "budget_monopoly.yaml")
+TINY = ["train.num_iterations=40", "train.chunk_size=10", "train.checkpoint_every=1",
+        "train.num_seeds=2", "train.num_envs=2"]
+FILES = ("metrics.csv", "seeds.csv", "summary.json")
+BUDGET = "market.consumers[0].budget"
+
+
+def train(capsys, *args):
+    code = run_cli(train_main, list(args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def one_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def full(tmp_path_factory):
+    """An uninterrupted run: checkpoints 30 and 40, rows 1..40."""
+    d = tmp_path_factory.mktemp("ref") / "full"
+    assert run_cli(train_main, [LEGACY, "--run-dir", str(d), *TINY]) == 0
+    return d
+
+
+def copy(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+def same_as(full, d):
+    return all((d / name).read_bytes() == (full / name).read_bytes() for name in FILES)
+
+
+def lines_of(path):
+    return path.read_bytes().splitlines(keepends=True)
+
+
+# ----------------------------------------------------------------- 1. a real lock
+
+HOLD_DIR = """
+import sys, time
+from jaxmarket.train.rundir import lock_dir
+lock_dir(sys.argv[1]).acquire()
+print("held", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_removed_lock_file_does_not_let_a_second_writer_in(full, tmp_path, capsys):
+    d = copy(full, tmp_path / "r")
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_DIR, str(d)], cwd=ROOT,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        (d / LOCK_NAME).unlink()              # the lock file removed by hand
+        before = (d / "metrics.csv").read_bytes()
+        code, out, err = train(capsys, "--resume", str(d))
+        line = one_line(err)
+        assert code == 1 and f"run directory {d} is in use by process" in line
+        assert "resuming" not in out
+        assert (d / "metrics.csv").read_bytes() == before   # nothing written
+        code, _, err = train(capsys, LEGACY, "--run-dir", str(tmp_path / "r"), *TINY)
+        assert code != 0
+    finally:
+        holder.kill()
+        holder.wait()
+    assert run_cli(train_main, ["--resume", str(d)]) == 0   # the holder gone: free again
+    assert same_as(full, d)
+
+
+# ----------------------------------------------------------------- 1. the run's identity
+
+def test_a_missing_identity_record_is_refused_unless_accepted(full, tmp_path, capsys):
+    d = copy(full, tmp_path / "r")
+    (d / "summary.json").unlink()
+    (d / CONFIG_RECORD).unlink()
+    cfg = yaml.safe_load((d / "config.yaml").read_text())
+    cfg["market"]["consumers"][0]["budget"] = 99.0          # the economy changed
+    (d / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    code, out, err = train(capsys, "--resume", str(d))
+    line = one_line(err)
+    assert code == 1 and f"{d / CONFIG_RECORD}" in line and "is missing" in line
+    assert "--allow-config-change all" in line
+    assert "resuming" not in out and not (d / "summary.json").exists()
+    code, out, err = train(capsys, "--resume", str(d), "--allow-config-change", "all")
+    assert code == 0, err
+    assert (d / CONFIG_RECORD).is_file()
+
+
+def test_a_changed_field_is_refused_naming_it_and_accepted_when_listed(full, tmp_path, capsys):
+    d = copy(full, tmp_path / "r")
+    (d / "summary.json").unlink()
+    cfg = yaml.safe_load((d / "config.yaml").read_text())
+    cfg["market"]["consumers"][0]["budget"] = 99.0
+    (d / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    code, out, err = train(capsys, "--resume", str(d))
+    line = one_line(err)
+    assert code == 2 and f"changed {BUDGET}" in line
+    assert f"--allow-config-change {BUDGET}" in line
+    assert not (d / "summary.json").exists()
+    code, _, err = train(capsys, "--resume", str(d), "--allow-config-change", "seed")
+    assert code == 2 and BUDGET in one_line(err)        # another field listed: still refused
+    code, out, err = train(capsys, "--resume", str(d), "--allow-config-change",
+                           "market.consumers")
+    assert code == 0, err
+    assert f"changed {BUDGET}" in out
+    # the record now holds the accepted config: a plain resume passes
+    assert train(capsys, "--resume", str(d))[0] == 0
+
+
+def test_an_edited_record_or_another_package_version_is_refused(full, tmp_path, capsys,
+                                                                 monkeypatch):
+    d = copy(full, tmp_path / "r")
+    (d / "summary.json").unlink()
+    record = yaml.safe_load((d / CONFIG_RECORD).read_text())
+    assert set(record) == {"identity", "config"}
+    assert record["identity"]["config_sha256"] == rundir.config_hash(record["config"])
+    assert record["identity"]["seed"] == record["config"]["seed"]
+    edited = {**record, "config": {**record["config"], "seed": 7}}
+    (d / CONFIG_RECORD).write_text(yaml.safe_dump(edited, sort_keys=False))
+    code, _, err = train(capsys, "--resume", str(d))
+    line = one_line(err)
+    assert code == 1 and "does not match its hash" in line
+    (d / CONFIG_RECORD).write_text(yaml.safe_dump(record, sort_keys=False))
+    monkeypatch.setattr(rundir, "package_version", lambda: "999.0")
+    code, _, err = train(capsys, "--resume", str(d))
+    line = one_line(err)
+    assert code == 2 and "jaxmarket_version" in line and "999.0" in line
+    code, _, err = train(capsys, "--resume", str(d), "--allow-config-change",
+                         "jaxmarket_version")
+    assert code == 0, err
+    assert same_as(full, d)
+
+
+def test_allow_config_change_is_only_for_resume(capsys):
+    code, _, err = train(capsys, LEGACY, "--allow-config-change", "seed")
+    assert code == 2 and "--allow-config-change" in one_line(err)
+
+
+# ----------------------------------------------------------------- 2. rows vs checkpoint
+
+@pytest.mark.parametrize("name", ["metrics.csv", "seeds.csv"])
+def test_duplicated_last_rows_are_dropped_and_the_summary_is_unchanged(full, tmp_path,
+                                                                       capsys, name):
+    d = copy(full, tmp_path / "r")
+    lines = lines_of(d / name)
+    (d / name).write_bytes(b"".join(lines + lines[-4:]))   # the last rows again
+    code, _, err = train(capsys, "--resume", str(d))
+    assert code == 0, err
+    assert same_as(full, d)
+
+
+@pytest.mark.parametrize("damage", ["repeated", "reordered", "gap"])
+def test_rows_repeated_reordered_or_missing_before_the_checkpoint_are_refused(
+        full, tmp_path, capsys, damage):
+    d = copy(full, tmp_path / "r")
+    (d / "summary.json").unlink()
+    path = d / "metrics.csv"
+    lines = lines_of(path)
+    if damage == "repeated":
+        lines.insert(11, lines[10])
+    elif damage == "reordered":
+        lines[10], lines[11] = lines[11], lines[10]
+    else:
+        del lines[10]
+    path.write_bytes(b"".join(lines))
+    before = path.read_bytes()
+    code, out, err = train(capsys, "--resume", str(d))
+    line = one_line(err)
+    assert code == 1 and str(path) in line and "line 1" in line
+    assert {"repeated": "repeated or out of order", "reordered": "repeated or out of order",
+            "gap": "are missing"}[damage] in line
+    assert "resuming" not in out and not (d / "summary.json").exists()
+    assert path.read_bytes() == before                      # left as it was
+
+
+@pytest.mark.parametrize("name", ["metrics.csv", "seeds.csv"])
+def test_a_cut_last_row_of_a_finished_run_falls_back_one_checkpoint(full, tmp_path, capsys,
+                                                                    name):
+    d = copy(full, tmp_path / "r")
+    lines = lines_of(d / name)
+    (d / name).write_bytes(b"".join(lines[:-1]) + lines[-1][:len(lines[-1]) // 2])
+    code, out, err = train(capsys, "--resume", str(d))
+    assert code == 0, err
+    assert "resuming from the checkpoint at iteration 30" in out
+    assert "removed the one at iteration 40" in out
+    assert same_as(full, d)
+
+
+@pytest.mark.parametrize("name", ["metrics.csv", "seeds.csv"])
+def test_a_header_not_the_runs_columns_is_refused(full, tmp_path, capsys, name):
+    d = copy(full, tmp_path / "r")
+    (d / "summary.json").unlink()
+    lines = lines_of(d / name)
+    lines[0] = lines[0].replace(b"reward/", b"rewardX/", 1)
+    (d / name).write_bytes(b"".join(lines))
+    code, _, err = train(capsys, "--resume", str(d))
+    line = one_line(err)
+    assert code == 1 and f"{d / name} line 1 (the header) does not match" in line
+    assert "rewardX/" in line
+
+
+def test_row_files_are_synced_before_the_checkpoint_that_covers_them(tmp_path, capsys,
+                                                                     monkeypatch):
+    events = []
+    fsync, save = os.fsync, checkpoints_module.Checkpoints.save
+
+    def logged_fsync(fd):
+        try:
+            events.append(("fsync", os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))))
+        except OSError:
+            pass
+        return fsync(fd)
+
+    def logged_save(self, runner, iteration):
+        events.append(("save", iteration))
+        return save(self, runner, iteration)
+
+    monkeypatch.setattr(os, "fsync", logged_fsync)
+    monkeypatch.setattr(checkpoints_module.Checkpoints, "save", logged_save)
+    d = tmp_path / "r"
+    assert train(capsys, LEGACY, "--run-dir", str(d), *TINY)[0] == 0
+    saves = [i for i, e in enumerate(events) if e[0] == "save"]
+    assert [events[i][1] for i in saves] == [10, 20, 30, 40]
+    previous = 0
+    for i in saves:   # both row files synced since the previous save
+        synced = {name for kind, name in events[previous:i] if kind == "fsync"}
+        assert {"metrics.csv", "seeds.csv"} <= synced, events[previous:i]
+        previous = i
+
+
+# ----------------------------------------------------------------- 3. storage faults
+
+ORBAX_ENOSPC = ('RESOURCE_EXHAUSTED: Error writing "leaf00000/0.0.0" in OCDBT database at '
+                'local file "{d}/checkpoints/30.orbax-checkpoint-tmp/default/": Failed to '
+                "write 513 bytes to file 19: No space left on device [os_error_code='28']")
+ORBAX_EACCES = ('PERMISSION_DENIED: Error opening local file "{d}/checkpoints/30.orbax-'
+                'checkpoint-tmp/default/manifest.ocdbt"')
+
+
+@pytest.mark.parametrize("message, code", [(ORBAX_ENOSPC, errno.ENOSPC),
+                                           (ORBAX_EACCES, errno.EACCES)])
+def test_an_orbax_storage_error_is_one_line_naming_the_path(full, tmp_path, capsys,
+                                                             monkeypatch, message, code):
+    d = tmp_path / "r"
+    save = checkpoints_module.Checkpoints.save
+
+    def failing(self, runner, iteration):
+        if iteration > 20:
+            raise ValueError(message.format(d=d))
+        return save(self, runner, iteration)
+
+    monkeypatch.setattr(checkpoints_module.Checkpoints, "save", failing)
+    rc, _, err = train(capsys, LEGACY, "--run-dir", str(d), *TINY)
+    line = one_line(err)
+    assert rc == 1 and line.startswith("storage error while saving the checkpoint at "
+                                       "iteration 30: ")
+    assert errno.errorcode[code] in line and f"{d}/checkpoints/30.orbax-checkpoint-tmp" in line
+    assert "kept: the checkpoint at iteration 20" in line
+    monkeypatch.undo()
+    assert run_cli(train_main, ["--resume", str(d)]) == 0
+    assert same_as(full, d)
+
+
+@pytest.mark.parametrize("target", ["summary", "run.json"])
+def test_summary_and_run_json_storage_faults_are_one_line(full, tmp_path, capsys, monkeypatch,
+                                                          target):
+    d = tmp_path / "r"
+    if target == "summary":
+        def failing(run_dir, *args, **kwargs):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(run_dir / "summary.json"))
+        monkeypatch.setattr(trainer_module, "write_summary", failing)
+    else:
+        def failing(run_dir, segments):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(run_dir / "run.json"))
+        monkeypatch.setattr(run_module, "write_record", failing)
+    rc, _, err = train(capsys, LEGACY, "--run-dir", str(d), *TINY)
+    line = one_line(err)
+    assert rc == 1
+    if target == "summary":
+        assert line.startswith("storage error while writing summary.json: Read-only")
+        assert f"{d}/summary.json" in line and "kept: the checkpoint at iteration 40" in line
+        monkeypatch.undo()
+        assert run_cli(train_main, ["--resume", str(d)]) == 0
+    else:   # a full disk at the start: nothing trained; the same command works once freed
+        assert "No space left on device" in line and "nothing was trained" in line
+        assert "run the same command again" in line
+        monkeypatch.undo()
+        code, out, err = train(capsys, LEGACY, "--run-dir", str(d), *TINY)
+        assert code == 0, err
+        assert "starting it again in place" in out
+    assert same_as(full, d)
+
+
+QUIET_FALLBACK = """
+import sys
+from jaxmarket.cli import run_cli
+from jaxmarket.cli.train import main
+sys.exit(run_cli(main, ["--resume", sys.argv[1]]))
+"""
+
+
+def test_a_checkpoint_fallback_leaves_stderr_empty(full, tmp_path):
+    """orbax's abandoned reads of a damaged checkpoint used to echo "Event loop is
+    closed" tracebacks; the fallback is now silent on stderr (two damaged copies)."""
+    for k in range(2):
+        d = copy(full, tmp_path / f"r{k}")
+        (d / "summary.json").unlink()
+        data = max((d / "checkpoints" / "40" / "default" / "d").iterdir(),
+                   key=lambda p: p.stat().st_size)
+        data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+        out = subprocess.run([sys.executable, "-c", QUIET_FALLBACK, str(d)], cwd=ROOT,
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        assert "resuming from the one at iteration 30" in out.stdout
+        assert out.stderr.strip() == "", out.stderr
+        assert same_as(full, d)
+
+
+def test_storage_cause_reads_tensorstore_messages():
+    err = ValueError(ORBAX_ENOSPC.format(d="/x"))
+    cause = rundir.storage_cause(err)
+    assert cause.errno == errno.ENOSPC and cause.filename.startswith("/x/checkpoints/30")
+    assert rundir.storage_cause(ValueError("DATA_LOSS: bad checksum")) is None
+
+
+# ----------------------------------------------------------------- 4. half-states
+
+def test_a_start_that_failed_writing_its_config_is_restarted_in_place(full, tmp_path, capsys):
+    d = tmp_path / "r"
+    d.mkdir()
+    (d / LOCK_NAME).write_text("123\n")
+    (d / "config.yaml.tmp").write_bytes(b"name: half")   # the disk filled here
+    code, _, err = train(capsys, "--resume", str(d))
+    line = one_line(err)
+    assert code == 2 and f"python -m jaxmarket.train CONFIG --run-dir {d}" in line
+    code, out, err = train(capsys, LEGACY, "--run-dir", str(d), *TINY)
+    assert code == 0, err
+    assert not (d / "config.yaml.tmp").exists()
+    assert same_as(full, d)
+
+
+@pytest.mark.parametrize("how", ["resume", "start"])
+def test_a_start_that_failed_before_its_first_checkpoint_has_a_way_forward(full, tmp_path,
+                                                                          capsys, how):
+    d = copy(full, tmp_path / "r")   # as a first save failing on a full disk leaves it
+    shutil.rmtree(d / "checkpoints")
+    (d / "checkpoints").mkdir()
+    (d / "checkpoints" / "10.orbax-checkpoint-tmp").mkdir()
+    (d / "summary.json").unlink()
+    for name, keep in (("metrics.csv", 11), ("seeds.csv", 21)):
+        (d / name).write_bytes(b"".join(lines_of(d / name)[:keep]))
+    if how == "resume":
+        code, out, err = train(capsys, "--resume", str(d))
+        assert "starting it from iteration 0" in out
+    else:
+        code, out, err = train(capsys, LEGACY, "--run-dir", str(d), *TINY)
+    assert code == 0, err
+    assert same_as(full, d)
+
+
+def test_a_directory_with_a_checkpoint_is_not_taken_for_a_failed_start(full, tmp_path, capsys):
+    d = copy(full, tmp_path / "r")
+    (d / "summary.json").unlink()
+    code, _, err = train(capsys, LEGACY, "--run-dir", str(d), *TINY)
+    assert code == 2 and "--resume" in one_line(err)
+    assert (d / "checkpoints" / "40").is_dir()
