@@ -196,7 +196,7 @@ def test_rows_repeated_reordered_or_missing_before_the_checkpoint_are_refused(
     code, out, err = train(capsys, "--resume", str(d))
     line = one_line(err)
     assert code == 1 and str(path) in line and "line 1" in line
-    assert {"repeated": "repeated or out of order", "reordered": "repeated or out of order",
+    assert {"repeated": "repeated or out of order", "reordered": "out of order",
             "gap": "are missing"}[damage] in line
     assert "resuming" not in out and not (d / "summary.json").exists()
     assert path.read_bytes() == before                      # left as it was

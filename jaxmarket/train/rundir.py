@@ -503,7 +503,7 @@ def scan_rows(path: Path, per_iteration: int, every: int = 1,
                 break
             if it > due:
                 scan.problem = (f"{path} line {n} jumps to iteration {it}: the rows of "
-                                f"iteration {due} are missing")
+                                f"iteration {due} are missing or out of order")
                 scan.problem_kind = "gap"
                 break
             group_it = it
