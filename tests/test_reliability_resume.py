@@ -393,3 +393,33 @@ def test_a_directory_with_a_checkpoint_is_not_taken_for_a_failed_start(full, tmp
     code, _, err = train(capsys, LEGACY, "--run-dir", str(d), *TINY)
     assert code == 2 and "--resume" in one_line(err)
     assert (d / "checkpoints" / "40").is_dir()
+
+
+SESSIONS = [str(CONFIGS / "calvano.yaml"), "train.num_seeds=2", "train.chunk_size=500",
+            "train.num_iterations=2000", "train.checkpoint_every=1",
+            "train.session_backend=xla"]
+
+
+def test_a_sessions_run_storage_fault_is_one_line_and_resumes(tmp_path, capsys, monkeypatch):
+    from jaxmarket.sessions import run as session_run
+    d = tmp_path / "s"
+    save = session_run.SessionRun.save
+
+    def failing(self, sessions, done):
+        if done > 1000:
+            raise ValueError(ORBAX_ENOSPC.format(d=self.run_dir))
+        return save(self, sessions, done)
+
+    monkeypatch.setattr(session_run.SessionRun, "save", failing)
+    rc, out, err = train(capsys, *SESSIONS, "--run-dir", str(d))
+    line = one_line(err)
+    assert rc == 1 and "engine: sessions" in out
+    assert line.startswith("storage error while saving the checkpoint at period 1500: No "
+                           "space left on device (errno ENOSPC)")
+    assert "kept: the checkpoint at period 1000" in line
+    assert line.endswith(f"resume with python -m jaxmarket.train --resume {d}")
+    monkeypatch.undo()
+    code, out, err = train(capsys, "--resume", str(d))
+    assert code == 0, err
+    assert f"resuming {d} from period 1000" in out
+    assert (d / "summary.json").is_file()

@@ -150,6 +150,13 @@ class Checkpoints:
                 shutil.rmtree(self.path / str(step), ignore_errors=True)
         self.close()   # a manager that has not seen them
 
+    def clear_unfinished(self) -> None:
+        """Remove saves a crash or a full disk left unfinished (``N.orbax-checkpoint-tmp``;
+        orbax would remove them itself, with a warning on stderr)."""
+        if self.primary and self.path.is_dir():
+            for p in self.path.glob("*.orbax-checkpoint-tmp"):
+                shutil.rmtree(p, ignore_errors=True)
+
     def steps(self) -> list[int]:
         """The committed checkpoints' iterations, oldest first."""
         return sorted(int(s) for s in self.manager.all_steps())

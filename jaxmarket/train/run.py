@@ -209,6 +209,8 @@ def _resume_locked(run_dir: Path, tracker: str, mongo_url: str | None, overrides
     # powers of ten: they nest)
     every = max([trainer.tcfg.log_every] + [int(s.get("log_every", 1)) for s in
                                             (previous or {}).get("segments", [])])
+    if trainer.primary:
+        trainer.checkpoints.clear_unfinished()
     scans = _check_row_files(trainer, every) if trainer.primary else []
     _synchronised("rows-checked")
     runner, start = trainer.restore(print if trainer.primary else lambda line: None)

@@ -502,8 +502,9 @@ def scan_rows(path: Path, per_iteration: int, every: int = 1,
                 scan.problem_kind = "order"
                 break
             if it > due:
-                scan.problem = (f"{path} line {n} jumps to iteration {it}: the rows of "
-                                f"iteration {due} are missing or out of order")
+                scan.problem = (f"{path} holds rows up to iteration {last_it} only: line "
+                                f"{n} jumps to iteration {it} (the rows of iteration {due} "
+                                "are missing or out of order)")
                 scan.problem_kind = "gap"
                 break
             group_it = it
