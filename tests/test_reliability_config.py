@@ -18,12 +18,15 @@ from hypothesis import strategies as st
 
 from jaxmarket.cli import run_cli
 from jaxmarket.cli.check import main as check_main
+from jaxmarket.config import precheck
 from jaxmarket.config.errors import ConfigError
-from jaxmarket.config.fields import (INT32_MAX, MAX_ENTITY_VALUES, Field, check_value,
-                                     resolve_entity_array)
+from jaxmarket.config.fields import (INT32_MAX, MAX_ENTITY_VALUES, MAX_GROUPS,
+                                     MAX_MARKET_AGENTS, MAX_UPDATE_EPOCHS, WORK_BUDGET, Field,
+                                     check_value, resolve_entity_array)
 from jaxmarket.config.loader import load_config
 from jaxmarket.train import memory
 from jaxmarket.train import plan as plan_module
+from jaxmarket.train.config import resolve_train
 from jaxmarket.train.plan import PROBE_SLOTS, resolve
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -159,9 +162,93 @@ def test_a_probe_keeps_the_runs_minibatches_where_it_has_fewer_samples(capsys):
     assert probe["buyers"] == plan.learner_config["buyers"]   # not split: untouched
 
 
+# ---------------------------------------------------------------- the work budget
+
+# the sizes a fuzz of the shipped configs found taking 30 s to minutes in check (the
+# learners built per agent slot for a probe of 143 markets; PPO's epochs traced one by
+# one): each is now a one-line ConfigError on its biggest factor, before anything is
+# built or traced
+BUDGET_CASES = [
+    ("budget_monopoly", ["market.sellers[0].count=100000"], "market.sellers[0].count",
+     "MAX_MARKET_AGENTS"),
+    ("budget_monopoly", ["market.sellers[0].count=100000", "learners.seller.update_epochs=100000"],
+     "market.sellers[0].count", "MAX_MARKET_AGENTS"),
+    ("budget_monopoly", ["market.sellers[0].count=100000", "train.rollout_length=100000"],
+     "market.sellers[0].count", "MAX_MARKET_AGENTS"),
+    ("budget_monopoly", ["market.sellers[0].count=100000", "train.chunk_size=100000"],
+     "market.sellers[0].count", "MAX_MARKET_AGENTS"),
+    ("multi_product", ["learners.posted.update_epochs=100000"], "learners.posted.update_epochs",
+     "MAX_UPDATE_EPOCHS"),
+    ("budget_monopoly", ["train.num_envs=100000000", "train.chunk_size=100000"],
+     "train.num_envs", "WORK_BUDGET"),
+    ("calvano", ["train.engine=loop", "train.rollout_length=1000000"], "train.rollout_length",
+     "WORK_BUDGET"),
+    ("bench_b", ["market.sellers[0].count=5000"], "market.sellers[0].count",
+     "MAX_MARKET_AGENTS"),
+]
+
+
+@pytest.mark.parametrize("name,overrides,field,bound", BUDGET_CASES,
+                         ids=[" ".join(c[1]) for c in BUDGET_CASES])
+def test_sizes_over_the_work_budget_are_refused_before_anything_is_built(
+        capsys, monkeypatch, name, overrides, field, bound):
+    touched = []
+    for fn in ("group_specs", "build_controller", "Traced"):   # what builds or traces
+        real = getattr(plan_module, fn)
+        monkeypatch.setattr(plan_module, fn, lambda *a, _r=real, _n=fn, **k:
+                            touched.append(_n) or _r(*a, **k))
+    with pytest.raises(ConfigError) as err:
+        resolve(f"configs/{name}.yaml", overrides, validate_only=True)
+    assert err.value.field == field and f"jaxmarket.config.fields.{bound}" in err.value.allowed
+    assert not touched
+    rc, out, stderr, _ = check(capsys, f"configs/{name}.yaml", *overrides)
+    assert rc == 2 and out == "" and stderr == f"config error: {err.value}\n"
+
+
+def test_a_file_listing_12000_groups_is_refused_before_reading_them(tmp_path, capsys):
+    """12,000 seller groups of one seller each (a fuzz of the probe: minutes in check,
+    each group traced on its own): refused on the list, before any group is read."""
+    base = load_config(ROOT / "configs/budget_monopoly.yaml")
+    base["market"]["sellers"] = [{"name": f"s{i}"} for i in range(12000)]
+    base["learners"] = {f"s{i}": {"kind": "ppo_bandit"} for i in range(12000)}
+    path = tmp_path / "many.yaml"
+    path.write_text(json.dumps(base))   # JSON is YAML: one line, well under 1 MiB
+    rc, out, err, _ = check(capsys, str(path))
+    assert rc == 2 and err.count("\n") == 1, err
+    assert err.startswith("config error: market.sellers: got '12000 groups'; allowed: at most "
+                          f"{MAX_GROUPS} groups")
+
+
+def test_every_shipped_config_is_far_inside_the_work_budget(monkeypatch):
+    """The shipped configs at their shipped sizes (calvano.yaml: 1000 sessions of 20,000-
+    period chunks) pass every bound of the work budget tightened 10x (groups), 100x
+    (agents per market, epochs) and 10^5 x (the work of one chunk)."""
+    monkeypatch.setattr(precheck, "MAX_GROUPS", MAX_GROUPS // 10)
+    monkeypatch.setattr(precheck, "MAX_MARKET_AGENTS", MAX_MARKET_AGENTS // 100)
+    monkeypatch.setattr(precheck, "MAX_UPDATE_EPOCHS", MAX_UPDATE_EPOCHS // 100)
+    monkeypatch.setattr(precheck, "WORK_BUDGET", WORK_BUDGET // 10**5)
+    for path in CONFIGS:
+        budget_checks(load_config(path))
+    monkeypatch.setattr(precheck, "WORK_BUDGET", 10**7)   # not vacuous: bench_b's 3.5e7
+    with pytest.raises(ConfigError, match="is 3.53e7; lower train.chunk_size"):
+        budget_checks(BASES["bench_b"])
+
+
+def budget_checks(config: dict) -> None:
+    """The work budget's checks on a loaded config (jax-free, as the quick checks run them)."""
+    market = config["market"]
+    precheck.check_groups(market)
+    groups = [{"name": g["name"], "side": side, "count": g.get("count", 1),
+               "agent": side == "seller" or g.get("agent", False)}
+              for side in ("consumer", "seller") for g in market[side + "s"]]
+    precheck.check_work(vars(resolve_train(config.get("train"))), market.get("num_products", 1),
+                        groups, config["learners"], precheck.schema_epochs)
+
+
 def test_slots_must_fit_int32():
     with pytest.raises(ConfigError) as err:   # 2 sellers x 8 seeds x 2**27 markets = 2**31
-        resolve("configs/calvano.yaml", ["train.num_envs=134217728"], validate_only=True)
+        resolve("configs/calvano.yaml", ["train.num_envs=134217728", "train.num_seeds=8",
+                                         "train.chunk_size=1"], validate_only=True)
     assert err.value.field == "train.num_envs" and "int32" in err.value.allowed
 
 
@@ -289,7 +376,31 @@ def mutated(draw):
             config["train"] = {}
         config["train"]["num_envs"] = draw(st.sampled_from(
             [10**6, 2**31, 10**100, 0, 1.5]))
+    for _ in range(draw(st.integers(0, 1))):   # or a size a probe found slow: 10^5 of one
+        size_mutation(config, draw(st.sampled_from(SIZES)))
     return name, path, how, config
+
+
+SIZES = ["count", "update_epochs", "rollout_length", "chunk_size", "num_envs"]
+
+
+def size_mutation(config: dict, key: str, value: int = 10**5) -> None:
+    """10^5 agents in the first seller group, epochs of the first learner or a train size
+    (the fuzz of the probe that found them: 30 s to minutes in check before the budget)."""
+    market, learners = config.get("market"), config.get("learners")
+    if key == "count":
+        sellers = market.get("sellers") if isinstance(market, dict) else None
+        if isinstance(sellers, list) and sellers and isinstance(sellers[0], dict):
+            sellers[0]["count"] = value
+    elif key == "update_epochs":
+        first = next((c for c in learners.values() if isinstance(c, dict)), None) \
+            if isinstance(learners, dict) else None
+        if first is not None:
+            first["update_epochs"] = value
+    else:
+        if not isinstance(config.get("train"), dict):
+            config["train"] = {}
+        config["train"][key] = value
 
 
 @settings(max_examples=100, derandomize=True, deadline=None, database=None,

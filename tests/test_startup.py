@@ -63,6 +63,18 @@ BAD = [
     ("check", DUOPOLY, ["market.sellers[0].cost=[[1], [2], [3]]"]),
     ("train", DUOPOLY, ["learners.sellers.kind=nope"]),
     ("check", CALVANO, ["train.engine=loop", "market.distributor.temperature=0"]),
+    # the work budget (jaxmarket.config.fields): groups, agents per market, epochs, a chunk
+    ("check", DEFAULT, ["market.sellers=[" + ", ".join(f"{{name: s{i}}}" for i in range(65))
+                        + "]"]),
+    ("train", DEFAULT, ["market.sellers=[" + ", ".join(f"{{name: s{i}}}" for i in range(65))
+                        + "]", "train.num_seeds=0"]),
+    ("check", DEFAULT, ["market.sellers[0].count=100000"]),
+    ("train", DEFAULT, ["market.sellers[0].count=100000", "learners.seller.update_epochs=100000"]),
+    ("check", DEFAULT, ["learners.seller.update_epochs=100000"]),
+    ("check", DEFAULT, ["learners.seller.update_epochs=100000", "learners.seller.bogus=1"]),
+    ("check", DEFAULT, ["train.num_envs=100000000", "train.chunk_size=100000"]),
+    ("train", DEFAULT, ["train.num_envs=100000000", "train.chunk_size=100000"]),
+    ("check", "configs/bench_b.yaml", ["market.sellers[0].count=5000"]),
 ]
 
 SCRIPT = r"""

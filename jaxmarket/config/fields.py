@@ -27,6 +27,22 @@ INT32_MAX = 2**31 - 1
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 MAX_ENTITY_VALUES = 2**24
 
+# The work budget (docs/configuration.md, "Sizes and the work budget"), checked before
+# anything is built or traced (jaxmarket.config.precheck.check_groups / check_work):
+# at most MAX_GROUPS groups in market.consumers and market.sellers together (each group
+# is its own code in the traced step), at most MAX_MARKET_AGENTS agents per market (the
+# learners' builders do Python work per agent slot, and check builds a probe of 143
+# markets), at most MAX_UPDATE_EPOCHS update_epochs per learner (PPO traces its epochs'
+# keys one by one, the bandits unroll their epochs), and at most WORK_BUDGET
+# entity-updates per compiled chunk: min(chunk_size, num_iterations) x rollout_length x
+# num_seeds x num_envs x num_products x the sum over groups of count x update_epochs (1
+# without update_epochs). The shipped configs reach 5 groups, 32 agents per market, 4
+# epochs and 6e7 per chunk.
+MAX_GROUPS = 64
+MAX_MARKET_AGENTS = 4096
+MAX_UPDATE_EPOCHS = 1000
+WORK_BUDGET = 10**13
+
 
 @dataclass(frozen=True)
 class Field:

@@ -19,6 +19,7 @@ only in those)."""
 from __future__ import annotations
 
 import importlib.util
+import math
 import re
 import sys
 from collections.abc import Callable, Mapping
@@ -28,7 +29,9 @@ import numpy as np
 
 from jaxmarket.config import schema
 from jaxmarket.config.errors import ConfigError
-from jaxmarket.config.fields import INT32_MAX, check_mapping, lookup_kind, resolve_entity_array
+from jaxmarket.config.fields import (INT32_MAX, MAX_GROUPS, MAX_MARKET_AGENTS,
+                                     MAX_UPDATE_EPOCHS, WORK_BUDGET, check_mapping,
+                                     lookup_kind, resolve_entity_array)
 
 # the modules that hold the registries: once one is imported, kinds may have been
 # registered from Python, which the schema does not know
@@ -70,12 +73,18 @@ def walk(config: Mapping[str, Any], command: str,
         return
     if learners and not isinstance(config["learners"], dict):
         raise Defer   # the engine choice reads it as a mapping
-    reason = engine(train(config.get("train")), config.get("learners") or {})
+    tcfg = train(config.get("train"))
+    reason = engine(tcfg, config.get("learners") or {})
     try:
         train_section(config)
+        check_groups(config["market"])
         groups = market(config["market"])
-        if not learners or config["market"].get("move_order") == "alternating":
-            raise Defer   # the missing section's message shows the market; turns per group
+        if not learners:
+            raise Defer   # the missing section's message shows the market
+        check_work(tcfg, config["market"].get("num_products", 1), groups, config["learners"],
+                   schema_epochs)
+        if config["market"].get("move_order") == "alternating":
+            raise Defer   # turns per group
         learner_section(config["learners"], groups)
     except ConfigError:
         if command == "train" and reason is not None and say is not None:
@@ -128,6 +137,100 @@ def engine(tcfg: dict, learners: Mapping[str, Any]) -> str | None:
         raise Defer
     return ("the session engine plays q_learning sellers; learners: " +
             ", ".join(f"{g} {k}" for g, k in kinds.items()))
+
+
+# ------------------------------------------------------------------ sizes
+
+def check_groups(market: Any) -> None:
+    """At most :data:`~jaxmarket.config.fields.MAX_GROUPS` groups in ``market.consumers``
+    and ``market.sellers`` together, counted before any group is read (a file listing
+    12,000 groups is refused at once). Also :func:`jaxmarket.train.plan.resolve`'s."""
+    if not isinstance(market, Mapping):
+        return
+    lists = {side: market.get(side) for side in ("consumers", "sellers")}
+    sizes = {side: len(v) if isinstance(v, list) else 0 for side, v in lists.items()}
+    if sum(sizes.values()) > MAX_GROUPS:
+        side = max(sizes, key=lambda s: sizes[s])
+        raise ConfigError(f"market.{side}", f"{sizes[side]} groups",
+                          f"at most {MAX_GROUPS} groups in market.consumers and market.sellers "
+                          f"together (jaxmarket.config.fields.MAX_GROUPS; the market lists "
+                          f"{sum(sizes.values())}): each group is its own code in the traced "
+                          f"step; give one group a count instead of listing its entities")
+
+
+def schema_epochs(kind: str) -> Any:
+    """The ``update_epochs`` Field of a learner kind in the jax-free schema (or None)."""
+    entry = schema.LEARNERS.get(kind)
+    return None if entry is None else entry["fields"].get("update_epochs")
+
+
+def _epochs(config: Any, epochs_field: Callable[[str], Any]) -> int:
+    """A group's learner's ``update_epochs`` (the default of its kind), read without
+    validating it: 1 for a kind without it, or a value its own check will refuse."""
+    kind = config.get("kind") if isinstance(config, Mapping) else None
+    field = epochs_field(kind) if isinstance(kind, str) else None
+    if field is None:
+        return 1
+    value = config.get("update_epochs", field.default)
+    ok = isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= INT32_MAX
+    return value if ok else 1
+
+
+def check_work(train: Mapping[str, Any], num_products: int, groups: list[Mapping],
+               learners: Any, epochs_field: Callable[[str], Any]) -> None:
+    """The run's sizes against the work budget (docs/configuration.md, "Sizes and the
+    work budget"), before anything is built or traced: at most
+    :data:`~jaxmarket.config.fields.MAX_MARKET_AGENTS` agents per market,
+    :data:`~jaxmarket.config.fields.MAX_UPDATE_EPOCHS` epochs per update, and at most
+    :data:`~jaxmarket.config.fields.WORK_BUDGET` entity-updates per compiled chunk.
+    ``groups``: ``{name, side, count, agent}`` per group, consumers first; ``train``:
+    the resolved ``train:`` values; ``epochs_field(kind)``: the kind's ``update_epochs``
+    Field or None. The same function for the quick checks and
+    :func:`jaxmarket.train.plan.resolve`, so both raise the same message."""
+    index = {"consumer": 0, "seller": 0}
+    rows = []   # (where, count, agent, epochs, group name)
+    for g in groups:
+        where = f"market.{g['side']}s[{index[g['side']]}]"
+        index[g["side"]] += 1
+        conf = learners.get(g["name"]) if isinstance(learners, Mapping) and g["agent"] else None
+        rows.append((where, g["count"], g["agent"], _epochs(conf, epochs_field), g["name"]))
+    agents = [r for r in rows if r[2]]
+    total = sum(r[1] for r in agents)
+    if total > MAX_MARKET_AGENTS:
+        where, count = max(agents, key=lambda r: r[1])[:2]
+        raise ConfigError(f"{where}.count", count,
+                          f"at most {MAX_MARKET_AGENTS} agents per market in all (jaxmarket."
+                          f"config.fields.MAX_MARKET_AGENTS; the market has {total}): the "
+                          f"learners are built with Python work per agent slot")
+    for where, _, _, epochs, name in agents:
+        if epochs > MAX_UPDATE_EPOCHS:
+            raise ConfigError(f"learners.{name}.update_epochs", epochs,
+                              f"at most {MAX_UPDATE_EPOCHS} (jaxmarket.config.fields."
+                              f"MAX_UPDATE_EPOCHS): an update's epochs are traced one by one")
+    chunk = min(train["chunk_size"], train["num_iterations"])
+    sizes = [("train.chunk_size", train["chunk_size"], chunk),
+             ("train.rollout_length", train["rollout_length"], train["rollout_length"]),
+             ("train.num_seeds", train["num_seeds"], train["num_seeds"]),
+             ("train.num_envs", train["num_envs"], train["num_envs"]),
+             ("market.num_products", num_products, num_products)]
+    per_market = sum(r[1] * r[3] for r in rows)
+    work = math.prod(s[2] for s in sizes) * per_market
+    if work <= WORK_BUDGET:
+        return
+    where, count, _, epochs, name = max(rows, key=lambda r: r[1] * r[3])
+    sizes += [(f"{where}.count", count, count),
+              (f"learners.{name}.update_epochs", epochs, epochs)]
+    field, value, _ = max(sizes, key=lambda s: s[2])
+    raise ConfigError(field, value,
+                      f"a compiled chunk of at most {_sci(WORK_BUDGET)} entity-updates (jaxmarket."
+                      f"config.fields.WORK_BUDGET): min(train.chunk_size, num_iterations) x "
+                      f"rollout_length x num_seeds x num_envs x market.num_products x the "
+                      f"groups' count x update_epochs is {_sci(work)}; lower {field}, its "
+                      f"biggest factor")
+
+
+def _sci(n: int) -> str:
+    return f"{n:.3g}".replace("e+0", "e").replace("e+", "e")
 
 
 # ------------------------------------------------------------------ market:

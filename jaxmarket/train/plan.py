@@ -27,7 +27,8 @@ import numpy as np
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.fields import INT32_MAX
 from jaxmarket.config.loader import load_config
-from jaxmarket.learners.base import Learner, LearnerSpec
+from jaxmarket.config.precheck import check_groups, check_work
+from jaxmarket.learners.base import LEARNERS, Learner, LearnerSpec
 from jaxmarket.learners.controller import (build_controller, check_controller,
                                            group_learner_spec, learners_template,
                                            resolve_learner)
@@ -106,6 +107,7 @@ def resolve(config: Mapping[str, Any] | str, overrides: tuple[str, ...] | list[s
     raw = load_config(config, overrides)
     config = strip_pbt(raw)   # the pbt blocks: resolve_pbt below
     tcfg, seed = resolve_train_section(config)
+    check_groups(config["market"])   # the work budget: before any group is read
     spec, params = resolve_market(config["market"])
     env, params = MarketEnv(spec), to_device(params)
     if "learners" not in config:
@@ -114,6 +116,7 @@ def resolve(config: Mapping[str, Any] | str, overrides: tuple[str, ...] | list[s
                               "(a seller group, or a consumer group with agent: true)")
         raise ConfigError("learners", "<missing>", "a learners: section mapping each agent group "
                           "to a learner (docs/learners.md), e.g.\n" + learners_template(env))
+    check_work_budget(env, config["learners"], tcfg)   # before anything is built or traced
     config = league_opponents(env, params, config)   # groups that play snapshots
     learner_config = config["learners"]
     base = group_specs(env, params, learner_config)
@@ -237,6 +240,20 @@ def check_sizes(base: Mapping[str, LearnerSpec], tcfg: TrainConfig) -> None:
             raise ConfigError("train.num_envs", E, f"train.num_seeds x train.num_envs x agents "
                               f"<= {INT32_MAX} (int32 slot indices; group {g} has "
                               f"{spec.num_agents} agents per market, num_seeds is {S})")
+
+
+def check_work_budget(env: MarketEnv, learner_config: Any, tcfg: TrainConfig) -> None:
+    """The run's sizes against the work budget (``fields.MAX_MARKET_AGENTS``,
+    ``fields.WORK_BUDGET``; docs/configuration.md, "Sizes and the work budget"): the
+    quick checks' own function on the market's groups, so both raise one message."""
+    groups = [{"name": g.name, "side": g.side, "count": g.count, "agent": g.agent}
+              for g in env.spec.groups]
+    check_work(vars(tcfg), env.spec.num_products, groups, learner_config, _epochs_field)
+
+
+def _epochs_field(kind: str) -> Any:
+    """The registered learner kind's ``update_epochs`` Field (None: it has none)."""
+    return LEARNERS[kind].hyper_fields.get("update_epochs") if kind in LEARNERS else None
 
 
 def resolve_train_section(config: Mapping) -> tuple[TrainConfig, int]:
