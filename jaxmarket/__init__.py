@@ -19,7 +19,7 @@ _HOMES = {
     "MarketParams": "jaxmarket.market.spec",
     "MarketSpec": "jaxmarket.market.spec",
     "MarketState": "jaxmarket.market.state",
-    "equilibrium": "jaxmarket.equilibria.static_game",
+    "equilibrium": "jaxmarket.analysis.equilibrium",
     "load_config": "jaxmarket.config.loader",
     "make": "jaxmarket.market.scenario",
     "register_mapping": "jaxmarket.learners.population",

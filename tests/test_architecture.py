@@ -18,7 +18,7 @@ LAYERS = [
     ("market", ("jaxmarket.market",)),
     ("learners", ("jaxmarket.learners",)),
     ("models", ("jaxmarket.models",)),
-    ("train", ("jaxmarket.train", "jaxmarket.equilibria")),
+    ("train", ("jaxmarket.train",)),
     ("sessions", ("jaxmarket.sessions",)),
     ("analysis", ("jaxmarket.analysis",)),
     ("offline", ("jaxmarket.offline",)),

@@ -16,7 +16,7 @@ from scipy.optimize import fsolve, minimize
 import jaxmarket
 from jaxmarket.market import economics
 from jaxmarket.cli.check import main as check_main
-from jaxmarket.equilibria.static_game import profit_gain, summary_profit_gain
+from jaxmarket.learners.equilibrium import profit_gain, summary_profit_gain
 from jaxmarket.train.plan import resolve
 
 PRICE_TOL = 2e-4   # float32 rewards locate a smooth optimum to ~1e-4 (a flat top)

@@ -1,6 +1,6 @@
-"""Each kind's capabilities live on its definition: no module of ``jaxmarket/train/`` or
-``jaxmarket/equilibria/`` (the static game of a run) names a learner, distributor or
-demand kind as a string (a feature that applies to some kinds reads a field or hook of
+"""Each kind's capabilities live on its definition: no module of ``jaxmarket/train/``
+and not ``jaxmarket/learners/equilibrium.py`` (the static game of a run) names a
+learner, distributor or demand kind as a string (a feature that applies to some kinds reads a field or hook of
 their ``LearnerDef``, ``DistributorDef`` or ``DemandDef``; docs/extending.md). The kinds
 come from the registries, so a kind added later is checked too."""
 
@@ -16,7 +16,7 @@ import pytest
 from flax import struct
 
 from jaxmarket.config.errors import ConfigError
-from jaxmarket.equilibria import static_game as equilibrium
+from jaxmarket.learners import equilibrium
 from jaxmarket.learners.base import LEARNERS, Learner, LearnerDef
 from jaxmarket.market.demand import DEMANDS
 from jaxmarket.market.distributors import DISTRIBUTORS
@@ -25,7 +25,8 @@ from jaxmarket.train.components import snapshot_fields
 from jaxmarket.train.plan import resolve
 
 ROOT = Path(__file__).resolve().parents[1]
-SCANNED = (ROOT / "jaxmarket" / "train", ROOT / "jaxmarket" / "equilibria")
+TRAIN_DIR = ROOT / "jaxmarket" / "train"
+STATIC_GAME = ROOT / "jaxmarket" / "learners" / "equilibrium.py"
 
 # (module, string) where the string is another name that happens to equal a kind
 NOT_KINDS = {
@@ -61,16 +62,16 @@ def test_the_scan_finds_a_kind_string_and_nothing_else():
                                                                    (2, "first_price")]
 
 
-def test_no_train_or_equilibria_module_names_a_learner_distributor_or_demand_kind():
+def test_no_train_module_nor_the_static_game_names_a_learner_distributor_or_demand_kind():
     kinds = registered_kinds()
     found = []
-    for path in sorted(p for folder in SCANNED for p in folder.rglob("*.py")):
+    assert STATIC_GAME.is_file(), f"{STATIC_GAME}: scan the static game where it lives"
+    for path in sorted(TRAIN_DIR.rglob("*.py")) + [STATIC_GAME]:
         module = path.relative_to(ROOT).as_posix()
         for line, kind in kind_strings(path.read_text(), kinds):
             if (module, kind) not in NOT_KINDS:
                 found.append(f"{module}:{line}: {kind!r}")
-    assert any(SCANNED[1].rglob("*.py")), "no jaxmarket/equilibria/: scan the static game"
-    assert not found, ("kind names in jaxmarket/train/ or jaxmarket/equilibria/ (declare the "
+    assert not found, ("kind names in jaxmarket/train/ or the static game (declare the "
                        "capability on the kind's definition instead):\n" + "\n".join(found))
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy.optimize import brentq, minimize_scalar
 
-from jaxmarket.equilibria.static_game import deterministic
+from jaxmarket.learners.equilibrium import deterministic
 from jaxmarket.train.plan import resolve
 from jaxmarket.train.run import start_run
 

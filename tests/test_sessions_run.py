@@ -222,7 +222,7 @@ def test_a_shocked_cournot_duopolys_benchmarks_are_the_exact_expectation():
     shock: E[profit_i] = q_i (E[a] - Q), so Nash q = E[a]/3 with profit E[a]^2/9 = 1/9
     and the joint optimum q = E[a]/4 with 1/8 per firm (averaging 256 sampled keys gave
     0.1127 and 0.1262)."""
-    from jaxmarket.equilibria.static_game import benchmarks, equilibrium, exact
+    from jaxmarket.learners.equilibrium import benchmarks, equilibrium, exact
     from jaxmarket.train.plan import resolve
     plan = resolve(load_config(str(CONFIGS / "cournot.yaml"), SHOCKS), validate_only=True)
     assert exact(plan)

@@ -4,7 +4,9 @@
   ``compare``, a run's final policy);
 * :mod:`jaxmarket.analysis.impulse`: impulse responses of learned pricing strategies to a
   one-period deviation (``impulse_response``);
-* :mod:`jaxmarket.analysis.plots`: the plotting library behind ``python -m jaxmarket.plot``.
+* :mod:`jaxmarket.analysis.plots`: the plotting library behind ``python -m jaxmarket.plot``;
+* :mod:`jaxmarket.analysis.equilibrium`: ``jaxmarket.equilibrium(config)``, a scenario's
+  static equilibria.
 
 The impulse-response API is also here, as ``jaxmarket.analysis.impulse_response``
 (imported on first use)."""

@@ -19,7 +19,7 @@ from jaxmarket.market.spec import NEVER, resolve_market, thaw
 from jaxmarket.sessions import run as session_run
 from jaxmarket.sessions.game import make_game
 from jaxmarket.train.config import TRAIN_FIELDS
-from jaxmarket.equilibria.static_game import equilibrium
+from jaxmarket.learners.equilibrium import equilibrium
 from jaxmarket.train.pbt import split_pbt
 from jaxmarket.train.plan import RunPlan, resolve, resolve_train_section
 

@@ -53,7 +53,7 @@ from jaxmarket.sessions.game import SessionGame, check_game, make_game
 from jaxmarket.sessions.memory import estimate as estimate_memory
 from jaxmarket.train.checkpoints import Checkpoints
 from jaxmarket.train.config import resolve_train
-from jaxmarket.equilibria.static_game import benchmarks, equilibrium
+from jaxmarket.learners.equilibrium import benchmarks, equilibrium
 from jaxmarket.train.memory import MemoryEstimate, check_memory
 from jaxmarket.train.plan import RunPlan, resolve
 from jaxmarket.train.provenance import RUN_RECORD, git_commit
@@ -270,7 +270,7 @@ class SessionRun:
 
     def benchmarks(self) -> dict:
         """pi_N, pi_M of the group and how they were computed
-        (:func:`jaxmarket.equilibria.static_game.benchmarks`)."""
+        (:func:`jaxmarket.learners.equilibrium.benchmarks`)."""
         eq = equilibrium(self.plan).get(self.game.group)
         return {} if eq is None else benchmarks(eq)
 

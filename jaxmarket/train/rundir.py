@@ -449,7 +449,7 @@ def scan_rows(path: Path, per_iteration: int, every: int = 1,
         nl = data.find(b"\n", pos)
         if nl < 0:
             break   # a cut last line
-        raw, start, pos = data[pos:nl], pos, nl + 1
+        raw, pos = data[pos:nl], nl + 1
         n += 1
         bad, fields = None, []
         if b"\x00" in raw:

@@ -25,7 +25,7 @@ from jaxmarket.market.state import current_actions
 from jaxmarket.models.metrics import asymptotic, auc
 from jaxmarket.train.components.auction import auction_summary
 from jaxmarket.train.devices import to_host
-from jaxmarket.equilibria.static_game import (benchmarks, equilibrium, exact, profit_gain,
+from jaxmarket.learners.equilibrium import (benchmarks, equilibrium, exact, profit_gain,
                                          summary_profit_gain)
 from jaxmarket.train.tracking import count_rows, read_last_rows, read_metrics, read_seed_rows
 
@@ -252,7 +252,7 @@ def write_summary(run_dir: Path, env: MarketEnv, stopped: str | None, iterations
     deterministic, or a draw of finitely many declared outcomes; else
     ``profit_gain_skipped`` says why): ``profit_gain[group]`` = ``(pi - pi_N) /
     (pi_M - pi_N)`` of the window's mean reward against the market's static Nash and
-    joint optimum (jaxmarket.equilibria.static_game), ``benchmarks[group]`` (the pi_N, pi_M
+    joint optimum (jaxmarket.learners.equilibrium), ``benchmarks[group]`` (the pi_N, pi_M
     used and how they were computed) and ``per_seed[group]["profit_gain"]``, where both
     exist. ``nonfinite_actions``: :func:`nonfinite_summary`, only where the run saw any.
     ``engine``: ``"loop"``."""

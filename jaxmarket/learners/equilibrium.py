@@ -1,7 +1,9 @@
 """Equilibria of a run's scenario, on its learners' own action sets, and the profit gain.
 
-:func:`equilibrium` resolves a config (or takes a resolved
-:class:`~jaxmarket.train.plan.RunPlan`) and solves the static one-shot game of its
+:func:`equilibrium` takes a resolved :class:`~jaxmarket.train.plan.RunPlan` (``plan``
+below: read for its ``env``, ``params``, ``groups``, ``specs`` and
+``learner_settings``; :func:`jaxmarket.equilibrium` resolves a config first) and solves
+the static one-shot game of its
 *learning* groups with :func:`jaxmarket.market.equilibrium.solve`: each group's actions
 are what its learner can play -- the :class:`~jaxmarket.market.equilibrium.ActionSet`
 its definition declares (:attr:`LearnerDef.action_set`: a price grid, arms per agent and
@@ -14,7 +16,7 @@ declares ``random_policy`` makes the period random, so the payoffs are averaged 
 :data:`~jaxmarket.market.equilibrium.DEFAULT_SAMPLES` keys). The period evaluated is the
 first one from the reset state (module docstring of :mod:`jaxmarket.market.equilibrium`).
 
-    eq = equilibrium("configs/logit_duopoly.yaml")
+    eq = jaxmarket.equilibrium("configs/logit_duopoly.yaml")
     eq["sellers"]["nash"], eq["sellers"]["joint"]     # [[1.4729], [1.4729]], [[1.925], [1.925]]
 
 :func:`profit_gain` is Calvano et al.'s normalised profit gain of a group,
@@ -46,19 +48,18 @@ from jaxmarket.market.equilibrium import (
     sample_keys,
     solve,
 )
-from jaxmarket.train.plan import RunPlan, resolve
 
 
-def _definition(plan: RunPlan, group: str) -> LearnerDef:
+def _definition(plan: Any, group: str) -> LearnerDef:
     return LEARNERS[plan.learner_settings[group][0]]
 
 
-def learning_groups(plan: RunPlan) -> tuple[str, ...]:
+def learning_groups(plan: Any) -> tuple[str, ...]:
     """The agent groups driven by a learner that learns (not a fixed policy)."""
     return tuple(g for g in plan.groups if not _definition(plan, g).fixed_policy)
 
 
-def action_set(plan: RunPlan, group: str) -> ActionSet:
+def action_set(plan: Any, group: str) -> ActionSet:
     """What ``group``'s learner can play: its definition's ``action_set`` of one market's
     agents, else the box of the group's action bounds."""
     kind, hyper = plan.learner_settings[group]
@@ -69,7 +70,7 @@ def action_set(plan: RunPlan, group: str) -> ActionSet:
     return ActionSet.box(space.low, space.high)
 
 
-def fixed_actions(plan: RunPlan, samples: int) -> dict[str, np.ndarray]:
+def fixed_actions(plan: Any, samples: int) -> dict[str, np.ndarray]:
     """``[samples, n, P]`` actions of every fixed-policy group: its ``act`` from its
     initial state on the reset observation, with a key folded from each sample key."""
     env, params = plan.env, plan.params
@@ -88,20 +89,20 @@ def fixed_actions(plan: RunPlan, samples: int) -> dict[str, np.ndarray]:
     return out
 
 
-def deterministic(plan: RunPlan) -> bool:
+def deterministic(plan: Any) -> bool:
     """Whether a period's payoff is a function of the actions alone (no demand or
     distributor draw, no fixed group acting at random): one key gives the static game."""
     return is_deterministic(plan.env) and not _random_group(plan)
 
 
-def exact(plan: RunPlan) -> bool:
+def exact(plan: Any) -> bool:
     """Whether the static game's expected payoff is computed exactly: a deterministic
     period, or a draw with finitely many declared outcomes
     (:func:`jaxmarket.market.equilibrium.outcomes`), and no fixed group acting at random."""
     return outcomes(plan.env) is not None and not _random_group(plan)
 
 
-def _random_group(plan: RunPlan) -> bool:
+def _random_group(plan: Any) -> bool:
     """Whether a fixed group acts at random (its definition declares ``random_policy``)."""
     return any(_definition(plan, g).random_policy for g in plan.groups)
 
@@ -120,28 +121,19 @@ def benchmarks(eq: Mapping[str, Any]) -> dict[str, Any]:
             "joint_profit": mean(cont.get("joint_reward")),
             "nash_price": mean(cont.get("nash")), "joint_price": mean(cont.get("joint")),
             "method": "static Nash equilibrium and joint optimum of one period of the "
-                      "market's reward (jaxmarket.equilibria.static_game), "
+                      "market's reward (jaxmarket.learners.equilibrium), "
                       + ("continuous actions over the grid's interval" if where else
                          "the group's own actions") + "; expectation: "
                       + str(eq.get("expectation", "deterministic period"))}
 
 
-def equilibrium(config_or_plan: RunPlan | Mapping[str, Any] | str,
-                overrides: list[str] | tuple[str, ...] | None = None, *,
-                samples: int | None = None, search: Search = DEFAULT_SEARCH
-                ) -> dict[str, dict]:
-    """The static Nash equilibrium and joint optimum of every learning group of a config
-    (a YAML path or a loaded mapping, with dotted ``overrides``) or of a resolved plan:
-    ``{group: {"nash", "joint", "converged", "nash_reward", "joint_reward", ...}}``
-    (:func:`jaxmarket.market.equilibrium.solve` lists the keys). ``samples``: keys a
-    random period is averaged over (default: 1 for a deterministic period, else
-    ``DEFAULT_SAMPLES``)."""
-    if isinstance(config_or_plan, RunPlan):
-        if overrides:
-            raise ValueError("equilibrium: overrides apply to a config, not to a resolved plan")
-        plan = config_or_plan
-    else:
-        plan = resolve(config_or_plan, tuple(overrides or ()), validate_only=True)
+def equilibrium(plan: Any, *, samples: int | None = None,
+                search: Search = DEFAULT_SEARCH) -> dict[str, dict]:
+    """The static Nash equilibrium and joint optimum of every learning group of a
+    resolved plan: ``{group: {"nash", "joint", "converged", "nash_reward",
+    "joint_reward", ...}}`` (:func:`jaxmarket.market.equilibrium.solve` lists the keys).
+    ``samples``: keys a random period is averaged over (default: 1 for a deterministic
+    period, else ``DEFAULT_SAMPLES``)."""
     groups = learning_groups(plan)
     if not groups:
         return {}
@@ -186,7 +178,7 @@ def profit_gain(final: Mapping[str, Any], eq: Mapping[str, Any]) -> float | list
     return gain(reward)
 
 
-def summary_profit_gain(plan: RunPlan, summary: Mapping[str, Any],
+def summary_profit_gain(plan: Any, summary: Mapping[str, Any],
                         equilibria: Mapping[str, Mapping] | None = None) -> dict[str, float]:
     """``{group: Delta}`` for every learning group of ``summary["final"]`` (a run's
     ``summary.json``) where :func:`profit_gain` is defined; ``equilibria``: the plan's
