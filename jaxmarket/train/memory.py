@@ -3,9 +3,9 @@ run that cannot fit (docs/reliability.md, "Memory is checked before allocating")
 
 The state a run keeps is read from the training program's *shapes*, never its values:
 ``jax.eval_shape`` of the runner's ``init`` (market state x markets x seeds, every
-learner's state: Q tables, PPO parameters and buffers, the components' state) and, where
-it could matter, of one iteration (the metrics one chunk stacks). What lives only inside
-an iteration (the rollout's transitions) comes from the learners' specs. A plan too large
+learner's state: Q tables, PPO parameters and buffers, the components' state) and
+``jax.make_jaxpr`` of one iteration (its temporaries, the metrics one chunk stacks): the
+same trace whether ``train`` or ``check`` asks, so both give one estimate. A plan too large
 to build cheaply (:data:`jaxmarket.train.plan.PROBE_SLOTS`) is sized from a *probe*, the
 same scenario with ``PROBE_SEEDS`` seeds of ``PROBE_ENVS x L`` markets (``L``: the
 population sizes' least common multiple): every axis of the probe's shapes that is one of
@@ -19,7 +19,8 @@ The estimate (``total``) is::
                                   zero-copy view on CPU, and host RAM on an accelerator)
   + one iteration's temporaries   the most bytes of its intermediate values alive at
                                   once in program order (:func:`peak_live`)
-  + the metrics of one chunk      [chunk_size, ...] stacked by the scan
+  + the metrics of one chunk      [min(chunk_size, num_iterations), ...] stacked by
+                                  the scan
 
 and a run is refused (a :class:`ConfigError` on the setting that sizes its biggest term)
 when it exceeds the memory of the device: host RAM on CPU
@@ -42,12 +43,6 @@ from jaxmarket.config.errors import ConfigError
 from jaxmarket.train.loop import Traced
 
 MEMORY_ENV = "JAXMARKET_MEMORY_BYTES"
-# the metrics of one chunk are traced only when they could matter: this many bytes per
-# seed and iteration is more than any scenario's metrics (4096 float32 columns)
-METRIC_BOUND = 4096 * 4
-# a run whose state and rollout are within this factor of the memory has its iteration
-# traced for the temporaries (measured: multi_product's are 78x its state and rollout)
-TRACE_FACTOR = 256
 
 
 @dataclass(frozen=True)
@@ -171,12 +166,12 @@ def probe_dims(probe, num_envs: int, num_seeds: int) -> dict[int, int]:
 
 
 def estimate(plan, train=None, dims: Mapping[int, int] | None = None,
-             detail: bool = True, traced: Traced | None = None) -> MemoryEstimate:
+             traced: Traced | None = None) -> MemoryEstimate:
     """The memory ``plan`` needs; with ``dims`` (:func:`probe_dims`) ``plan`` is a probe
-    and ``train`` the run's :class:`~jaxmarket.train.config.TrainConfig`. ``detail``:
-    trace one iteration for its temporaries and metrics even when the state is far from
-    the memory (a run within 1/64 of it always is). ``traced``: the plan's
-    :class:`~jaxmarket.train.loop.Traced` program (the trace it holds is reused)."""
+    and ``train`` the run's :class:`~jaxmarket.train.config.TrainConfig`. ``traced``:
+    the plan's :class:`~jaxmarket.train.loop.Traced` program (the trace it holds is
+    reused: the run reads its metric columns from the same trace). ``train`` and
+    ``check`` both call it the same way, so they print and enforce one estimate."""
     dims = Dims() if dims is None else dims
     train = plan.train if train is None else train
     S, E = train.num_seeds, train.num_envs
@@ -197,38 +192,16 @@ def estimate(plan, train=None, dims: Mapping[int, int] | None = None,
                               "settings with a smaller state per policy, or train.num_seeds"))
     rest = (runner.key, runner.iteration, runner.episodes, runner.params, runner.components)
     terms.append(Term("components' state", _tree_bytes(rest, dims), "train.num_envs", E))
+    # one iteration, traced: its temporaries' peak and the metrics it stacks
+    jaxpr, (_, metrics) = traced.iteration
+    terms.append(Term("one iteration's temporaries", peak_live(jaxpr.jaxpr, dims),
+                      "train.num_envs", E))
+    # a chunk runs min(chunk_size, iterations left) iterations (jaxmarket.train.trainer)
+    length = min(train.chunk_size, train.num_iterations)
+    terms.append(Term("metrics of one chunk", length * _tree_bytes(metrics, dims),
+                      "train.chunk_size", train.chunk_size))
     avail, device = available_memory()
-    state = sum(t.bytes for t in terms)
-    rollout = _rollout_bytes(plan, train, dims)
-    # the untraced terms are bounds: wherever they could refuse the run, trace instead,
-    # so that train (detail False) refuses exactly where check (detail True) does
-    bound = state + max(market, rollout) + METRIC_BOUND * S * train.chunk_size
-    if detail or avail is None or TRACE_FACTOR * (state + rollout) > avail or bound > avail:
-        # one iteration, traced: its temporaries' peak and the metrics it stacks
-        jaxpr, (_, metrics) = traced.iteration
-        terms.append(Term("one iteration's temporaries", peak_live(jaxpr.jaxpr, dims),
-                          "train.num_envs", E))
-        terms.append(Term("metrics of one chunk", train.chunk_size
-                          * _tree_bytes(metrics, dims), "train.chunk_size", train.chunk_size))
-    else:
-        # a run far from the memory: the rollout's transitions and a bound on the metrics
-        terms.append(Term("one iteration's temporaries", max(market, rollout),
-                          "train.num_envs", E))
-        terms.append(Term("metrics of one chunk", METRIC_BOUND * S * train.chunk_size,
-                          "train.chunk_size", train.chunk_size))
     return MemoryEstimate(tuple(terms), avail, device, probed=bool(dims))
-
-
-def _rollout_bytes(plan, train, dims: Mapping[int, int]) -> int:
-    """The rollout's transitions (observations, next observations, actions, reward, done,
-    log-probability): a crude floor of an iteration's temporaries, which can be
-    ``TRACE_FACTOR`` times more (a PPO update's per-sample gradients)."""
-    rollout = 0
-    for g in plan.groups:
-        spec = plan.specs[g]
-        slots = _scale(spec.num_agents, dims)
-        rollout += 4 * train.rollout_length * slots * (2 * spec.obs_dim + spec.num_products + 3)
-    return rollout
 
 
 def _grows_with(tree: Any, plan, dims: Mapping[int, int], train) -> bool:

@@ -134,11 +134,9 @@ def resolve(config: Mapping[str, Any] | str, overrides: tuple[str, ...] | list[s
     if probe is None:
         plan = _assemble(parts, tcfg, populations)
         traced = Traced(plan)
-        plan = dataclasses.replace(plan, memory=estimate(plan, detail=validate_only,
-                                                         traced=traced), traced=traced)
+        plan = dataclasses.replace(plan, memory=estimate(plan, traced=traced), traced=traced)
     else:
-        memory = estimate(probe, tcfg, probe_dims(probe, tcfg.num_envs, tcfg.num_seeds),
-                          detail=validate_only)
+        memory = estimate(probe, tcfg, probe_dims(probe, tcfg.num_envs, tcfg.num_seeds))
         check_memory(memory)
         plan = dataclasses.replace(probe if validate_only else
                                    _assemble(parts, tcfg, populations), memory=memory,
