@@ -503,3 +503,20 @@ def test_integers_past_pythons_string_limit_are_config_errors(capsys, tmp_path):
     assert "about 400 digits" in str(err) and len(str(err)) < 200
     nested = ConfigError("x", [list(range(100))] * 10 ** 6, "anything")
     assert len(str(nested)) < 200
+
+
+def test_a_sessions_run_is_held_to_the_work_budget_at_its_own_size():
+    """The session engine resolves one session's plan; the budget still reads the run's
+    own sizes (sessions x chunk periods x products x sellers). Catches: the check made
+    on the one-session plan (a chunk of 10^9 periods over 10^5 sessions accepted)."""
+    from jaxmarket.sessions.run import session_plan
+    sizes = {"train.chunk_size": 10**9, "train.num_iterations": 2 * 10**9,
+             "train.num_seeds": 10**5}
+    config = load_config("configs/calvano.yaml", [f"{k}={v}" for k, v in sizes.items()])
+    sellers = sum(g["count"] for g in config["market"]["sellers"])
+    assert sizes["train.chunk_size"] * sizes["train.num_seeds"] * sellers > WORK_BUDGET
+    with pytest.raises(ConfigError) as err:
+        session_plan(config)
+    assert err.value.field == "train.chunk_size" and "WORK_BUDGET" in str(err.value)
+    shipped = session_plan(load_config("configs/calvano.yaml"))   # the published design fits
+    assert shipped.train.num_seeds == 1000

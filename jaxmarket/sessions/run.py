@@ -55,7 +55,7 @@ from jaxmarket.train.checkpoints import Checkpoints
 from jaxmarket.train.config import resolve_train
 from jaxmarket.learners.equilibrium import benchmarks, equilibrium
 from jaxmarket.train.memory import MemoryEstimate, check_memory
-from jaxmarket.train.plan import RunPlan, resolve
+from jaxmarket.train.plan import RunPlan, check_work_budget, resolve
 from jaxmarket.train.provenance import RUN_RECORD, git_commit
 from jaxmarket.train.run import check_resume_overrides as _check_overrides
 from jaxmarket.train.run import require_new_dir, restart_in_place
@@ -91,8 +91,9 @@ def session_plan(config: dict) -> RunPlan:
     small = {**config, "train": {**(config.get("train") or {}), "num_seeds": 1,
                                  "num_envs": 1, "chunk_size": 1}}
     plan = resolve(small, validate_only=True)
-    return dataclasses.replace(plan, train=resolve_train(config.get("train")), memory=None,
-                               traced=None)
+    tcfg = resolve_train(config.get("train"))
+    check_work_budget(plan.env, plan.learner_config, tcfg)   # the run's own sizes
+    return dataclasses.replace(plan, train=tcfg, memory=None, traced=None)
 
 
 def memory(game: SessionGame, tcfg) -> MemoryEstimate:
