@@ -121,7 +121,7 @@ def benchmarks(eq: Mapping[str, Any]) -> dict[str, Any]:
             "joint_profit": mean(cont.get("joint_reward")),
             "nash_price": mean(cont.get("nash")), "joint_price": mean(cont.get("joint")),
             "method": "static Nash equilibrium and joint optimum of one period of the "
-                      "market's reward (jaxmarket.learners.equilibrium), "
+                      "market's reward (jaxmarket.equilibrium), "
                       + ("continuous actions over the grid's interval" if where else
                          "the group's own actions") + "; expectation: "
                       + str(eq.get("expectation", "deterministic period"))}
