@@ -107,12 +107,22 @@ def test_learner_market_mismatch_is_a_config_error_naming_field_and_value(name):
 
 
 def test_enough_minibatch_samples_resolve():
-    """The minibatch bound is exact: rollout_length x slots = 2 x 2 x 2 = 8 samples fill
-    8 minibatches (one sample each), and 9 do not."""
-    ok = config({"kind": "ppo", "num_minibatches": 8}, train={"num_envs": 2})
-    assert resolve(ok).learner_settings["sellers"][1]["num_minibatches"] == 8
+    """The minibatch bounds are exact. An update holds rollout_length x slots = 2 x 2 x 2
+    = 8 samples: 9 minibatches are refused before anything is traced. PPO groups the
+    samples by policy (one policy per seller: 2 x 2 = 4 samples each), so 4 minibatches
+    resolve, and 5 are refused on the group's field when the update is traced
+    (not a traceback at compile time)."""
     with pytest.raises(ConfigError, match="8 samples"):
         resolve(config({"kind": "ppo", "num_minibatches": 9}))
+    T, envs, sellers = 2, 2, 2
+    per_policy = T * envs * sellers // sellers
+    ok = resolve(config({"kind": "ppo", "num_minibatches": per_policy}, train={"num_envs": envs}))
+    assert ok.learner_settings["sellers"][1]["num_minibatches"] == per_policy
+    with pytest.raises(ConfigError) as err:
+        resolve(config({"kind": "ppo", "num_minibatches": per_policy + 1},
+                       train={"num_envs": envs}))
+    assert err.value.field == "learners.sellers.num_minibatches"
+    assert f"{per_policy} samples per policy" in str(err.value)
 
 
 def test_minibatch_bound_is_checked_before_the_probe_is_traced():

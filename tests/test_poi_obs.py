@@ -167,7 +167,7 @@ def test_rival_model_learns_a_constant_rival(ppo_obs):
     # where the seller priced (its own prices of the last 10 iterations; elsewhere is
     # what POI exploration is for)
     *_, states, m = ppo_obs
-    model = states[-1].models["me"]["model"]
+    model = states[-1].components["models"]["me"]["model"]
     own = u(m["price/me"][-10:, 0])
     x = np.stack([own, np.full(own.shape, u(1.6))], -1)
     for s in range(2):
@@ -189,7 +189,7 @@ def test_poi_observations_are_the_poi_at_the_grid_points(ppo_obs):
     *_, states, m = ppo_obs
     x = np.stack([np.linspace(-1, 1, 4), np.full(4, u(1.6))], -1)
     for i in (0, 40, 79):
-        model = states[i].models["me"]["model"]
+        model = states[i].components["models"]["me"]["model"]
         want = np.mean([members_forward(jax.tree.map(lambda v, s=s: v[s], model.params),
                                         x).std(0).mean(-1) for s in range(2)], 0)
         np.testing.assert_allclose(m["poi/me/obs"][i], want, rtol=1e-4, atol=1e-7)
@@ -231,7 +231,7 @@ def test_sampler_points(ppo_obs):
     np.testing.assert_allclose(pts[:, 0, :, 0], [[0.3, -0.7, 0.9, 0.1]] * 2, atol=1e-6)
     np.testing.assert_allclose(pts[:, 0, :, 1], [[u(1.6)] * 4, [u(2.2)] * 4], atol=1e-6)
     rep = sampler("replay")
-    model = jax.tree.map(lambda v: v[:1], states[-1].models["me"]["model"])   # seed 0
+    model = jax.tree.map(lambda v: v[:1], states[-1].components["models"]["me"]["model"])   # seed 0
     x = jnp.arange(20.0).reshape(1, 10, 2) / 20
     y = jnp.arange(10.0).reshape(1, 10, 1)
     state = rep.refresh_obs({"model": model}, x, y, jax.random.key(1))

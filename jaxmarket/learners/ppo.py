@@ -507,8 +507,12 @@ def grouped_epochs(settings: PPOSettings, state: PPOState, flat: dict, keys):
     per_policy["policy"] = jnp.zeros((K, T * c), jnp.int32)
     num_mb = settings.num_minibatches
     mb_size = (T * c) // num_mb
-    if mb_size == 0:
-        raise ValueError(f"PPO: {T * c} samples per policy cannot fill {num_mb} minibatches")
+    if mb_size == 0:   # found when the update is traced: the rollout's length sets T
+        raise ConfigError("num_minibatches", num_mb,
+                          f"at most the {T * c} samples per policy of an update "
+                          f"(group_by_policy: train.rollout_length {T} x the {c} agent "
+                          "slots each policy drives); lower it, raise train.rollout_length "
+                          "or train.num_envs, or set group_by_policy: false")
 
     def epoch(carry, key):
         perm = jax.vmap(lambda k: jax.random.permutation(k, T * c)[: num_mb * mb_size])(
@@ -525,8 +529,10 @@ def update(settings: PPOSettings, state: PPOState, batch: Transition):
     N = T * A_
     epochs, num_mb = settings.update_epochs, settings.num_minibatches
     mb_size = N // num_mb
-    if mb_size == 0:
-        raise ValueError(f"PPO: {N} samples cannot fill {num_mb} minibatches")
+    if mb_size == 0:   # found when the update is traced (plan.check_minibatches first)
+        raise ConfigError("num_minibatches", num_mb,
+                          f"at most the {N} samples of an update (train.rollout_length x "
+                          "the group's agent slots)")
     flat = samples(settings, state, batch)
     if settings.groups is not None:
         key, *epoch_keys = jax.random.split(state.key, epochs + 1)

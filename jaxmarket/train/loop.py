@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from jaxmarket.config.errors import ConfigError
 from jaxmarket.learners.base import Transition, materialize
 from jaxmarket.market.spec import NEVER
 from jaxmarket.train.components import COMPONENTS, Step
@@ -163,7 +164,11 @@ def make_train(plan, components: tuple | None = None):
         # 4. update
         new_states = {}
         for g in groups:
-            new_states[g], lm = learners[g].update(runner.learners[g], traj[g])
+            try:
+                new_states[g], lm = learners[g].update(runner.learners[g], traj[g])
+            except ConfigError as err:   # a setting the update's shapes refuse (traced)
+                raise ConfigError(f"learners.{g}.{err.field}", err.value,
+                                  err.allowed) from None
             for name, value in lm.items():
                 metrics[f"learner/{g}/{name}"] = jnp.mean(value)
         new = new.replace(learners=new_states)
