@@ -69,17 +69,23 @@ def config_of(name: str) -> str:
     return f"configs/{name.split(':')[0].removesuffix('_sessions')}.yaml"
 
 
+# measurements running at once: each process peaks at 1-2 GB, and the machine's other
+# tests run beside them (six at once were killed by the kernel for memory)
+AT_ONCE = 2
+
+
 @pytest.fixture(scope="module")
 def measured() -> dict:
-    procs = {name: subprocess.Popen([sys.executable, "-c", MEASURE, str(ROOT / config_of(name)),
-                                     *ov], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    text=True, cwd=ROOT)
-             for name, ov in CASES.items()}
-    out = {}
-    for name, p in procs.items():
-        stdout, stderr = p.communicate(timeout=900)
-        assert p.returncode == 0, stderr[-2000:]
-        out[name] = json.loads(stdout.strip().splitlines()[-1])
+    out, names = {}, list(CASES)
+    for i in range(0, len(names), AT_ONCE):
+        procs = {name: subprocess.Popen(
+                     [sys.executable, "-c", MEASURE, str(ROOT / config_of(name)), *CASES[name]],
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+                 for name in names[i:i + AT_ONCE]}
+        for name, p in procs.items():
+            stdout, stderr = p.communicate(timeout=900)
+            assert p.returncode == 0, (name, p.returncode, stderr[-2000:])
+            out[name] = json.loads(stdout.strip().splitlines()[-1])
     return out
 
 
