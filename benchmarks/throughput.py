@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import resource
 import statistics
 import sys
@@ -101,18 +99,8 @@ def peak_rss_mb() -> float:
 
 
 def machine() -> dict:
-    model = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
-    return {"cpu": model, "nproc": os.cpu_count(), "load_avg": [round(x, 2) for x in load],
-            "jax": jax.__version__, "backend": jax.default_backend()}
+    """The machine a figure was measured on (:func:`record.machine_info`)."""
+    return record.machine_info()
 
 
 def total_agents(env: MarketEnv) -> int:
