@@ -21,25 +21,9 @@ from jaxmarket.train import run as run_module
 from jaxmarket.train import rundir
 from jaxmarket.train import trainer as trainer_module
 from jaxmarket.train.rundir import CONFIG_RECORD, LOCK_NAME
+from test_reliability_rundir import FILES, LEGACY, TINY, one_line, train  # the same tiny runs
 
-LEGACY = str(CONFIGS / "budget_monopoly.yaml")
-TINY = ["train.num_iterations=40", "train.chunk_size=10", "train.checkpoint_every=1",
-        "train.num_seeds=2", "train.num_envs=2"]
-FILES = ("metrics.csv", "seeds.csv", "summary.json")
 BUDGET = "market.consumers[0].budget"
-
-
-def train(capsys, *args):
-    code = run_cli(train_main, list(args))
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
-def one_line(err: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1, err
-    assert "Traceback" not in err
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
