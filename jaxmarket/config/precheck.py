@@ -275,21 +275,30 @@ def _as_list(value: Any, where: str, what: str) -> list:
     return value
 
 
+def group_values(raw: Any, table: Mapping, at: str, side: str, taken: set) -> dict:
+    """One ``market.<side>s[i]`` entry checked against its Field ``table``: a mapping, a
+    ``name`` that is an identifier not used by another group (added to ``taken``); its
+    values with defaults filled in. Shared by :func:`jaxmarket.market.spec.resolve_market`
+    and the quick checks."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(at, raw, f"a mapping describing a {side} group")
+    vals = check_mapping(table, raw, at, ignore=())
+    name = vals["name"]
+    if not isinstance(name, str) or not NAME.match(name):
+        raise ConfigError(f"{at}.name", name, "an identifier (letters, digits, _)")
+    if name in taken:
+        raise ConfigError(f"{at}.name", name, "a group name not used by another group")
+    taken.add(name)
+    return vals
+
+
 def _groups(items: list, side: str, P: int, where: str, taken: set) -> tuple[list, list]:
     table = schema.CONSUMER if side == "consumer" else schema.SELLER
     groups, base = [], []
     for i, raw in enumerate(items):
         at = f"{where}[{i}]"
-        if not isinstance(raw, Mapping):
-            raise ConfigError(at, raw, f"a mapping describing a {side} group")
-        vals = check_mapping(table, raw, at, ignore=())
-        name = vals["name"]
-        if not isinstance(name, str) or not NAME.match(name):
-            raise ConfigError(f"{at}.name", name, "an identifier (letters, digits, _)")
-        if name in taken:
-            raise ConfigError(f"{at}.name", name, "a group name not used by another group")
-        taken.add(name)
-        n = vals["count"]
+        vals = group_values(raw, table, at, side, taken)
+        name, n = vals["name"], vals["count"]
         arrays = {key: resolve_entity_array(table[key], vals[key], f"{at}.{key}", n, P)
                   for key in (CONSUMER_ARRAYS if side == "consumer" else SELLER_ARRAYS)
                   if vals[key] is not None}

@@ -7,7 +7,6 @@ the dotted field, the value and what is allowed.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -20,10 +19,9 @@ from jaxmarket.combinators.rewards import build_reward
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.fields import (INT32_MAX, Field, check_mapping, lookup_kind,
                                      resolve_entity_array)
+from jaxmarket.config.precheck import CONSUMER_ARRAYS, SELLER_ARRAYS, group_values
 from jaxmarket.market.demand import DEMANDS
 from jaxmarket.market.distributors import DISTRIBUTORS
-
-NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def freeze(x: Any) -> Any:
@@ -92,9 +90,6 @@ MARKET_FIELDS: dict[str, Field] = {
                         doc="simultaneous: every seller acts every period; alternating: "
                             "seller s (flat index) acts only when time % num_sellers == s"),
 }
-CONSUMER_ARRAYS = ("budget", "budget_low", "budget_high", "base_price", "queries")
-SELLER_ARRAYS = ("low", "high", "initial", "cost", "quality", "reliability", "latency",
-                 "freshness", "stake", "value")
 NEVER = INT32_MAX   # an episode length: never truncate
 
 
@@ -187,16 +182,8 @@ def _resolve_groups(items: list, side: str, table: dict, P: int, where: str, tak
     groups, params, offset = [], {}, 0
     for i, raw in enumerate(items):
         at = f"{where}[{i}]"
-        if not isinstance(raw, Mapping):
-            raise ConfigError(at, raw, f"a mapping describing a {side} group")
-        vals = check_mapping(table, raw, at, ignore=())
-        name = vals["name"]
-        if not isinstance(name, str) or not NAME.match(name):
-            raise ConfigError(f"{at}.name", name, "an identifier (letters, digits, _)")
-        if name in taken:
-            raise ConfigError(f"{at}.name", name, "a group name not used by another group")
-        taken.add(name)
-        n = vals["count"]
+        vals = group_values(raw, table, at, side, taken)
+        name, n = vals["name"], vals["count"]
         arrays = {}
         for key in (CONSUMER_ARRAYS if side == "consumer" else SELLER_ARRAYS):
             value = vals[key]
