@@ -27,6 +27,7 @@ from jaxmarket.combinators.saturate import finite_mean
 from jaxmarket.combinators.view import GroupView
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.fields import Field, check_mapping, lookup_kind
+from jaxmarket.config.precheck import check_summary
 from jaxmarket.config.registry import Registry
 
 ObsFn = Callable[[GroupView], jax.Array]
@@ -218,11 +219,7 @@ def build_observation(config: Sequence[Mapping[str, Any]], where: str,
         _, d = lookup_kind(item, OBSERVATIONS, at)
         settings = check_mapping(d.fields, item, at)
         if item["kind"] == "competitor_prices":
-            summ = settings["summary"]
-            ok = summ == "all" or (isinstance(summ, list) and summ and
-                                   all(x in ("min", "mean", "max") for x in summ))
-            if not ok:
-                raise ConfigError(f"{at}.summary", summ, "'all' or a non-empty list from min, mean, max")
+            check_summary(settings["summary"], f"{at}.summary")
             settings = {**settings, "of_consumer": side == "consumer"}
         fns.append(d.build(settings))
 

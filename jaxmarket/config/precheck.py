@@ -264,7 +264,7 @@ def market(raw: Any, where: str = "market") -> list[dict]:
                               f"distributor {kind!r} and multiplier sellers (dense kinds: "
                               + ", ".join(k for k, x in schema.DISTRIBUTORS.items()
                                           if x["dense"]) + ")")
-    _move_order(vals["move_order"], sum(g["count"] for g in sellers), vals["episode_length"],
+    check_move_order(vals["move_order"], sum(g["count"] for g in sellers), vals["episode_length"],
                 f"{where}.move_order")
     return consumers + sellers
 
@@ -362,25 +362,48 @@ def _observations(config: Any, where: str) -> None:
         _, d = lookup_kind(item, schema.OBSERVATIONS, at)
         settings = check_mapping(d["fields"], item, at)
         if item["kind"] == "competitor_prices":
-            summ = settings["summary"]
-            ok = summ == "all" or (isinstance(summ, list) and summ and
-                                   all(x in ("min", "mean", "max") for x in summ))
-            if not ok:
-                raise ConfigError(f"{at}.summary", summ, "'all' or a non-empty list from min, mean, max")
+            check_summary(settings["summary"], f"{at}.summary")
 
 
-def _move_order(order: str, num_sellers: int, episode_length: int | None, where: str) -> None:
+def check_summary(summary: Any, where: str) -> None:
+    """``competitor_prices``'s ``summary``: ``all`` or a non-empty list from min, mean,
+    max. Shared by the observation's builder and the quick checks."""
+    ok = summary == "all" or (isinstance(summary, list) and summary and
+                              all(x in ("min", "mean", "max") for x in summary))
+    if not ok:
+        raise ConfigError(where, summary, "'all' or a non-empty list from min, mean, max")
+
+
+def check_move_order(order: str, num_sellers: int, episode_length: int | None,
+                     where: str) -> str:
+    """``alternating`` needs two sellers or more, and an episode length (if any) that is a
+    multiple of the number of sellers, so the turn order survives the reset. Shared by
+    :func:`jaxmarket.market.spec.resolve_market` and the quick checks."""
     if order != "alternating":
-        return
+        return order
     if num_sellers < 2:
         raise ConfigError(where, order, f"simultaneous (alternating moves need >= 2 sellers; "
                                         f"the market has {num_sellers})")
     if episode_length is not None and episode_length % num_sellers:
         raise ConfigError(where, order, f"simultaneous, or an episode_length that is a multiple "
                                         f"of the {num_sellers} sellers (got {episode_length})")
+    return order
 
 
 # ------------------------------------------------------------------ learners:
+
+def check_learner_names(learners: Mapping, groups: list[str], where: str) -> None:
+    """A learner config for every agent group and for no other name. Shared by
+    :func:`jaxmarket.learners.controller.check_controller` and the quick checks."""
+    for name in learners:
+        if name not in groups:
+            raise ConfigError(f"{where}.{name}", learners[name],
+                              "a learner for one of the agent groups " + ", ".join(groups))
+    for name in groups:
+        if name not in learners:
+            raise ConfigError(f"{where}.{name}", "<missing>",
+                              f"a learner config (every agent group needs one: {', '.join(groups)})")
+
 
 def learner_section(learners: dict, groups: list[dict], where: str = "learners") -> None:
     """:func:`jaxmarket.learners.controller.check_controller`'s checks: the names, then
@@ -396,14 +419,7 @@ def learner_section(learners: dict, groups: list[dict], where: str = "learners")
            for c in learners.values()):
         raise Defer
     names = [g["name"] for g in agents]
-    for name in learners:
-        if name not in names:
-            raise ConfigError(f"{where}.{name}", learners[name],
-                              "a learner for one of the agent groups " + ", ".join(names))
-    for name in names:
-        if name not in learners:
-            raise ConfigError(f"{where}.{name}", "<missing>",
-                              f"a learner config (every agent group needs one: {', '.join(names)})")
+    check_learner_names(learners, names, where)
     for name in names:   # check_controller: each group's kind, settings and move order
         at = f"{where}.{name}"
         kind, d = lookup_kind(learners[name], schema.LEARNERS, at,

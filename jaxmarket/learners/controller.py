@@ -15,6 +15,7 @@ import numpy as np
 from jaxmarket.combinators.observations import off_action_scale
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.fields import check_mapping, lookup_kind
+from jaxmarket.config.precheck import check_learner_names
 from jaxmarket.learners.base import LEARNERS, Learner, LearnerSpec
 from jaxmarket.learners.population import split_learner_config
 from jaxmarket.market.distributors import DISTRIBUTORS
@@ -155,14 +156,7 @@ def _check_names(env: MarketEnv, learners: Any, where: str) -> None:
     if not isinstance(learners, Mapping):
         raise ConfigError(where, learners, "a mapping from agent group name to learner config; "
                           f"agent groups: {', '.join(groups)}")
-    for name in learners:
-        if name not in groups:
-            raise ConfigError(f"{where}.{name}", learners[name],
-                              "a learner for one of the agent groups " + ", ".join(groups))
-    for name in groups:
-        if name not in learners:
-            raise ConfigError(f"{where}.{name}", "<missing>",
-                              f"a learner config (every agent group needs one: {', '.join(groups)})")
+    check_learner_names(learners, list(groups), where)
 
 
 def build_controller(env: MarketEnv, params: MarketParams, learners: Any,

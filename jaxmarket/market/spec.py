@@ -19,7 +19,8 @@ from jaxmarket.combinators.rewards import build_reward
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.fields import (INT32_MAX, Field, check_mapping, lookup_kind,
                                      resolve_entity_array)
-from jaxmarket.config.precheck import CONSUMER_ARRAYS, SELLER_ARRAYS, group_values
+from jaxmarket.config.precheck import (CONSUMER_ARRAYS, SELLER_ARRAYS, check_move_order,
+                                       group_values)
 from jaxmarket.market.demand import DEMANDS
 from jaxmarket.market.distributors import DISTRIBUTORS
 
@@ -247,21 +248,6 @@ def _resolve_distributor(raw: Any, where: str) -> tuple[str, Any, dict]:
     return kind, freeze(options), params
 
 
-def _check_move_order(order: str, num_sellers: int, episode_length: int | None,
-                      where: str) -> str:
-    """``alternating`` needs two sellers or more, and an episode length (if any) that is a
-    multiple of the number of sellers, so the turn order survives the reset."""
-    if order != "alternating":
-        return order
-    if num_sellers < 2:
-        raise ConfigError(where, order, f"simultaneous (alternating moves need >= 2 sellers; "
-                                        f"the market has {num_sellers})")
-    if episode_length is not None and episode_length % num_sellers:
-        raise ConfigError(where, order, f"simultaneous, or an episode_length that is a multiple "
-                                        f"of the {num_sellers} sellers (got {episode_length})")
-    return order
-
-
 def resolve_market(raw: Any, where: str = "market") -> tuple[MarketSpec, MarketParams]:
     """Validate a ``market:`` mapping and build (structure, params as numpy arrays)."""
     if not isinstance(raw, Mapping):
@@ -290,7 +276,7 @@ def resolve_market(raw: Any, where: str = "market") -> tuple[MarketSpec, MarketP
     hist = max([history_length(thaw(g.observation)) for g in consumers + sellers if g.agent],
                default=0)
     ep = vals["episode_length"]
-    move_order = _check_move_order(vals["move_order"], sum(g.count for g in sellers), ep,
+    move_order = check_move_order(vals["move_order"], sum(g.count for g in sellers), ep,
                                    f"{where}.move_order")
     spec = MarketSpec(P, tuple(consumers), tuple(sellers), kind, options, hist, move_order)
     params = MarketParams(consumers=cparams, sellers=sparams, distributor=dparams,
