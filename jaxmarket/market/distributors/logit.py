@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxmarket.config.fields import Field
 from jaxmarket.market.distributors.base import DISTRIBUTORS, Allocation, DistributorDef, Quotes
 from jaxmarket.market.distributors.prefix_softmax import (
     NO_ELIGIBLE,
+    UTILITY_MAX,
     _prefix_softmax,
     clean_price,
     f32,
@@ -33,6 +36,12 @@ OPTIONS = {
                             doc="add an outside good of utility a_0 / mu; its share goes "
                                 "unserved"),
     "no_eligible": NO_ELIGIBLE,
+    "steering": Field(kind="choice", choices=("none", "lowest_price"), default="none",
+                      doc="the platform's demand steering: 'none', every consumer considers "
+                          "every seller it can afford; 'lowest_price' (price-directed "
+                          "prominence, Johnson, Rhodes & Wildenbeest 2023), consumers "
+                          "consider only the sellers quoting the product's lowest price (all "
+                          "of them at a tie) and the outside option"),
 }
 
 
@@ -58,6 +67,16 @@ def allocate(key: jax.Array, quotes: Quotes, params: Mapping[str, jax.Array],
     ``price_sensitivity=-1, temperature=1``, qualities 0, ``outside_option=False``,
     ``no_eligible="withhold"``.
 
+    ``steering="lowest_price"`` (price-directed prominence): the platform shows only the
+    sellers at the product's lowest quoted price ``m = min_s p_s``; the others' weight is
+    0 (``u_s = -UTILITY_MAX``)::
+
+        share_cs = [p_s = m] [p_s <= b_c] exp(u_s) / (sum_{j: p_j = m, p_j <= b_c} exp(u_j) + [outside] exp(a_0 / mu))
+
+    A consumer who can afford anyone can afford the lowest price, so steering never
+    leaves a consumer with no eligible seller that had one. ``"none"`` (default) is the
+    rule above, unchanged.
+
     Needs a base price shared by all consumers of a product (``quoted_price_shared``).
     Builds no consumer x seller array once ``C * S > DENSE_MAX_PAIRS`` (1024):
     ``O((C + S) log(C + S) P)`` via
@@ -67,15 +86,20 @@ def allocate(key: jax.Array, quotes: Quotes, params: Mapping[str, jax.Array],
     del key
     opt = resolve_options(OPTIONS, options, "logit")
     return _allocate(quotes, with_defaults(PARAMS, params), np.bool_(opt["outside_option"]),
-                     np.bool_(opt["no_eligible"] == "withhold"))
+                     np.bool_(opt["no_eligible"] == "withhold"),
+                     steer=opt["steering"] == "lowest_price")
 
 
-@jax.jit
-def _allocate(quotes: Quotes, prm: Mapping[str, jax.Array], outside, withhold) -> Allocation:
+@functools.partial(jax.jit, static_argnames=("steer",))
+def _allocate(quotes: Quotes, prm: Mapping[str, jax.Array], outside, withhold,
+              steer: bool = False) -> Allocation:
     price = clean_price(quotes.quoted_price_shared())
     mu = f32(prm["temperature"])
     beta = f32(prm["price_sensitivity"])
     u = (f32(quotes.quality) - beta * price) / mu
+    if steer:   # price-directed prominence: only the product's lowest price is shown
+        shown = price == jnp.min(price, axis=0, keepdims=True)          # [S, P]
+        u = jnp.where(shown, u, -UTILITY_MAX)
     log_outside = f32(prm["outside_quality"]) / mu
     return _prefix_softmax(u, price, quotes.budget, quotes.queries, log_outside, outside,
                            withhold)
