@@ -98,7 +98,7 @@ DISTRIBUTORS = {
             'outside_quality': Field('float', 0.0),
             'outside_option': Field('bool', True),
             'no_eligible': Field('choice', 'unserved', choices=('unserved', 'withhold')),
-            'steering': Field('choice', 'none', choices=('none', 'lowest_price')),
+            'steering': Field('choice', 'none', choices=('none', 'lowest_price', 'lowest_price_all')),
         }, 'params': ('temperature', 'price_sensitivity', 'outside_quality'), 'checked': False, 'actions': ('price', 'multiplier'), 'dense': False},
     'mixed_price': {'fields': {
             'reserve': Field('float', 0.0, low=0.0),

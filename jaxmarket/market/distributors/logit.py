@@ -14,9 +14,13 @@ from jaxmarket.config.fields import Field
 from jaxmarket.market.distributors.base import DISTRIBUTORS, Allocation, DistributorDef, Quotes
 from jaxmarket.market.distributors.prefix_softmax import (
     NO_ELIGIBLE,
+    QUERY_MAX,
     UTILITY_MAX,
     _prefix_softmax,
+    clean_nonneg,
     clean_price,
+    clip_utility,
+    money,
     f32,
     resolve_options,
     with_defaults,
@@ -36,12 +40,15 @@ OPTIONS = {
                             doc="add an outside good of utility a_0 / mu; its share goes "
                                 "unserved"),
     "no_eligible": NO_ELIGIBLE,
-    "steering": Field(kind="choice", choices=("none", "lowest_price"), default="none",
-                      doc="the platform's demand steering: 'none', every consumer considers "
-                          "every seller it can afford; 'lowest_price' (price-directed "
-                          "prominence, Johnson, Rhodes & Wildenbeest 2023), consumers "
-                          "consider only the sellers quoting the product's lowest price (all "
-                          "of them at a tie) and the outside option"),
+    "steering": Field(kind="choice", choices=("none", "lowest_price", "lowest_price_all"),
+                      default="none",
+                      doc="the platform's demand steering (price-directed prominence, "
+                          "Johnson, Rhodes & Wildenbeest 2023): 'none', consumers consider "
+                          "every seller they can afford; 'lowest_price', they see one seller "
+                          "at the product's lowest price (at a tie each tied seller with "
+                          "equal probability; the allocation is the expectation) and the "
+                          "outside option; 'lowest_price_all', they see every seller at the "
+                          "lowest price"),
 }
 
 
@@ -67,15 +74,20 @@ def allocate(key: jax.Array, quotes: Quotes, params: Mapping[str, jax.Array],
     ``price_sensitivity=-1, temperature=1``, qualities 0, ``outside_option=False``,
     ``no_eligible="withhold"``.
 
-    ``steering="lowest_price"`` (price-directed prominence): the platform shows only the
-    sellers at the product's lowest quoted price ``m = min_s p_s``; the others' weight is
-    0 (``u_s = -UTILITY_MAX``)::
+    ``steering`` (price-directed prominence): the platform shows only sellers at the
+    product's lowest quoted price ``m = min_s p_s`` (``T`` of them). ``"lowest_price"``
+    shows one of them, each with probability ``1 / T``; the allocation is the expectation
+    over that draw (deterministic), each shown seller facing the consumer alone::
 
-        share_cs = [p_s = m] [p_s <= b_c] exp(u_s) / (sum_{j: p_j = m, p_j <= b_c} exp(u_j) + [outside] exp(a_0 / mu))
+        share_cs = [p_s = m] [m <= b_c] / T * exp(u_s) / (exp(u_s) + [outside] exp(a_0 / mu))
 
-    A consumer who can afford anyone can afford the lowest price, so steering never
-    leaves a consumer with no eligible seller that had one. ``"none"`` (default) is the
-    rule above, unchanged.
+    ``"lowest_price_all"`` shows all of them (the others' ``u_s = -UTILITY_MAX``)::
+
+        share_cs = [p_s = m] [m <= b_c] exp(u_s) / (sum_{j: p_j = m} exp(u_j) + [outside] exp(a_0 / mu))
+
+    A consumer who can afford any seller can afford ``m``, so steering leaves nobody
+    without an eligible seller who had one (``no_eligible`` applies as above).
+    ``"none"`` (default) is the rule above, unchanged.
 
     Needs a base price shared by all consumers of a product (``quoted_price_shared``).
     Builds no consumer x seller array once ``C * S > DENSE_MAX_PAIRS`` (1024):
@@ -85,9 +97,13 @@ def allocate(key: jax.Array, quotes: Quotes, params: Mapping[str, jax.Array],
     """
     del key
     opt = resolve_options(OPTIONS, options, "logit")
-    return _allocate(quotes, with_defaults(PARAMS, params), np.bool_(opt["outside_option"]),
-                     np.bool_(opt["no_eligible"] == "withhold"),
-                     steer=opt["steering"] == "lowest_price")
+    prm = with_defaults(PARAMS, params)
+    outside = np.bool_(opt["outside_option"])
+    withhold = np.bool_(opt["no_eligible"] == "withhold")
+    if opt["steering"] == "lowest_price":
+        return _allocate_one_shown(quotes, prm, outside, withhold)
+    return _allocate(quotes, prm, outside, withhold,
+                     steer=opt["steering"] == "lowest_price_all")
 
 
 @functools.partial(jax.jit, static_argnames=("steer",))
@@ -97,12 +113,41 @@ def _allocate(quotes: Quotes, prm: Mapping[str, jax.Array], outside, withhold,
     mu = f32(prm["temperature"])
     beta = f32(prm["price_sensitivity"])
     u = (f32(quotes.quality) - beta * price) / mu
-    if steer:   # price-directed prominence: only the product's lowest price is shown
+    if steer:   # price-directed prominence: every seller at the lowest price is shown
         shown = price == jnp.min(price, axis=0, keepdims=True)          # [S, P]
         u = jnp.where(shown, u, -UTILITY_MAX)
     log_outside = f32(prm["outside_quality"]) / mu
     return _prefix_softmax(u, price, quotes.budget, quotes.queries, log_outside, outside,
                            withhold)
+
+
+@jax.jit
+def _allocate_one_shown(quotes: Quotes, prm: Mapping[str, jax.Array], outside,
+                        withhold) -> Allocation:
+    """``steering="lowest_price"``: one seller at the lowest price shown, each of the
+    ``T`` tied ones with probability ``1 / T``, in expectation. ``O(C + S)`` per product."""
+    price = clean_price(quotes.quoted_price_shared())              # [S, P]
+    budget = clean_price(quotes.budget)                           # [C, P]
+    queries = clean_nonneg(quotes.queries, QUERY_MAX)
+    mu = f32(prm["temperature"])
+    beta = f32(prm["price_sensitivity"])
+    u = clip_utility((f32(quotes.quality) - beta * price) / mu)   # [S, P]
+    log_outside = f32(prm["outside_quality"]) / mu
+    m = jnp.min(price, axis=0)                                    # [P]
+    shown = price == m[None, :]                                   # [S, P]
+    tied = jnp.sum(shown, axis=0).astype(price.dtype)             # [P] >= 1
+    # a seller facing the consumer alone: exp(u) / (exp(u) + exp(a_0 / mu)), or 1
+    alone = jnp.where(outside, jax.nn.sigmoid(u - log_outside), 1.0)
+    buy = jnp.where(shown, alone / tied[None, :], 0.0)            # [S, P] E[share]
+    served = budget >= m[None, :]                                 # [C, P]
+    sent = jnp.where(withhold & ~outside & ~served, 0.0, queries)
+    reach = jnp.sum(jnp.where(served, sent, 0.0), axis=0)         # [P]
+    traffic = buy * reach[None, :]
+    bought = jnp.where(served, sent * jnp.sum(buy, axis=0)[None, :], 0.0)   # [C, P]
+    fees = money(traffic * m[None, :])
+    spend = money(bought * m[None, :])
+    return Allocation(traffic=traffic, fees=fees, unserved=sent - bought, spend=spend,
+                      sent=sent)
 
 
 LOGIT = DISTRIBUTORS.register(DistributorDef(kind="logit", allocate=allocate, params=PARAMS,
