@@ -1,4 +1,5 @@
-"""python -m jaxmarket.impulse RUN [--agent I] [--deviation best_response|nash|PRICE]
+"""python -m jaxmarket.impulse RUN [--agent I]
+[--deviation best_response|best_response_lowest|nash|PRICE]
 [--periods T] [--json]: the impulse response of a trained run's strategies to a
 one-period deviation (jaxmarket.cli.impulse)."""
 

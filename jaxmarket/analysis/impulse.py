@@ -3,8 +3,9 @@ one-period deviation (Calvano et al., AER 2020, section V), as
 ``jaxmarket.analysis.impulse_response`` and ``python -m jaxmarket.impulse``.
 
 A session (one seed's market: seeds x markets in all) plays the greedy strategies of its
-final learner state (Q-learning: ``argmax_a Q[s, a]``, the state being the last
-``memory`` price profiles). From the session's last state, greedy play runs onto its
+final learner state (Q-learning: ``argmax_a Q[s, a]``; PPO with a discrete head: the
+most likely grid price of its policy, :func:`jaxmarket.learners.ppo.greedy_index`; the
+state being the last ``memory`` price profiles). From the session's last state, greedy play runs onto its
 limit cycle (a deterministic play over ``Z`` states enters a cycle within ``Z``
 periods); then, from *each* point of the cycle in turn, one agent is forced for one
 period (period 0) to the deviation price, after which everyone follows their strategies
@@ -21,12 +22,19 @@ the sessions::
                            ``memory`` price profiles) is back on the limit cycle
 
 Deviations: ``"best_response"`` (the static best response to the rivals' prices of
-period 0, from the one-shot profit table), ``"nash"`` (the deviator's price in the pure
-Nash equilibrium of the one-shot grid game that best-response dynamics reach from the
-lowest prices) or a price (the nearest grid price).
+period 0, from the one-shot profit table), ``"best_response_lowest"`` (the static best
+response to the rivals' greedy prices in the state numbered by the cycle position:
+position 0 is the state of the lowest prices, position ``k`` state ``k``; this is what
+the published replication code of Calvano et al. computes for their Figure 4, whose
+``ComputeStaticBestResponse`` receives the cycle position as the state number),
+``"nash"`` (the deviator's price in the pure Nash equilibrium of the one-shot grid game
+that best-response dynamics reach from the lowest prices) or a price (the nearest grid
+price).
 
-Sources: a run directory of a ``q_learning`` group whose observation is its market's
-price history (``[{kind: history, k: memory}]``; its last checkpoint is restored), a
+Sources: a run directory of a ``q_learning`` group, or of a ``ppo`` group with
+``action_head: discrete`` (its grid: ``num_actions`` prices spanning the market's
+low..high), whose observation is its market's price history
+(``[{kind: history, k: memory}]``; its last checkpoint is restored), a
 :func:`jaxmarket.load_run` result, a session-engine run directory
 (``strategies.npz``, :mod:`jaxmarket.sessions.run`) or :class:`Strategies` made by hand.
 """
@@ -38,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxmarket.config.errors import ConfigError
@@ -49,6 +58,8 @@ from jaxmarket.train.rundir import STRATEGIES_FILE
 from jaxmarket.train.trainer import Trainer
 
 TOLERANCE = 1e-9
+#: the named deviations (besides a price)
+DEVIATIONS = ("best_response", "best_response_lowest", "nash")
 
 
 @dataclass(frozen=True)
@@ -100,6 +111,7 @@ class ImpulseResponse:
     profit: np.ndarray | None = None             # [T, n]
     counterfactual_profit: np.ndarray | None = None
     converged: np.ndarray | None = None          # [N] where the source says
+    session_pre_deviation: np.ndarray | None = None   # [N, n] each cycle's mean prices
     source: str = ""
     extra: dict = field(default_factory=dict)
 
@@ -160,24 +172,38 @@ def strategies_from_npz(directory: str | Path) -> Strategies:
 def _group(plan: RunPlan, group: str | None) -> str:
     groups = plan.groups
     if group is None:
-        qgroups = [g for g in groups if plan.learner_settings[g][0] == "q_learning"]
+        qgroups = [g for g in groups if plan.learner_settings[g][0] in REPLAYABLE]
         if len(qgroups) != 1:
-            raise ConfigError("group", None, "the q_learning group to analyse, one of "
-                              + ", ".join(qgroups or groups))
+            raise ConfigError("group", None, "the q_learning or ppo group to analyse, one "
+                              "of " + ", ".join(qgroups or groups))
         group = qgroups[0]
     if group not in groups:
         raise ConfigError("group", group, "an agent group of the run: " + ", ".join(groups))
     return group
 
 
+#: the learner kinds whose greedy strategies impulse_response replays
+REPLAYABLE = ("q_learning", "ppo")
+
+
 def _check_replayable(plan: RunPlan, g: str) -> dict:
-    """The q_learning group's settings, if its greedy strategies alone replay its market
-    (else a ConfigError naming what does not fit)."""
+    """The group's settings (with ``memory``: the states' price profiles), if its greedy
+    strategies alone replay its market (else a ConfigError naming what does not fit)."""
     kind, hyper = plan.learner_settings[g]
     where = f"learners.{g}"
-    if kind != "q_learning":
-        raise ConfigError(f"{where}.kind", kind, "q_learning (impulse_response replays greedy "
-                          "Q-learning strategies)")
+    if kind not in REPLAYABLE:
+        raise ConfigError(f"{where}.kind", kind, "q_learning or ppo (impulse_response replays "
+                          "greedy strategies on a price grid)")
+    if kind == "ppo":
+        if hyper["action_head"] != "discrete":
+            raise ConfigError(f"{where}.action_head", hyper["action_head"], "discrete (a "
+                              "greedy PPO strategy is a price of its grid in every state)")
+        obs = [dict(c) for c in plan.env.spec.group(g).observation or []]
+        ks = [int(c.get("k", 1)) for c in obs if c.get("kind") == "history"]
+        if len(obs) != 1 or len(ks) != 1:
+            raise ConfigError("market.sellers[0].observation", obs, "[{kind: history, k: K}] "
+                              "(the state is the last K price profiles)")
+        hyper = {**hyper, "memory": ks[0]}
     if plan.populations.get(g) is not None:
         raise ConfigError(f"{where}.population", plan.populations[g].size,
                           "no population (one strategy per agent and session)")
@@ -194,7 +220,7 @@ def _check_replayable(plan: RunPlan, g: str) -> dict:
         raise ConfigError("market.sellers[0].observation", obs,
                           f"[{{kind: history, k: {memory}}}] (the state is the last "
                           f"memory={memory} price profiles)")
-    if hyper.get("target", "simultaneous") != "simultaneous":
+    if kind == "q_learning" and hyper.get("target", "simultaneous") != "simultaneous":
         raise ConfigError(f"{where}.target", hyper["target"], "simultaneous")
     return hyper
 
@@ -214,10 +240,16 @@ def strategies_from_runner(plan: RunPlan, runner: Any, group: str | None = None)
     g = _group(plan, group)
     hyper = _check_replayable(plan, g)
     base = group_learner_spec(plan.env, plan.params, g)
-    grid = np.asarray(make_grid(hyper, base).prices, np.float64)
     n, S, E = base.num_agents, plan.train.num_seeds, plan.train.num_envs
     state = runner.learners[g]
-    greedy = np.asarray(state.greedy, np.int64)                        # [S n, Z]
+    if plan.learner_settings[g][0] == "ppo":
+        grid, greedy = _ppo_greedy(plan.learner_settings[g][1], base, state, hyper["memory"],
+                                   S, E)
+        converged = None
+    else:
+        grid = np.asarray(make_grid(hyper, base).prices, np.float64)
+        greedy = np.asarray(state.greedy, np.int64)                    # [S n, Z]
+        converged = np.repeat(np.broadcast_to(np.asarray(state.converged), (S,)), E)
     Z = greedy.shape[-1]
     greedy = np.broadcast_to(greedy.reshape(S, 1, n, Z), (S, E, n, Z)).reshape(S * E, n, Z)
     obs = np.asarray(runner.obs[g], np.float64)[:, 0, :]               # [S E, D]
@@ -225,10 +257,35 @@ def strategies_from_runner(plan: RunPlan, runner: Any, group: str | None = None)
         last = np.zeros((S * E, 0), np.int64)
     else:
         last = np.argmin(np.abs(obs[..., None] - grid), axis=-1)
-    converged = np.repeat(np.broadcast_to(np.asarray(state.converged), (S,)), E)
     return Strategies(greedy=greedy, last=last, grid=grid, memory=int(hyper["memory"]),
                       profit_table=_profit_table(base.payoff, grid, n), converged=converged,
                       source=f"group {g}")
+
+
+def _ppo_greedy(hyper: dict, base: Any, state: Any, memory: int, S: int,
+                E: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(grid [m], greedy [S n, Z])`` of a discrete-head ppo group: each seed's agent
+    ``i`` is the policy of its slot ``i`` in the seed's first market (every market of a
+    seed plays the seed's policies), evaluated at the prices of every state."""
+    from jaxmarket.learners.ppo import greedy_index, network_for
+
+    low, high = np.asarray(base.action_low, np.float64), np.asarray(base.action_high,
+                                                                      np.float64)
+    if np.ptp(low) > 0 or np.ptp(high) > 0:
+        raise ConfigError("market.sellers[0].low/high", [low.ravel().tolist(),
+                                                        high.ravel().tolist()],
+                          "the same bounds for every agent (one price grid)")
+    m, n = int(hyper["num_actions"]), base.num_agents
+    grid = np.linspace(float(low.ravel()[0]), float(high.ravel()[0]), m)
+    D = memory * n
+    digits = np.indices((m,) * D).reshape(D, -1).T                     # [Z, D] state order
+    prices = jnp.asarray(grid[digits], jnp.float32)                    # the observations
+    policy = np.asarray(state.policy_index).reshape(S, E, n)[:, 0, :].reshape(-1)  # [S n]
+    params = jax.tree.map(lambda p: p[policy], state.params)
+    network = network_for(hyper, base)
+    one = lambda p: greedy_index(network, p, prices)[:, 0]             # noqa: E731
+    greedy = np.asarray(jax.jit(jax.vmap(one))(params), np.int64)      # [S n, Z]
+    return grid, greedy
 
 
 def strategies_from_run(run: Any, group: str | None = None) -> Strategies:
@@ -275,6 +332,11 @@ class _Game:
         """``[B, n]`` grid indices."""
         return self.s.greedy[session[:, None], np.arange(self.n)[None, :],
                              self.state(digits)[:, None]]
+
+    def digits_of(self, state: np.ndarray) -> np.ndarray:
+        """``[B, D]`` the digits of state numbers ``[B]`` (inverse of :meth:`state`)."""
+        state = np.asarray(state, np.int64)
+        return (state[:, None] // self.radix[None, :]) % self.m
 
     def advance(self, digits: np.ndarray, actions: np.ndarray) -> np.ndarray:
         if not digits.shape[1]:
@@ -341,8 +403,11 @@ def impulse_response(run: Any, agent: int = 0, deviation: str | float = "best_re
     if deviation in ("best_response", "nash") and s.profit_table is None:
         raise ConfigError("deviation", deviation, "a price: these strategies have no "
                           "profit table")
-    if isinstance(deviation, str) and deviation not in ("best_response", "nash"):
-        raise ConfigError("deviation", deviation, "best_response, nash or a price")
+    if deviation == "best_response_lowest" and s.profit_table is None:
+        raise ConfigError("deviation", deviation, "a price: these strategies have no "
+                          "profit table")
+    if isinstance(deviation, str) and deviation not in DEVIATIONS:
+        raise ConfigError("deviation", deviation, ", ".join(DEVIATIONS) + " or a price")
     length, path = limit_cycles(game)
     # every (session, cycle position) pair, session-major
     session = np.repeat(np.arange(N), length)
@@ -351,7 +416,11 @@ def impulse_response(run: Any, agent: int = 0, deviation: str | float = "best_re
     digits = stacked[np.minimum(position, len(path) - 1), session]
     on_cycle = np.zeros((N, s.greedy.shape[-1]), bool)
     on_cycle[session, game.state(digits)] = True
-    fixed = None
+    fixed = reference = None
+    if deviation == "best_response_lowest":
+        # the rivals' greedy prices in the state numbered by the cycle position
+        reference = game.act(session, game.digits_of(np.minimum(position,
+                                                                s.greedy.shape[-1] - 1)))
     if deviation == "nash":
         fixed = int(game.nash()[agent])
     elif not isinstance(deviation, str):
@@ -364,7 +433,8 @@ def impulse_response(run: Any, agent: int = 0, deviation: str | float = "best_re
     for t in range(periods):   # periods: a loop over time, vectorised over the pairs
         a = game.act(session, dev)
         if t == 0:
-            a[:, agent] = game.best_response(agent, a) if fixed is None else fixed
+            a[:, agent] = (fixed if fixed is not None else
+                           game.best_response(agent, a if reference is None else reference))
         a_dev[:, t], a_cf[:, t] = a, game.act(session, cf)
         dev, cf = game.advance(dev, a), game.advance(cf, a_cf[:, t])
         home = np.isnan(back) & on_cycle[session, game.state(dev)]
@@ -386,6 +456,7 @@ def impulse_response(run: Any, agent: int = 0, deviation: str | float = "best_re
     with np.errstate(invalid="ignore", divide="ignore"):
         return_periods = np.where(count > 0, sum_back / count, np.nan)
     session_price = per_session(p_dev)
+    session_pre = per_session(p_cf[:, 0])
     profit = cf_profit = None
     if s.profit_table is not None:
         profit = per_session(game.profits(a_dev)).mean(0)
@@ -394,13 +465,13 @@ def impulse_response(run: Any, agent: int = 0, deviation: str | float = "best_re
         agent=agent, deviation=deviation if isinstance(deviation, str) else float(deviation),
         deviation_index=per_session(a_dev[:, 0, agent].astype(np.float64)),
         price=session_price.mean(0), counterfactual=per_session(p_cf).mean(0),
-        pre_deviation=per_session(p_cf[:, 0]).mean(0), session_price=session_price,
+        pre_deviation=session_pre.mean(0), session_price=session_price,
         punishes=per_session(drop[:, 1]) < -TOLERANCE, punishment_length=per_session(run_len),
         return_periods=return_periods, returned=count / length, cycle_length=length,
         profit=profit, counterfactual_profit=cf_profit, converged=s.converged,
-        source=s.source)
+        session_pre_deviation=session_pre, source=s.source)
 
 
-__all__ = ["ImpulseResponse", "Strategies", "impulse_response", "limit_cycles",
+__all__ = ["DEVIATIONS", "ImpulseResponse", "Strategies", "impulse_response", "limit_cycles",
            "load_strategies", "strategies_from_npz", "strategies_from_run",
            "strategies_from_runner"]

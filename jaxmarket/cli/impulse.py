@@ -1,4 +1,5 @@
-"""python -m jaxmarket.impulse RUN [--agent I] [--deviation best_response|nash|PRICE]
+"""python -m jaxmarket.impulse RUN [--agent I]
+[--deviation best_response|best_response_lowest|nash|PRICE]
 [--periods T] [--group G] [--json]: the impulse response of a trained run's greedy
 Q-learning strategies to a one-period deviation by agent I (Calvano et al. 2020),
 averaged over each session's limit cycle and over the sessions (seeds x markets). RUN is
@@ -13,17 +14,17 @@ from __future__ import annotations
 import json
 
 from jaxmarket.cli import parser as make_parser
-from jaxmarket.analysis.impulse import ImpulseResponse, impulse_response
+from jaxmarket.analysis.impulse import DEVIATIONS, ImpulseResponse, impulse_response
 
 
 def _deviation(text: str) -> str | float:
-    if text in ("best_response", "nash"):
+    if text in DEVIATIONS:
         return text
     try:
         return float(text)
     except ValueError:
-        raise SystemExit(f"--deviation: got {text!r}; allowed: best_response, nash or a "
-                         "price") from None
+        raise SystemExit(f"--deviation: got {text!r}; allowed: {', '.join(DEVIATIONS)} or "
+                         "a price") from None
 
 
 def table(result: ImpulseResponse) -> str:
@@ -51,7 +52,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("run", help="run directory (either engine)")
     parser.add_argument("--agent", type=int, default=0, help="the deviating agent (default 0)")
     parser.add_argument("--deviation", type=_deviation, default="best_response",
-                        help="best_response (default), nash, or a price")
+                        help="best_response (default), best_response_lowest, nash, or a price")
     parser.add_argument("--periods", type=int, default=15,
                         help="periods from the deviation on (default 15)")
     parser.add_argument("--group", default=None,
