@@ -26,7 +26,8 @@ from jaxmarket.market.economics import calvano_grid
 from jaxmarket.sessions.engine import bootstrap_ci
 from jaxmarket.sessions.game import make_game
 from jaxmarket.sessions.reproduce import (DESIGNS_DIR, MEASURES, TOLERANCE, find_design,
-                                          load_design, per_session, reproduce, verdict)
+                                          load_design, per_session, published_text,
+                                          reproduce, verdict)
 from jaxmarket.sessions.reproduce_table import (between_markers, replace_between_markers,
                                                 reproductions_table)
 from jaxmarket.sessions.run import session_plan
@@ -68,7 +69,8 @@ def test_list_json_gives_every_design_file(capsys):
     lines = out.strip().splitlines()
     assert len(lines) == len(files)
     for line, entry in zip(lines, listing):
-        assert line.startswith(entry["name"] + "  ") and f"published {entry['published']:g}" in line
+        assert line.startswith(entry["name"] + "  ") and \
+            "published " + published_text(entry["published"]) in line
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])

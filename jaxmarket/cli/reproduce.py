@@ -3,7 +3,8 @@
 jaxmarket reproduce --list [--json]
 
 Reproduces a published result: runs the design's config with its overrides on the
-session engine (the same run as python -m jaxmarket.train CONFIG OVERRIDES) into
+session engine, or on the regular trainer where the session engine does not play it
+(the same run as python -m jaxmarket.train CONFIG OVERRIDES), into
 --run-dir (default runs/reproduce-NAME-TIME) and writes reproduction.json there: the
 figure's value over sessions, its 95% bootstrap CI, the published number and the
 verdict (docs/reproductions.md). NAME is a shipped design (--list shows them); a
@@ -48,7 +49,8 @@ def main(argv: list[str]) -> int:
             print(json.dumps([d.listing() for d in designs], ensure_ascii=False))
         else:
             for d in designs:
-                print(f"{d.name}  {d.figure}  published {d.published:g}  ({d.source})")
+                print(f"{d.name}  {d.figure}  published {rep.published_text(d.published)}  "
+                      f"({d.source})")
         return 0
     if args.design is None:
         raise ConfigError("design", None, "a shipped design name (jaxmarket reproduce --list) "

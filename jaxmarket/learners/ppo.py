@@ -559,9 +559,7 @@ def ppo_settings(hyper: Mapping[str, Any], spec: LearnerSpec) -> PPOSettings:
     h = _resolve(hyper)
     A, P = spec.num_agents, spec.num_products
     index = np.asarray(spec.index())
-    network = ActorCritic(hidden_sizes=h["hidden_sizes"], activation=h["activation"],
-                          head=h["action_head"], num_products=P, num_actions=h["num_actions"],
-                          log_std_init=h["log_std_init"], embed=spec.obs_embed)
+    network = network_for(hyper, spec)
     return PPOSettings(
         network=network, policy_index=tuple(int(i) for i in index),
         num_policies=spec.policies, obs_dim=spec.obs_dim,
@@ -574,6 +572,23 @@ def ppo_settings(hyper: Mapping[str, Any], spec: LearnerSpec) -> PPOSettings:
         clip_value_loss=h["clip_value_loss"], normalize_advantages=h["normalize_advantages"],
         hyper=tuple((name, h[name]) for name in HYPERPARAMS),
         groups=policy_groups(index, spec.policies, h["group_by_policy"]))
+
+
+def network_for(hyper: Mapping[str, Any], spec: LearnerSpec) -> ActorCritic:
+    """The actor-critic of a ``ppo`` group with settings ``hyper`` and learner ``spec``
+    (what ``network.apply(params_of_one_policy, obs)`` evaluates)."""
+    h = _resolve(hyper)
+    return ActorCritic(hidden_sizes=h["hidden_sizes"], activation=h["activation"],
+                       head=h["action_head"], num_products=spec.num_products,
+                       num_actions=h["num_actions"], log_std_init=h["log_std_init"],
+                       embed=spec.obs_embed)
+
+
+def greedy_index(network: ActorCritic, params, obs: jax.Array) -> jax.Array:
+    """``[..., P]`` int32: a discrete head's most likely grid index per product (the
+    first on ties) for observations ``obs [..., D]`` under one policy's ``params``."""
+    logits, _ = network.apply(params, obs)
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
 
 
 def policy_groups(index: np.ndarray, num_policies: int, mode="auto") -> tuple | None:

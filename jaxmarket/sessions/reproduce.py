@@ -15,14 +15,18 @@ A design is one YAML file; the shipped ones are ``jaxmarket/designs/NAME.yaml``:
       - train.num_iterations=500000
     figure: mean profit per firm per period over the last 1,000 periods
     statistic: mean              mean | median over sessions
-    measure: mean_played_profit  the per-session value (MEASURES) from sessions.csv
-    published: 0.108             the paper's number
+    measure: mean_played_profit  the per-session value (MEASURES) from sessions.csv, or
+                                 for a trainer run (LOOP_MEASURES) from its per-seed rows
+    published: 0.108             the paper's number (null: the paper's number could not
+                                 be read; the verdict is then "no published number")
     source: Klein (RAND 2021), k = 6 price grid
     root_cause: ...              optional: why a design does not reproduce (copied)
 
-The run is exactly ``python -m jaxmarket.train CONFIG --run-dir DIR OVERRIDES`` (the
-session engine, :func:`jaxmarket.sessions.run.start`), with the design's overrides
-followed by the command's: ``--sessions N`` is ``train.num_seeds=N``, ``--periods T``
+The run is exactly ``python -m jaxmarket.train CONFIG --run-dir DIR OVERRIDES`` with the
+design's overrides followed by the command's: on the session engine
+(:func:`jaxmarket.sessions.run.start`) where it plays the design, else on the regular
+trainer (:func:`jaxmarket.train.run.start_run`; PPO sellers, say), one seed being one
+session. The options: ``--sessions N`` is ``train.num_seeds=N``, ``--periods T``
 ``train.num_iterations=T``, ``--seed S`` ``seed=S``, then any ``key=value``. The run
 directory (default ``runs/reproduce-NAME-TIME``) holds the run's files and
 ``reproduction.json``::
@@ -45,6 +49,13 @@ design's own sessions and cap, before the command's options (a reduced run diffe
 (``summary.json`` ``convergence.share``; designs that play a fixed number of periods
 set a window no session reaches). ``wall_s``: seconds of the whole run (tables,
 compiling, the sessions and the files).
+
+A trainer run (``engine: "loop"`` in its ``reproduction.json``; a session-engine run's
+file has no ``engine`` key) takes its measure from ``summary.json``'s ``per_seed``
+values (the last 10% of each seed's rows of ``seeds.csv``, :data:`LOOP_MEASURES`);
+``periods`` and ``max_periods`` are its iterations times ``train.rollout_length`` (the
+periods each market played), ``converged_share`` the mean over its groups' convergence
+shares (0 for learners without a convergence rule).
 """
 
 from __future__ import annotations
@@ -98,6 +109,22 @@ def _column(frame: pd.DataFrame, name: str) -> np.ndarray:
     return pd.to_numeric(frame[name], errors="coerce").to_numpy(np.float64)
 
 
+def _action_gain(frame: pd.DataFrame) -> np.ndarray:
+    """``(a - a_N) / (a_M - a_N)`` per session: ``a`` the mean over sellers of the action
+    over the greedy limit cycle (``cycle_price_i``), ``a_N`` and ``a_M`` the static Nash
+    and joint-optimum actions of the run's ``summary.json`` benchmarks (the reproduction
+    puts the summary in ``frame.attrs["summary"]``)."""
+    benchmarks = (frame.attrs.get("summary") or {}).get("benchmarks") or {}
+    found = [(b.get("nash_price"), b.get("joint_price")) for b in benchmarks.values()]
+    found = [(float(np.mean(n)), float(np.mean(j))) for n, j in found
+             if n is not None and j is not None]
+    if len(found) != 1 or found[0][0] == found[0][1]:
+        raise ConfigError("measure", "action_gain", "a run whose summary.json holds one group's "
+                          "static Nash and joint-optimum actions, and they differ")
+    nash, joint = found[0]
+    return (_columns(frame, "cycle_price").mean(axis=1) - nash) / (joint - nash)
+
+
 #: name -> (what it is, per-session values [S] from the sessions.csv DataFrame)
 MEASURES: dict[str, tuple[str, Callable[[pd.DataFrame], np.ndarray]]] = {
     "profit_gain": ("Delta of the greedy limit cycle (profit_gain)",
@@ -116,6 +143,10 @@ MEASURES: dict[str, tuple[str, Callable[[pd.DataFrame], np.ndarray]]] = {
                           "(greedy_price_i)", lambda f: _columns(f, "greedy_price").mean(axis=1)),
     "min_greedy_price": ("lowest greedy price at the final profile (a homogeneous good's "
                          "market price)", lambda f: _columns(f, "greedy_price").min(axis=1)),
+    "action_gain": ("(a - a_N) / (a_M - a_N) of the mean over sellers of the action over the "
+                    "greedy limit cycle (cycle_price_i; a Cournot market's quantities), a_N and "
+                    "a_M the static Nash and joint-optimum actions of summary.json benchmarks: "
+                    "0 at the static Nash equilibrium, 1 at the joint optimum", _action_gain),
     "revenue": ("sum over sellers of the fees at the final greedy profile (an auction's "
                 "payments, greedy_fees_i)", lambda f: _columns(f, "greedy_fees").sum(axis=1)),
     "cycle_length": ("periods of the greedy limit cycle (cycle_length)",
@@ -123,6 +154,50 @@ MEASURES: dict[str, tuple[str, Callable[[pd.DataFrame], np.ndarray]]] = {
     "convergence_period": ("period of convergence, or of the run's end "
                            "(convergence_period)", lambda f: _column(f, "convergence_period")),
 }
+
+
+def _group_seeds(summary: dict, key: str) -> np.ndarray:
+    """``[S]`` the per-seed ``key`` of the run's one group that has it
+    (``summary.json`` ``per_seed[group][key]``; ``mean_price``: the first product's)."""
+    groups = {g: v[key] for g, v in (summary.get("per_seed") or {}).items()
+              if v.get(key) is not None}
+    if key == "profit_gain":   # only the groups with both benchmarks
+        groups = {g: v for g, v in groups.items() if g in (summary.get("profit_gain") or {})}
+    if len(groups) != 1:
+        raise ConfigError("measure", key, "a measure of a run with exactly one group that has "
+                          f"per-seed {key} (groups with it: {sorted(groups) or 'none'}"
+                          + ("; profit_gain needs pi_M != pi_N, summary.json "
+                             "profit_gain_skipped)" if key == "profit_gain" else ")"))
+    values = next(iter(groups.values()))
+    values = [v[0] if isinstance(v, list) else v for v in values]
+    return np.asarray([np.nan if v is None else v for v in values], np.float64)
+
+
+#: name -> (what it is, per-seed values [S] from a trainer run's summary.json)
+LOOP_MEASURES: dict[str, tuple[str, Callable[[dict], np.ndarray]]] = {
+    "profit_gain": ("Delta of each seed's mean profit per seller over the last 10% of its "
+                    "rows (summary.json per_seed[group].profit_gain)",
+                    lambda s: _group_seeds(s, "profit_gain")),
+    "mean_reward": ("each seed's mean reward per agent over the last 10% of its rows "
+                    "(per_seed[group].mean_reward)", lambda s: _group_seeds(s, "mean_reward")),
+    "mean_price": ("each seed's mean price over the last 10% of its rows "
+                   "(per_seed[group].mean_price, first product)",
+                   lambda s: _group_seeds(s, "mean_price")),
+}
+
+
+def _finite(values: np.ndarray, measure: str) -> np.ndarray:
+    if values.size == 0 or not np.all(np.isfinite(values)):
+        raise ConfigError("measure", measure, "a measure defined in every session of this run "
+                          "(empty or non-finite values; profit_gain needs pi_M != pi_N, "
+                          "summary.json profit_gain_skipped)")
+    return values
+
+
+def per_seed(summary: dict, measure: str) -> np.ndarray:
+    """The per-seed values ``[S]`` of ``measure`` (:data:`LOOP_MEASURES`) in a trainer
+    run's ``summary.json``; a value that is not finite is a ConfigError."""
+    return _finite(LOOP_MEASURES[measure][1](summary), measure)
 
 
 def per_session(frame: pd.DataFrame, measure: str) -> np.ndarray:
@@ -141,8 +216,14 @@ def statistic_of(values: np.ndarray, statistic: str) -> float:
     return float(np.median(values) if statistic == "median" else np.mean(values))
 
 
-def verdict(published: float, ci95: Sequence[float], tolerance: float) -> str:
-    """``reproduced`` when ``published`` lies in ``[lo - tolerance, hi + tolerance]``."""
+NO_PUBLISHED = "no published number"
+
+
+def verdict(published: float | None, ci95: Sequence[float], tolerance: float) -> str:
+    """``reproduced`` when ``published`` lies in ``[lo - tolerance, hi + tolerance]``
+    (:data:`NO_PUBLISHED` when there is no published number)."""
+    if published is None:
+        return NO_PUBLISHED
     lo, hi = ci95
     return "reproduced" if lo - tolerance <= published <= hi + tolerance else "not reproduced"
 
@@ -160,7 +241,7 @@ class Design:
     figure: str
     statistic: str
     measure: str
-    published: float
+    published: float | None
     source: str
     root_cause: str | None
     path: Path
@@ -223,17 +304,21 @@ def load_design(path: str | Path) -> Design:
         raise ConfigError(at("overrides"), overrides, "a list of dotted key=value strings")
     if raw["statistic"] not in STATISTICS:
         raise ConfigError(at("statistic"), raw["statistic"], " or ".join(STATISTICS))
-    if raw["measure"] not in MEASURES:
-        raise ConfigError(at("measure"), raw["measure"], "one of " + ", ".join(MEASURES))
+    if raw["measure"] not in MEASURES and raw["measure"] not in LOOP_MEASURES:
+        raise ConfigError(at("measure"), raw["measure"], "one of " + ", ".join(
+            dict.fromkeys([*MEASURES, *LOOP_MEASURES])))
     published = raw["published"]
-    if (not isinstance(published, (int, float)) or isinstance(published, bool)
-            or not math.isfinite(published)):
-        raise ConfigError(at("published"), published, "a finite number")
+    if published is not None and (not isinstance(published, (int, float))
+                                  or isinstance(published, bool)
+                                  or not math.isfinite(published)):
+        raise ConfigError(at("published"), published, "a finite number, or null where the "
+                          "paper's number could not be read")
     root = raw.get("root_cause")
     return Design(name=name, config=config, config_text=config_text,
                   overrides=tuple(o.strip() for o in overrides),
                   figure=_text(at("figure"), raw["figure"]), statistic=raw["statistic"],
-                  measure=raw["measure"], published=float(published),
+                  measure=raw["measure"],
+                  published=None if published is None else float(published),
                   source=_text(at("source"), raw["source"]),
                   root_cause=None if root is None else _text(at("root_cause"), root),
                   path=path)
@@ -290,20 +375,24 @@ def reproduce(design: Design, run_dir: str | Path | None = None,
     design_sessions, design_periods = _sizes(load_config(design.config, design.overrides))
     config = load_config(design.config, all_overrides)
     engine, reason, plan = session_run.choose_engine(config)
-    if engine != "sessions":
-        raise ConfigError(f"{design.path}: config", design.config_text,
-                          f"a design the session engine plays ({reason or 'train.engine: loop'})")
     run_dir = str(run_dir) if run_dir is not None else default_run_dir(design)
     train_command = shlex.join(["python", "-m", "jaxmarket.train", design.config_text,
                                 "--run-dir", run_dir, *all_overrides])
+    if engine != "sessions":
+        return _reproduce_loop(design, config, run_dir, command or train_command,
+                               train_command, design_sessions, design_periods, progress_every)
+    if design.measure not in MEASURES:
+        raise ConfigError(f"{design.path}: measure", design.measure, "a measure of a "
+                          "session-engine run: one of " + ", ".join(MEASURES))
     started = time.perf_counter()
     summary = session_run.start(config, plan, run_dir, command=command or train_command,
                                 progress_every=progress_every)
     wall = time.perf_counter() - started
     frame = pd.read_csv(Path(run_dir) / session_run.SESSIONS_FILE)
+    frame.attrs["summary"] = summary   # the benchmarks of action_gain
     values = per_session(frame, design.measure)
     ci = bootstrap_ci(values, design.statistic)
-    tolerance = TOLERANCE * abs(design.published)
+    tolerance = TOLERANCE * abs(design.published or 0.0)
     _, max_periods = _sizes(config)
     result = {
         "name": design.name, "figure": design.figure, "statistic": design.statistic,
@@ -318,10 +407,57 @@ def reproduce(design: Design, run_dir: str | Path | None = None,
         "wall_s": round(wall, 1), "run_dir": run_dir,
         "command": command or train_command, "train_command": train_command,
     }
+    _write_result(run_dir, result)
+    return result
+
+
+def _write_result(run_dir: str, result: dict) -> None:
     tmp = Path(run_dir) / (RESULT_FILE + ".tmp")
     tmp.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
     tmp.replace(Path(run_dir) / RESULT_FILE)
+
+
+def _reproduce_loop(design: Design, config: dict, run_dir: str, command: str,
+                    train_command: str, design_sessions: int, design_periods: int,
+                    progress_every: float | None) -> dict:
+    """A design the session engine does not play, on the regular trainer (one seed = one
+    session); its measure from the run's ``summary.json`` per-seed values."""
+    from jaxmarket.train.run import start_run   # the trainer, only where needed
+
+    if design.measure not in LOOP_MEASURES:
+        raise ConfigError(f"{design.path}: measure", design.measure, "a measure of a trainer "
+                          "run (the session engine does not play this design): one of "
+                          + ", ".join(LOOP_MEASURES))
+    tcfg = resolve_train(config.get("train"))
+    started = time.perf_counter()
+    start_run(config, [], run_dir, command=command, progress_every=progress_every)
+    wall = time.perf_counter() - started
+    summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    values = per_seed(summary, design.measure)
+    ci = bootstrap_ci(values, design.statistic)
+    tolerance = TOLERANCE * abs(design.published or 0.0)
+    shares = [c["share_converged"] for c in (summary.get("convergence") or {}).values()]
+    T = tcfg.rollout_length
+    result = {
+        "name": design.name, "figure": design.figure, "statistic": design.statistic,
+        "measure": design.measure, "value": statistic_of(values, design.statistic),
+        "ci95": ci, "published": design.published, "tolerance": tolerance,
+        "verdict": verdict(design.published, ci, tolerance), "source": design.source,
+        **({"root_cause": design.root_cause} if design.root_cause else {}),
+        "engine": "loop", "sessions": int(values.size),
+        "periods": int(summary["iterations"]) * T, "max_periods": tcfg.num_iterations * T,
+        "design_sessions": int(design_sessions), "design_max_periods": int(design_periods) * T,
+        "converged_share": float(np.mean(shares)) if shares else 0.0,
+        "wall_s": round(wall, 1), "run_dir": run_dir,
+        "command": command, "train_command": train_command,
+    }
+    _write_result(run_dir, result)
     return result
+
+
+def published_text(published: float | None) -> str:
+    """A published number as the listing and the table print it."""
+    return "not found" if published is None else f"{published:g}"
 
 
 def result_lines(result: dict) -> str:
@@ -330,7 +466,8 @@ def result_lines(result: dict) -> str:
     return "\n".join([
         f"{result['name']}: {result['figure']}",
         f"  ours {result['value']:.4f}  95% CI [{lo:.4f}, {hi:.4f}]  published "
-        f"{result['published']:g}: {result['verdict']} ({result['sessions']} sessions, "
+        f"{published_text(result['published'])}: {result['verdict']} "
+        f"({result['sessions']} sessions, "
         f"{result['periods']:,d} periods, converged {result['converged_share']:.0%}, "
         f"{result['wall_s']:.1f} s)",
         f"  {result['run_dir']}/{RESULT_FILE}"])
@@ -338,7 +475,9 @@ def result_lines(result: dict) -> str:
 
 __all__ = [
     "DESIGNS_DIR",
+    "LOOP_MEASURES",
     "MEASURES",
+    "NO_PUBLISHED",
     "RESULT_FILE",
     "STATISTICS",
     "TOLERANCE",
@@ -348,7 +487,9 @@ __all__ = [
     "find_design",
     "list_designs",
     "load_design",
+    "per_seed",
     "per_session",
+    "published_text",
     "reproduce",
     "result_lines",
     "statistic_of",

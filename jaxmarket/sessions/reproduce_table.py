@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from jaxmarket.config.errors import ConfigError
-from jaxmarket.sessions.reproduce import RESULT_FILE, list_designs
+from jaxmarket.sessions.reproduce import RESULT_FILE, list_designs, published_text
 
 BEGIN, END = "<!-- reproductions:begin -->", "<!-- reproductions:end -->"
 HEADER = ("| design | source | figure | published | ours (95% CI) | verdict | sessions × "
@@ -72,7 +72,7 @@ def _row(name: str, design, result: dict | None) -> str:
     figure = design.figure if design is not None else result["figure"]
     source = design.source if design is not None else result["source"]
     published = design.published if design is not None else result["published"]
-    cells = [f"`{name}`", source, figure, f"{published:g}"]
+    cells = [f"`{name}`", source, figure, published_text(published)]
     if result is None:
         cells += ["not run", "", "", ""]
     else:
