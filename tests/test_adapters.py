@@ -26,8 +26,11 @@ MULTI = str(CONFIGS / "multi_product.yaml")
 DUOPOLY = str(CONFIGS / "logit_duopoly.yaml")
 CALVANO = str(CONFIGS / "calvano.yaml")
 CONSTANT_RIVAL = {"sellers": {"kind": "constant", "value": 1.5}}
-# the duopoly's sellers observe nothing (a bandit); the adapters need one feature
+# the duopoly's sellers observe nothing (a bandit): the adapters' default observation
+# would be this; spelled out here where a test reads the observation
 OWN_PRICE = "market.sellers[0].observation=[{kind: own_price}]"
+# these tests compare with the native market, so actions in market units (the opt-in)
+MARKET_UNITS = {"normalize_actions": False}
 
 
 def native_chain(seed: int):
@@ -53,6 +56,10 @@ def test_parallel_env_passes_the_pettingzoo_parallel_api_test():
     env, params = jaxmarket.make(MULTI)
     assert pz.possible_agents == ["buyers_0", "buyers_1", "posted_0", "posted_1", "posted_2",
                                   "multiplied_0", "multiplied_1"]
+    # actions in [-1, 1] by default; market units (the group's bounds) on request
+    assert all((pz.action_space(a).low == -1).all() and (pz.action_space(a).high == 1).all()
+               for a in pz.possible_agents)
+    pz = make_parallel_env(MULTI, **MARKET_UNITS)
     box = env.action_space("posted", params)
     np.testing.assert_array_equal(pz.action_space("posted_2").low,
                                   np.broadcast_to(box.low, box.shape)[2])
@@ -62,7 +69,7 @@ def test_parallel_env_passes_the_pettingzoo_parallel_api_test():
 
 
 def test_parallel_env_steps_exactly_like_the_market_for_the_same_keys_and_actions():
-    pz = make_parallel_env(MULTI)
+    pz = make_parallel_env(MULTI, **MARKET_UNITS)
     env, params = jaxmarket.make(MULTI)
     keys = native_chain(7)
     obs, infos = pz.reset(seed=7)
@@ -92,7 +99,7 @@ def test_parallel_env_steps_exactly_like_the_market_for_the_same_keys_and_action
 
 
 def test_parallel_env_ends_every_agent_together_and_rejects_bad_actions():
-    pz = make_parallel_env(DUOPOLY, ["market.episode_length=2", OWN_PRICE])
+    pz = make_parallel_env(DUOPOLY, ["market.episode_length=2", OWN_PRICE], **MARKET_UNITS)
     pz.reset(seed=0)
     good = {"sellers_0": [1.5], "sellers_1": [1.6]}
     with pytest.raises(ValueError, match=r"no entry for agents \['sellers_1'\]"):
@@ -120,7 +127,7 @@ def test_gymnasium_env_passes_check_env():
 
 def test_gymnasium_env_rewards_and_observations_are_the_markets():
     # Calvano: deterministic logit demand, observation = last period's price pair
-    env = make_gymnasium_env(CALVANO, "sellers", others=CONSTANT_RIVAL)
+    env = make_gymnasium_env(CALVANO, "sellers", others=CONSTANT_RIVAL, **MARKET_UNITS)
     obs, _ = env.reset(seed=0)
     np.testing.assert_allclose(obs, [1.7, 1.7])            # both at the initial price
     for price in (1.6, 1.9, 1.45):
@@ -129,9 +136,9 @@ def test_gymnasium_env_rewards_and_observations_are_the_markets():
         np.testing.assert_allclose(reward, logit_profits([price, 1.5])[0], rtol=1e-5)
         assert (terminated, truncated) == (False, False)
         np.testing.assert_allclose(info["prices"], [price], rtol=1e-6)
-    # normalize_actions: -1 is the lower bound, +1 the upper one
+    # normalize_actions (the default): -1 is the lower bound, +1 the upper one
     low, high = 1.427725, 1.970185
-    env = make_gymnasium_env(CALVANO, "sellers", others=CONSTANT_RIVAL, normalize_actions=True)
+    env = make_gymnasium_env(CALVANO, "sellers", others=CONSTANT_RIVAL)
     env.reset(seed=0)
     for a, price in ((-1.0, low), (1.0, high), (0.0, (low + high) / 2)):
         obs = env.step(np.array([a], np.float32))[0]
@@ -143,7 +150,7 @@ def test_gymnasium_env_rewards_and_observations_are_the_markets():
 def test_vector_env_is_one_jitted_vmapped_call_per_step_and_matches_the_closed_form():
     n = 5
     venv = make_vector_env(DUOPOLY, "sellers", n, ["market.episode_length=3", OWN_PRICE],
-                           others=CONSTANT_RIVAL)
+                           others=CONSTANT_RIVAL, autoreset_mode="same_step", **MARKET_UNITS)
     calls = []
     jitted = venv._step
     venv._step = lambda *a: calls.append(1) or jitted(*a)
@@ -168,7 +175,7 @@ def test_vector_env_is_one_jitted_vmapped_call_per_step_and_matches_the_closed_f
 # ----------------------------------------------------------------------------- JaxMARL
 
 def test_jaxmarl_env_equals_the_market_step_including_the_auto_reset():
-    jm = make_jaxmarl_env(MULTI, ["market.episode_length=2"])
+    jm = make_jaxmarl_env(MULTI, ["market.episode_length=2"], **MARKET_UNITS)
     env, params = jaxmarket.make(MULTI, ["market.episode_length=2"])
     assert jm.agents[:3] == ["buyers_0", "buyers_1", "posted_0"] and jm.num_agents == 7
     assert jm.agent_classes["multiplied"] == ["multiplied_0", "multiplied_1"]

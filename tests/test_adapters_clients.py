@@ -1,8 +1,9 @@
-"""The adapters as outside clients meet them (docs/ecosystem.md): an empty observation is
-refused with the config line that fixes it, a too-old gymnasium shows its real import
-error, ``normalize_actions`` on the PettingZoo env, the vector env's NEXT_STEP autoreset
-under gymnasium's observation wrappers, ``gym.make`` ids of the shipped scenarios, and
-the optional extras (sacred, clients) in pyproject.toml.
+"""The adapters as outside clients meet them (docs/ecosystem.md): a stateless group
+observes its own price by default (without the default, an empty observation is refused
+with the config line that fixes it), a too-old gymnasium shows its real import error,
+``normalize_actions`` on the PettingZoo env, the vector env's NEXT_STEP autoreset under
+gymnasium's observation wrappers, ``gym.make`` ids of the shipped scenarios, and the
+optional extras (sacred, clients) in pyproject.toml.
 
 Every market here is the deterministic logit duopoly, so rewards are closed forms
 (``jaxmarket.market.economics.logit_profits``) and gymnasium's own ``SyncVectorEnv`` over
@@ -37,24 +38,51 @@ DUOPOLY = str(CONFIGS / "logit_duopoly.yaml")
 OWN_PRICE = "market.sellers[0].observation=[{kind: own_price}]"
 SHORT = ["market.episode_length=2", OWN_PRICE]
 RIVAL = {"sellers": {"kind": "constant", "value": 1.5}}
+MARKET_UNITS = {"normalize_actions": False}     # prices as numbers, for closed forms
 
 
-def test_every_adapter_refuses_an_empty_observation_naming_the_line_that_fixes_it():
-    makers = {"make_parallel_env": lambda o: make_parallel_env(DUOPOLY, o),
-              "make_gymnasium_env": lambda o: make_gymnasium_env(DUOPOLY, "sellers", o),
-              "make_vector_env": lambda o: make_vector_env(DUOPOLY, "sellers", 2, o),
-              "make_jaxmarl_env": lambda o: make_jaxmarl_env(DUOPOLY, o)}
+def test_a_stateless_group_observes_its_own_price_by_default_and_without_it_is_refused():
+    makers = {"make_parallel_env": lambda o, **kw: make_parallel_env(DUOPOLY, o, **kw),
+              "make_gymnasium_env": lambda o, **kw: make_gymnasium_env(DUOPOLY, "sellers", o,
+                                                                       **kw),
+              "make_vector_env": lambda o, **kw: make_vector_env(DUOPOLY, "sellers", 2, o,
+                                                                 **kw),
+              "make_jaxmarl_env": lambda o, **kw: make_jaxmarl_env(DUOPOLY, o, **kw)}
     for name, make in makers.items():
         with pytest.raises(ConfigError) as err:
-            make([])
+            make([], default_observation=())
         msg = str(err.value)
         assert err.value.field == "market.sellers[0].observation" and name in msg
         assert "'market.sellers[0].observation=[{kind: own_price}]'" in msg
-        make([OWN_PRICE])                    # the line the message names is the fix
+        make([OWN_PRICE], default_observation=())    # the line the message names is the fix
+    # the default: the duopoly (configured observation: []) observes its own price
+    market, params = jaxmarket.make(DUOPOLY)
+    assert market.observation_space("sellers", params).shape == (2, 0)   # as configured
+    box = market.action_space("sellers", params)
+    low, high = float(np.min(box.low)), float(np.max(box.high))
+    pz = make_parallel_env(DUOPOLY, **MARKET_UNITS)
+    obs, _ = pz.reset(seed=0)
+    np.testing.assert_allclose(obs["sellers_0"], [(low + high) / 2])   # the initial price
+    obs, *_ = pz.step({"sellers_0": [1.3], "sellers_1": [2.2]})
+    np.testing.assert_allclose([obs["sellers_0"][0], obs["sellers_1"][0]], [1.3, 2.2],
+                               rtol=1e-6)
+    assert make_gymnasium_env(DUOPOLY, "sellers").observation_space.shape == (1,)
+    # the Gymnasium adapter gives it to the acting group only; the fixed policies of the
+    # other groups keep the scenario's observation (here: a seller group made stateless)
+    env = make_gymnasium_env(str(CONFIGS / "multi_product.yaml"), "buyers",
+                             ["market.sellers[0].observation=[]"])
+    view = env.unwrapped.view
+    assert view.env.observation_space("posted", env.unwrapped.params).shape[1] == 0
     # a consumer group is pointed at its own entry (the third consumer of multi_product)
     with pytest.raises(ConfigError, match=r"market\.consumers\[2\]\.observation=\[\{kind: "):
         make_gymnasium_env(str(CONFIGS / "multi_product.yaml"), "buyers",
-                           ["market.consumers[2].observation=[]"])
+                           ["market.consumers[2].observation=[]"], default_observation=())
+    # ... and by default observes its budget: its own action value
+    env = make_gymnasium_env(str(CONFIGS / "multi_product.yaml"), "buyers",
+                             ["market.consumers[2].observation=[]"], **MARKET_UNITS)
+    obs, _ = env.reset(seed=0)
+    obs, *_ = env.step(np.array([0.5, 1.0, 1.5], np.float32))
+    np.testing.assert_allclose(obs, [0.5, 1.0, 1.5], rtol=1e-6)
 
 
 def test_a_too_old_gymnasium_shows_the_real_import_error(monkeypatch):
@@ -89,7 +117,7 @@ def test_registration_imports_nothing_without_gymnasium_and_a_missing_library_is
 
 
 def test_parallel_env_normalize_actions_maps_minus_one_and_one_to_the_bounds():
-    pz = make_parallel_env(DUOPOLY, SHORT, normalize_actions=True)
+    pz = make_parallel_env(DUOPOLY, SHORT)                  # normalize_actions by default
     env, params = jaxmarket.make(DUOPOLY, SHORT)
     box = env.action_space("sellers", params)
     low, high = float(np.min(box.low)), float(np.max(box.high))
@@ -107,15 +135,15 @@ def test_parallel_env_normalize_actions_maps_minus_one_and_one_to_the_bounds():
 
 
 def reference_vector_env(n: int) -> SyncVectorEnv:
-    return SyncVectorEnv([lambda: make_gymnasium_env(DUOPOLY, "sellers", SHORT, others=RIVAL)
+    return SyncVectorEnv([lambda: make_gymnasium_env(DUOPOLY, "sellers", SHORT, others=RIVAL,
+                                                     **MARKET_UNITS)
                           for _ in range(n)], autoreset_mode=AutoresetMode.NEXT_STEP)
 
 
 def test_next_step_autoreset_equals_gymnasiums_sync_vector_env():
     n = 3
-    venv = make_vector_env(DUOPOLY, "sellers", n, SHORT, others=RIVAL,
-                           autoreset_mode="next_step")
-    ref = reference_vector_env(n)
+    venv = make_vector_env(DUOPOLY, "sellers", n, SHORT, others=RIVAL, **MARKET_UNITS)
+    ref = reference_vector_env(n)                  # NEXT_STEP is the default, as gymnasium's
     assert venv.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP
     obs, _ = venv.reset(seed=0)
     r_obs, _ = ref.reset(seed=0)
@@ -146,7 +174,7 @@ def test_gymnasiums_observation_wrappers_run_on_next_step_and_match_the_sync_env
         return DtypeObservation(FlattenObservation(NormalizeObservation(v)), np.float64)
 
     mine = wrap(make_vector_env(DUOPOLY, "sellers", n, SHORT, others=RIVAL,
-                                autoreset_mode=AutoresetMode.NEXT_STEP))
+                                autoreset_mode=AutoresetMode.NEXT_STEP, **MARKET_UNITS))
     ref = wrap(reference_vector_env(n))
     np.testing.assert_allclose(mine.reset(seed=0)[0], ref.reset(seed=0)[0])
     for _ in range(4):
@@ -156,15 +184,17 @@ def test_gymnasiums_observation_wrappers_run_on_next_step_and_match_the_sync_env
             np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
     # the same-step mode is what gymnasium's stateful observation wrappers refuse
     with pytest.raises(AssertionError):
-        NormalizeObservation(make_vector_env(DUOPOLY, "sellers", n, SHORT))
+        NormalizeObservation(make_vector_env(DUOPOLY, "sellers", n, SHORT,
+                                             autoreset_mode="same_step"))
 
 
 def test_gym_make_ids_for_every_shipped_scenario_build_the_gymnasium_adapter():
     names = shipped_scenarios()
     assert {p.stem for p in CONFIGS.glob("*.yaml")} == set(names)
     assert all(env_id(n) in gym.registry for n in names)
-    env = gym.make("jaxmarket/logit_duopoly-v0", overrides=SHORT, others=RIVAL)
-    direct = make_gymnasium_env(DUOPOLY, "sellers", SHORT, others=RIVAL)
+    env = gym.make("jaxmarket/logit_duopoly-v0", overrides=SHORT, others=RIVAL,
+                   **MARKET_UNITS)
+    direct = make_gymnasium_env(DUOPOLY, "sellers", SHORT, others=RIVAL, **MARKET_UNITS)
     assert env.unwrapped.view.group == "sellers"        # the first agent group by default
     np.testing.assert_allclose(env.reset(seed=3)[0], direct.reset(seed=3)[0])
     a = np.array([1.6], np.float32)

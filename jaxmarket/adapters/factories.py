@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from jaxmarket.adapters.common import build, require_observations
+from jaxmarket.adapters.common import DEFAULT_OBSERVATION, build_observing, require_observations
 from jaxmarket.adapters.jaxmarl_env import MarketMultiAgentEnv
 
 Config = str | Path | Mapping[str, Any]
@@ -21,6 +21,7 @@ Config = str | Path | Mapping[str, Any]
 #: what the ``adapters`` extra installs (pyproject.toml)
 REQUIRED = {"gymnasium": "1.1", "pettingzoo": "1.24"}
 AUTORESET_MODES = ("same_step", "next_step")
+Observation = Sequence[Mapping[str, Any]] | None
 
 
 def _installed(name: str) -> str:
@@ -52,41 +53,54 @@ def _autoreset(mode: Any) -> str:
 
 
 def make_parallel_env(config: Config, overrides: Sequence[str] = (), *,
-                      normalize_actions: bool = False):
+                      normalize_actions: bool = True,
+                      default_observation: Observation = DEFAULT_OBSERVATION):
     """A PettingZoo ``ParallelEnv`` of one market: agents ``<group>_<i>``, ``Box`` spaces
-    from the market's bounds and observation sizes (:mod:`jaxmarket.adapters.parallel`);
-    ``normalize_actions``: every action space is ``Box(-1, 1, [P])``, mapped onto the
-    agent's bounds."""
+    from the market's bounds and observation sizes (:mod:`jaxmarket.adapters.parallel`).
+    ``normalize_actions`` (default): every action space is ``Box(-1, 1, [P])``, mapped
+    onto the agent's bounds; False: market units. A group that observes nothing
+    observes ``default_observation`` (:data:`jaxmarket.adapters.common.DEFAULT_OBSERVATION`,
+    its own price; ``()``: none, a ConfigError)."""
     mod = needs("jaxmarket.adapters.parallel", "make_parallel_env")
-    env, params = build(config, overrides)
+    env, params = build_observing(config, overrides, None, default_observation)
     require_observations(env, params, env.agent_groups, "make_parallel_env")
     return mod.MarketParallelEnv(env, params, normalize_actions=normalize_actions)
 
 
 def make_gymnasium_env(config: Config, group: str, overrides: Sequence[str] = (), *,
                        agent: int = 0, others: Mapping[str, Any] | None = None,
-                       normalize_actions: bool = False):
+                       normalize_actions: bool = True,
+                       default_observation: Observation = DEFAULT_OBSERVATION,
+                       allow_empty_observation: bool = False):
     """A Gymnasium ``Env`` for agent ``agent`` of ``group``; the groups in ``others``
     follow fixed policies given as learner configs, the rest hold their reset action
-    (:mod:`jaxmarket.adapters.gym_env`)."""
+    (:mod:`jaxmarket.adapters.gym_env`). ``normalize_actions`` (default): a
+    ``Box(-1, 1, [P])`` action mapped onto the agent's bounds; False: market units. If
+    ``group`` observes nothing it observes ``default_observation`` (its own price; the
+    other groups keep their configs). ``allow_empty_observation``: with
+    ``default_observation=()``, a ``Box(0,)`` observation instead of the ConfigError (what
+    a recorded stateless dataset's Minari env spec rebuilds)."""
     mod = needs("jaxmarket.adapters.gym_env", "make_gymnasium_env")
-    env, params = build(config, overrides)
+    env, params = build_observing(config, overrides, [group], default_observation)
     view = mod.make_view(env, params, group, agent, others, normalize_actions)
-    require_observations(env, params, [group], "make_gymnasium_env")
+    if not allow_empty_observation:
+        require_observations(env, params, [group], "make_gymnasium_env")
     return mod.MarketGymnasiumEnv(view, params)
 
 
 def make_vector_env(config: Config, group: str, num_envs: int, overrides: Sequence[str] = (), *,
                     agent: int = 0, others: Mapping[str, Any] | None = None,
-                    normalize_actions: bool = False, autoreset_mode: Any = "same_step"):
+                    normalize_actions: bool = True, autoreset_mode: Any = "next_step",
+                    default_observation: Observation = DEFAULT_OBSERVATION):
     """A Gymnasium ``VectorEnv`` of ``num_envs`` markets, each seen by one agent as in
     :func:`make_gymnasium_env`; one jitted, vmapped device call per step for all.
-    ``autoreset_mode``: ``"same_step"`` (a finished market's next observation is already
-    the reset one) or ``"next_step"`` (the next ``step`` resets it; Gymnasium's default,
-    which its observation wrappers need), or gymnasium's ``AutoresetMode`` member."""
+    ``autoreset_mode``: ``"next_step"`` (the default, Gymnasium's own: the next ``step``
+    resets a finished market; what its observation wrappers need) or ``"same_step"`` (a
+    finished market's next observation is already the reset one), or gymnasium's
+    ``AutoresetMode`` member."""
     mode = _autoreset(autoreset_mode)
     mod = needs("jaxmarket.adapters.gym_env", "make_vector_env")
-    env, params = build(config, overrides)
+    env, params = build_observing(config, overrides, [group], default_observation)
     view = mod.make_view(env, params, group, agent, others, normalize_actions)
     require_observations(env, params, [group], "make_vector_env")
     return mod.MarketVectorEnv(view, params, num_envs, autoreset_mode=mode)
@@ -94,11 +108,14 @@ def make_vector_env(config: Config, group: str, num_envs: int, overrides: Sequen
 
 def make_jaxmarl_env(config: Config, overrides: Sequence[str] = (), *,
                      infos_from_market: bool = False,
-                     normalize_actions: bool = False) -> MarketMultiAgentEnv:
+                     normalize_actions: bool = True,
+                     default_observation: Observation = DEFAULT_OBSERVATION
+                     ) -> MarketMultiAgentEnv:
     """A JaxMARL-style ``MultiAgentEnv`` of one market: ``reset(key)``,
     ``step(key, state, actions)``, per-agent dicts and ``dones["__all__"]``;
-    ``normalize_actions``: every action space is ``Box(-1, 1, [P])``."""
-    env, params = build(config, overrides)
+    ``normalize_actions`` (default): every action space is ``Box(-1, 1, [P])``; False:
+    market units. A group that observes nothing observes ``default_observation``."""
+    env, params = build_observing(config, overrides, None, default_observation)
     require_observations(env, params, env.agent_groups, "make_jaxmarl_env")
     return MarketMultiAgentEnv(env, params, infos_from_market=infos_from_market,
                                normalize_actions=normalize_actions)

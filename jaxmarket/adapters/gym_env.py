@@ -4,8 +4,10 @@ Both wrap :class:`jaxmarket.adapters.single_agent.SingleAgentEnv` (the gymnax vi
 agent of ``group`` acts, the other agent groups named in ``others`` follow fixed
 policies given as learner configs (``{"kind": "constant", "value": 1.5}``, ``undercut``,
 ``random`` ...) and every other agent holds its reset action. Observation, action
-(``[P]``) and reward are that agent's. ``normalize_actions=True`` exposes
-``Box(-1, 1, [P])`` mapped linearly onto the agent's bounds.
+(``[P]``) and reward are that agent's. ``normalize_actions=True`` (the factories'
+default) exposes ``Box(-1, 1, [P])`` mapped linearly onto the agent's bounds. The
+observation space is bounded where the observation's components declare bounds
+(:func:`jaxmarket.adapters.common.obs_bounds`).
 
 ``MarketGymnasiumEnv`` is a ``gymnasium.Env``: one jitted call per ``reset`` / ``step``
 (``SingleAgentEnv.reset_env`` / ``step_env``, no auto-reset). ``MarketVectorEnv`` is a
@@ -13,11 +15,11 @@ policies given as learner configs (``{"kind": "constant", "value": 1.5}``, ``und
 vmapped call for all of them, with one of gymnasium's two autoreset modes
 (``metadata["autoreset_mode"]``):
 
-* ``"same_step"`` (``AutoresetMode.SAME_STEP``, the default): the gymnax ``step``; a
+* ``"same_step"`` (``AutoresetMode.SAME_STEP``): the gymnax ``step``; a
   finished market's next observation is already the reset one, and
   ``infos["final_obs"]`` holds the observation before it, masked by ``infos["_final_obs"]``.
-* ``"next_step"`` (``AutoresetMode.NEXT_STEP``, what gymnasium's ``SyncVectorEnv`` does
-  by default and its observation wrappers ``NormalizeObservation``,
+* ``"next_step"`` (``AutoresetMode.NEXT_STEP``, the default: what gymnasium's
+  ``SyncVectorEnv`` does by default and its observation wrappers ``NormalizeObservation``,
   ``FlattenObservation``, ``DtypeObservation`` need): a finished market returns its last
   observation; the next ``step`` ignores that market's action and resets it (reward 0,
   not terminated, not truncated; ``infos["_<key>"]`` is False for it).
@@ -41,7 +43,7 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from jaxmarket.adapters.common import check_action, initial_key
+from jaxmarket.adapters.common import check_action, initial_key, obs_bounds
 from jaxmarket.adapters.single_agent import SingleAgentEnv
 from jaxmarket.market.env import MarketEnv
 from jaxmarket.market.spec import MarketParams
@@ -56,16 +58,16 @@ def _agent_info(info: dict, group: str, agent: int) -> dict:
 
 def _spaces(view: SingleAgentEnv, params: MarketParams) -> tuple[spaces.Box, spaces.Box]:
     act = view.action_space(params)
-    obs = view.observation_space(params)
+    obs_low, obs_high = obs_bounds(view.env, params, view.group)
     low = np.broadcast_to(np.asarray(act.low, np.float32), act.shape)
     high = np.broadcast_to(np.asarray(act.high, np.float32), act.shape)
-    return (spaces.Box(-np.inf, np.inf, obs.shape, np.float32),
+    return (spaces.Box(obs_low[view.agent], obs_high[view.agent], obs_low.shape[1:], np.float32),
             spaces.Box(low, high, act.shape, np.float32))
 
 
 def make_view(env: MarketEnv, params: MarketParams, group: str, agent: int = 0,
               others: Mapping[str, Any] | None = None,
-              normalize_actions: bool = False) -> SingleAgentEnv:
+              normalize_actions: bool = True) -> SingleAgentEnv:
     if group not in env.agent_groups:
         raise ValueError(f"group must be one of the agent groups {env.agent_groups}, "
                          f"got {group!r}")
@@ -148,10 +150,10 @@ def _next_step(view: SingleAgentEnv, n: int):
 
 
 class MarketVectorEnv(VectorEnv):
-    metadata = {"render_modes": [], "autoreset_mode": AutoresetMode.SAME_STEP}
+    metadata = {"render_modes": [], "autoreset_mode": AutoresetMode.NEXT_STEP}
 
     def __init__(self, view: SingleAgentEnv, params: MarketParams, num_envs: int,
-                 autoreset_mode: str = "same_step"):
+                 autoreset_mode: str = "next_step"):
         if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) \
                 or num_envs < 1:
             raise ValueError(f"num_envs must be a positive int, got {num_envs!r}")

@@ -6,13 +6,15 @@ The interface of JaxMARL's ``MultiAgentEnv`` (no dependency on jaxmarl itself)::
     obs, state, rewards, dones, infos = env.step(key, state, actions)
 
 with per-agent dicts keyed by ``env.agents`` (``<group>_<i>``): ``obs[a]`` is ``[D]``,
-``actions[a]`` ``[P]`` (market units, clipped to the agent's bounds), ``rewards[a]`` a
+``actions[a]`` ``[P]`` (``[-1, 1]`` by default, see below), ``rewards[a]`` a
 scalar, ``dones[a]`` and ``dones["__all__"]`` the market's ``terminated or truncated``;
 ``infos`` is empty (JaxMARL's baselines reshape every info leaf to one value per agent;
 ``infos_from_market=True`` returns the market's own per-group ``info`` instead).
-``normalize_actions=True`` makes every action space ``Box(-1, 1, [P])`` (the Brax /
-MABrax convention of JaxMARL's continuous baselines), mapped per agent onto its bounds:
-``low + (clip(a, -1, 1) + 1) / 2 * (high - low)``. ``step`` auto-resets like JaxMARL's (``reset_state=`` to choose the state to reset to);
+``normalize_actions=True`` (the default) makes every action space ``Box(-1, 1, [P])``
+(the Brax / MABrax convention of JaxMARL's continuous baselines), mapped per agent onto
+its bounds: ``low + (clip(a, -1, 1) + 1) / 2 * (high - low)``; ``normalize_actions=False``
+takes market units (clipped to the agent's bounds). Observation spaces are bounded where
+the observation's components declare bounds. ``step`` auto-resets like JaxMARL's (``reset_state=`` to choose the state to reset to);
 ``step_env`` and ``get_obs`` are the pieces. The market params are fixed at
 construction, as JaxMARL envs carry none. Everything is pure and jittable, so
 ``jax.vmap(env.step)`` runs thousands of markets; the market steps once for all agents
@@ -29,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from gymnax.environments import spaces
 
-from jaxmarket.adapters.common import agent_slots, group_bounds, obs_dims
+from jaxmarket.adapters.common import agent_slots, group_bounds, obs_bounds
 from jaxmarket.market.env import MarketEnv
 from jaxmarket.market.spec import MarketParams
 from jaxmarket.market.state import MarketState
@@ -37,7 +39,7 @@ from jaxmarket.market.state import MarketState
 
 class MarketMultiAgentEnv:
     def __init__(self, env: MarketEnv, params: MarketParams, infos_from_market: bool = False,
-                 normalize_actions: bool = False):
+                 normalize_actions: bool = True):
         self.market, self.params = env, params
         self.infos_from_market = bool(infos_from_market)
         self.normalize_actions = bool(normalize_actions)
@@ -45,13 +47,14 @@ class MarketMultiAgentEnv:
         self.agents = [name for name, _, _ in self._slots]
         self.num_agents = len(self.agents)
         P = env.spec.num_products
-        dims = obs_dims(env, params)
+        obs_box = {g: obs_bounds(env, params, g) for g in env.agent_groups}
         bounds = {g: group_bounds(env, params, g) for g in env.agent_groups}
         self._bounds = bounds
         if self.normalize_actions:
             bounds = {g: (-np.ones_like(lo), np.ones_like(hi)) for g, (lo, hi) in bounds.items()}
-        self.observation_spaces = {name: spaces.Box(-jnp.inf, jnp.inf, (dims[g],), jnp.float32)
-                                   for name, g, _ in self._slots}
+        self.observation_spaces = {name: spaces.Box(obs_box[g][0][i], obs_box[g][1][i],
+                                                    obs_box[g][0].shape[1:], jnp.float32)
+                                   for name, g, i in self._slots}
         self.action_spaces = {name: spaces.Box(bounds[g][0][i], bounds[g][1][i], (P,),
                                                jnp.float32)
                               for name, g, i in self._slots}

@@ -1,9 +1,10 @@
 """PettingZoo ``ParallelEnv`` of one market (``jaxmarket.adapters.make_parallel_env``).
 
-Agents are named ``<group>_<i>``; each acts with a ``[P]`` array (prices, multipliers or
-budgets, market units, clipped to its bounds; with ``normalize_actions=True`` a
-``Box(-1, 1, [P])`` action mapped linearly onto them, ``low + (clip(a, -1, 1) + 1) / 2 *
-(high - low)``) and observes its ``[D]`` row. One
+Agents are named ``<group>_<i>``; each acts with a ``[P]`` array (by default,
+``normalize_actions=True``, a ``Box(-1, 1, [P])`` action mapped linearly onto its bounds,
+``low + (clip(a, -1, 1) + 1) / 2 * (high - low)``; with ``normalize_actions=False``
+prices, multipliers or budgets in market units, clipped to its bounds) and observes its
+``[D]`` row, in a ``Box`` bounded where the observation's components declare bounds. One
 ``step`` is one jitted call of the market's ``step_env`` for all agents at once; the
 dicts are built from its outputs on the host. Episodes end for every agent together
 (``truncated`` when ``time >= episode_length``; ``terminated`` never), and then
@@ -30,7 +31,7 @@ from jaxmarket.adapters.common import (
     check_action,
     group_bounds,
     initial_key,
-    obs_dims,
+    obs_bounds,
     to_market_units,
 )
 from jaxmarket.market.env import MarketEnv
@@ -40,7 +41,7 @@ from jaxmarket.market.spec import MarketParams
 class MarketParallelEnv(ParallelEnv):
     metadata = {"name": "jaxmarket_parallel_v0", "render_modes": [], "is_parallelizable": True}
 
-    def __init__(self, env: MarketEnv, params: MarketParams, normalize_actions: bool = False):
+    def __init__(self, env: MarketEnv, params: MarketParams, normalize_actions: bool = True):
         self.market, self.params = env, params
         self.normalize_actions = bool(normalize_actions)
         self._slots = agent_slots(env)
@@ -48,13 +49,14 @@ class MarketParallelEnv(ParallelEnv):
         self.agents: list[str] = []
         self.render_mode = None
         P = env.spec.num_products
-        dims = obs_dims(env, params)
+        obs_box = {g: obs_bounds(env, params, g) for g in env.agent_groups}
         bounds = {g: group_bounds(env, params, g) for g in env.agent_groups}
         market_bounds = dict(bounds)
         if self.normalize_actions:
             bounds = {g: (-np.ones_like(lo), np.ones_like(hi)) for g, (lo, hi) in bounds.items()}
-        self.observation_spaces = {name: spaces.Box(-np.inf, np.inf, (dims[g],), np.float32)
-                                   for name, g, _ in self._slots}
+        self.observation_spaces = {name: spaces.Box(obs_box[g][0][i], obs_box[g][1][i],
+                                                    obs_box[g][0].shape[1:], np.float32)
+                                   for name, g, i in self._slots}
         self.action_spaces = {name: spaces.Box(bounds[g][0][i], bounds[g][1][i], (P,), np.float32)
                               for name, g, i in self._slots}
         self._shape = {g: (env.num_agents(g), P) for g in env.agent_groups}

@@ -6,9 +6,17 @@ is imported and nothing registered), one id per file of the shipped ``configs/``
     import gymnasium as gym
     import jaxmarket.adapters                       # registers jaxmarket/*-v0
     env = gym.make("jaxmarket/logit_duopoly-v0", others={"sellers": {"kind": "constant",
-                   "value": 1.5}}, overrides=["market.sellers[0].observation=[{kind: own_price}]"])
+                   "value": 1.5}})
     venv = gym.make_vec("jaxmarket/logit_duopoly-v0", num_envs=8,
-                        vectorization_mode="vector_entry_point", overrides=[...])
+                        vectorization_mode="vector_entry_point")
+
+Every id builds as shipped: actions in ``[-1, 1]`` (``normalize_actions=False``: market
+units), a stateless scenario's agent observing its own price (the adapters'
+``default_observation``), and the vector entry point in gymnasium's ``NEXT_STEP``
+autoreset mode (``autoreset_mode="same_step"`` as a keyword argument for the other one;
+gymnasium passes ``vector_kwargs`` only to its own ``SyncVectorEnv`` /
+``AsyncVectorEnv``, ``vectorization_mode="sync"`` / ``"async"``, and refuses them for
+any vector entry point).
 
 ``gym.make("jaxmarket.adapters:jaxmarket/calvano-v0")`` imports the module itself. The
 keyword arguments are those of :func:`jaxmarket.adapters.make_gymnasium_env` (``group``

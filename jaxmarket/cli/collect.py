@@ -12,8 +12,10 @@ under a temporary name and renamed when complete. Format: docs/offline.md.
 
 --format d4rl writes the --group's transitions as a D4RL HDF5 file (--out FILE.hdf5),
 --format minari as a local Minari dataset (--out DATASET_ID, with an env spec that
-rebuilds the market); --normalize-actions stores their actions in [-1, 1] (what d3rlpy
-assumes) instead of market units. docs/ecosystem.md.
+rebuilds the market); their continuous actions are stored in [-1, 1] (what d3rlpy
+assumes; --normalize-actions says so explicitly), or in market units with
+--market-units; the file's metadata records which, with the market bounds, so the
+readers map them back. docs/ecosystem.md.
 
 A full disk, a read-only or a forbidden path while writing is one line naming the file
 and what was kept (nothing: the partial output is removed), exit code 1."""
@@ -50,15 +52,23 @@ def main(argv: list[str]) -> int:
     p.add_argument("--format", default="native", choices=("native", *EXPORT_FORMATS),
                    help="native directory (every group), d4rl .hdf5 or minari id (--group)")
     p.add_argument("--normalize-actions", action="store_true",
-                   help="d4rl/minari: actions in [-1, 1] instead of market units")
+                   help="d4rl/minari: actions in [-1, 1] (the default)")
+    p.add_argument("--market-units", action="store_true",
+                   help="d4rl/minari: actions in market units instead of [-1, 1]")
     p.add_argument("overrides", nargs="*", metavar="key=value")
     args = p.parse_intermixed_args(argv)
     for item in args.overrides:
         if "=" not in item:
             raise ConfigError("overrides", item, "KEY=VALUE settings, e.g. train.num_envs=64")
-    if args.normalize_actions and args.format == "native":
-        raise ConfigError("--normalize-actions", True, "--format d4rl or minari (a native "
-                          "dataset keeps market units and records its bounds)")
+    for flag, given in (("--normalize-actions", args.normalize_actions),
+                        ("--market-units", args.market_units)):
+        if given and args.format == "native":
+            raise ConfigError(flag, True, "--format d4rl or minari (a native dataset keeps "
+                              "market units and records its bounds)")
+    if args.normalize_actions and args.market_units:
+        raise ConfigError("--market-units", True, "one of --market-units and "
+                          "--normalize-actions (the default), not both")
+    normalize = not args.market_units
 
     def run(out):
         return collect(args.config, args.steps, out, policy_dir=args.policy,
@@ -77,8 +87,8 @@ def main(argv: list[str]) -> int:
             summary = run(Path(tmp) / "native")
             ds = load_dataset(Path(tmp) / "native", group=args.group)
             summary["out"] = export_dataset(ds, args.format, args.out,
-                                            normalize_actions=args.normalize_actions)
-        summary.update(format=args.format, normalize_actions=args.normalize_actions,
+                                            normalize_actions=normalize)
+        summary.update(format=args.format, normalize_actions=normalize and not ds.discrete,
                        group=ds.meta["group"])
     print(json.dumps(summary))
     return 0

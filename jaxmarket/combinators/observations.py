@@ -22,6 +22,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxmarket.combinators.saturate import finite_mean
 from jaxmarket.combinators.view import GroupView
@@ -34,6 +35,27 @@ ObsFn = Callable[[GroupView], jax.Array]
 
 
 @dataclass(frozen=True)
+class BoundsContext:
+    """What a component's ``bounds`` may read (numpy, float32, fixed by the params).
+
+    ``own_low`` / ``own_high`` [n, P]: the group's action bounds (prices, multipliers,
+    quantities or budgets: what ``own_price`` holds); ``quote_low`` / ``quote_high``
+    [S, P]: the range of every seller's quoted price (``-inf`` / ``inf`` where it is not
+    bounded, e.g. a multiplier seller's); ``self_index`` [n]: this group's sellers in
+    it; ``side``: "seller" or "consumer"; ``episode_length``: the market's."""
+    own_low: np.ndarray
+    own_high: np.ndarray
+    quote_low: np.ndarray
+    quote_high: np.ndarray
+    self_index: np.ndarray
+    side: str
+    episode_length: int
+
+
+Bounds = Callable[[Mapping[str, Any], BoundsContext], tuple[np.ndarray, np.ndarray]]
+
+
+@dataclass(frozen=True)
 class ObservationDef:
     kind: str
     build: Callable[[Mapping[str, Any]], ObsFn]
@@ -43,6 +65,10 @@ class ObservationDef:
     # to its action grid): "all" (the sellers' own action values), a tuple of action
     # kinds, or () (another quantity: traffic, rewards, budgets, time)
     action_scale: str | tuple[str, ...] = ()
+    # (settings, BoundsContext) -> (low, high), each [n, d] like the component's output
+    # (or broadcastable to it); None: unbounded (-inf, inf). Read by the adapters for
+    # their observation spaces (observation_bounds), never by the market step.
+    bounds: Bounds | None = None
 
     def on_action_scale(self, action: str) -> bool:
         return self.action_scale == "all" or action in self.action_scale
@@ -53,9 +79,10 @@ OBSERVATIONS: Registry[ObservationDef] = Registry("observation component")
 
 def _component(kind: str, build: Callable[[Mapping[str, Any]], ObsFn],
                fields: Mapping[str, Field] | None = None,
-               action_scale: str | tuple[str, ...] = ()) -> ObservationDef:
+               action_scale: str | tuple[str, ...] = (),
+               bounds: Bounds | None = None) -> ObservationDef:
     """The definition of a component documented by its builder's docstring."""
-    return ObservationDef(kind, build, fields or {}, build.__doc__ or "", action_scale)
+    return ObservationDef(kind, build, fields or {}, build.__doc__ or "", action_scale, bounds)
 
 
 def off_action_scale(config: Sequence[Any], action: str) -> str | None:
@@ -185,20 +212,55 @@ def _history(s) -> ObsFn:
     return obs
 
 
+def _own_price_bounds(s, ctx: BoundsContext):
+    """The group's own action bounds: the market clips every action to them."""
+    return ctx.own_low, ctx.own_high
+
+
+def _competitor_prices_bounds(s, ctx: BoundsContext):
+    """Each other seller's quoted-price range (``all``), or the range over every seller
+    for a statistic of them (min, mean and max of values in it stay in it)."""
+    n, summary = ctx.self_index.shape[0], s["summary"]
+    if summary != "all":
+        low, high = ctx.quote_low.min(0), ctx.quote_high.max(0)            # [P]
+        return np.tile(low, len(summary)), np.tile(high, len(summary))
+    if ctx.side == "consumer":
+        return ctx.quote_low.reshape(-1), ctx.quote_high.reshape(-1)
+    S = ctx.quote_low.shape[0]
+    idx = np.arange(S - 1)[None, :]
+    idx = idx + (idx >= ctx.self_index[:, None])                            # [n, S - 1]
+    return ctx.quote_low[idx].reshape(n, -1), ctx.quote_high[idx].reshape(n, -1)
+
+
+def _history_bounds(s, ctx: BoundsContext):
+    """k copies of every seller's quoted-price range (the history starts at the reset
+    quotes)."""
+    return np.tile(ctx.quote_low.reshape(-1), s["k"]), np.tile(ctx.quote_high.reshape(-1), s["k"])
+
+
+def _time_bounds(s, ctx: BoundsContext):
+    """t / episode_length in [0, 1] (an episode ends at t = episode_length), the phase's
+    sine and cosine in [-1, 1]."""
+    extra = 0 if s["period"] is None else 2
+    return np.array([0.0] + [-1.0] * extra), np.array([1.0] + [1.0] * extra)
+
+
 OBSERVATIONS.register(_component("empty", _empty, action_scale="all"))
-OBSERVATIONS.register(_component("own_price", _own_price, action_scale="all"))
+OBSERVATIONS.register(_component("own_price", _own_price, action_scale="all",
+                                 bounds=_own_price_bounds))
 OBSERVATIONS.register(_component("own_traffic", _own_traffic))
 OBSERVATIONS.register(_component("own_reward", _own_reward))
 OBSERVATIONS.register(_component(
     "competitor_prices", _competitor_prices,
     {"summary": Field("any", "all", doc="'all' or a list from min, mean, max")},
-    action_scale="all"))
+    action_scale="all", bounds=_competitor_prices_bounds))
 OBSERVATIONS.register(_component(
     "budgets", _budgets, {"summary": Field("choice", "mean", choices=("mean", "all"))}))
 OBSERVATIONS.register(_component(
-    "time", _time, {"period": Field("float", None, low=0.0, low_open=True, optional=True)}))
+    "time", _time, {"period": Field("float", None, low=0.0, low_open=True, optional=True)},
+    bounds=_time_bounds))
 OBSERVATIONS.register(_component("history", _history, {"k": Field("int", 1, low=1)},
-                                 action_scale="all"))
+                                 action_scale="all", bounds=_history_bounds))
 OBSERVATIONS.register(_component("market_price", _market_price, action_scale=("price",)))
 
 
@@ -207,13 +269,12 @@ def history_length(config: Sequence[Mapping[str, Any]]) -> int:
     return max([int(c.get("k", 1)) for c in config if c.get("kind") == "history"], default=0)
 
 
-def build_observation(config: Sequence[Mapping[str, Any]], where: str,
-                      side: str = "seller") -> ObsFn:
-    """Validate an observation list and return ``obs(view) -> [n, D]`` for a group of
-    ``side`` ("seller" or "consumer")."""
+def _components(config: Sequence[Mapping[str, Any]], where: str, side: str
+                ) -> list[tuple[ObservationDef, Mapping[str, Any]]]:
+    """Each component's definition and checked settings."""
     if not isinstance(config, (list, tuple)):
         raise ConfigError(where, config, "a list of observation components like [{kind: own_price}]")
-    fns: list[ObsFn] = []
+    out = []
     for i, item in enumerate(config):
         at = f"{where}[{i}]"
         _, d = lookup_kind(item, OBSERVATIONS, at)
@@ -221,7 +282,15 @@ def build_observation(config: Sequence[Mapping[str, Any]], where: str,
         if item["kind"] == "competitor_prices":
             check_summary(settings["summary"], f"{at}.summary")
             settings = {**settings, "of_consumer": side == "consumer"}
-        fns.append(d.build(settings))
+        out.append((d, settings))
+    return out
+
+
+def build_observation(config: Sequence[Mapping[str, Any]], where: str,
+                      side: str = "seller") -> ObsFn:
+    """Validate an observation list and return ``obs(view) -> [n, D]`` for a group of
+    ``side`` ("seller" or "consumer")."""
+    fns: list[ObsFn] = [d.build(settings) for d, settings in _components(config, where, side)]
 
     def observe(view: GroupView) -> jax.Array:
         n = view.action.shape[0]
@@ -229,3 +298,28 @@ def build_observation(config: Sequence[Mapping[str, Any]], where: str,
         return jnp.concatenate(parts, axis=-1) if parts else jnp.zeros((n, 0), jnp.float32)
 
     return observe
+
+
+def observation_bounds(config: Sequence[Mapping[str, Any]], view: GroupView,
+                       ctx: BoundsContext, where: str = "observation"
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """``(low, high)``, each ``[n, D]`` float32, of the observation that
+    :func:`build_observation` builds from ``config``: each component's declared
+    ``bounds``, ``-inf`` / ``inf`` for a component without them. ``view`` is the group's
+    :class:`GroupView` (arrays or ``jax.ShapeDtypeStruct``: only shapes are read)."""
+    n = ctx.self_index.shape[0]
+    lows, highs = [], []
+    for d, settings in _components(config, where, ctx.side):
+        shape = jax.eval_shape(d.build(settings), view).shape
+        dim = int(np.prod(shape[1:], dtype=np.int64))
+        if d.bounds is None:
+            lo, hi = np.float32(-np.inf), np.float32(np.inf)
+        else:
+            lo, hi = d.bounds(settings, ctx)
+        lows.append(np.broadcast_to(np.asarray(lo, np.float32).reshape(
+            (-1, dim) if np.ndim(lo) == 2 else (-1,)), (n, dim)))
+        highs.append(np.broadcast_to(np.asarray(hi, np.float32).reshape(
+            (-1, dim) if np.ndim(hi) == 2 else (-1,)), (n, dim)))
+    if not lows:
+        return np.zeros((n, 0), np.float32), np.zeros((n, 0), np.float32)
+    return np.concatenate(lows, axis=1), np.concatenate(highs, axis=1)

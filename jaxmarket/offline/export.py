@@ -16,8 +16,10 @@ import the adapters) with the dataset's scenario (``meta["config"]``), group and
 ``normalize_actions``; agent 0 of the group acts and every other agent follows the
 scenario's own learners, as ``python -m jaxmarket.collect`` without ``--policy`` ran
 them; ``max_episode_steps`` is the market's ``episode_length``, else the dataset's longest
-episode (d3rlpy's ``get_minari`` needs one). None when the dataset has no scenario, is
-discrete or observes nothing (the adapters refuse an empty observation).
+episode (d3rlpy's ``get_minari`` needs one). A dataset that observes nothing (a
+stateless scenario) rebuilds the market the same, ``Box(0,)`` observations
+(``default_observation=[]``, ``allow_empty_observation=True``), not with the adapters'
+default observation. None when the dataset has no scenario or is discrete.
 """
 
 from __future__ import annotations
@@ -68,11 +70,14 @@ def to_market(actions: np.ndarray, low: Any, high: Any) -> np.ndarray:
 def env_spec_kwargs(ds: Dataset, normalize_actions: bool) -> dict | None:
     """The keyword arguments of the env spec (see the module docstring), or None."""
     config = ds.meta.get("config")
-    if not config or ds.obs_dim == 0 or ds.discrete:
+    if not config or ds.discrete:
         return None
     learners = dict(config.get("learners") or {})
-    return {"config": config, "group": str(ds.meta.get("group")), "agent": 0,
-            "others": learners or None, "normalize_actions": bool(normalize_actions)}
+    kwargs = {"config": config, "group": str(ds.meta.get("group")), "agent": 0,
+              "others": learners or None, "normalize_actions": bool(normalize_actions)}
+    if ds.obs_dim == 0:      # recorded observing nothing: rebuilt so, not with own_price
+        kwargs.update(default_observation=[], allow_empty_observation=True)
+    return kwargs
 
 
 def horizon(ds: Dataset) -> int:

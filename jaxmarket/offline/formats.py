@@ -50,12 +50,15 @@ def load_dataset(path: str | Path, group: str | None = None, verify: bool = True
 EXPORT_FORMATS = ("d4rl", "minari")
 
 
-def export_dataset(ds: Dataset, fmt: str, out: str | Path, normalize_actions: bool = False,
+def export_dataset(ds: Dataset, fmt: str, out: str | Path, normalize_actions: bool = True,
                    description: str = "") -> str:
     """Write one group's dataset as ``fmt``: ``"d4rl"`` (``out`` a ``.hdf5`` file) or
     ``"minari"`` (``out`` a local Minari dataset id, written with its env spec);
-    ``normalize_actions`` stores continuous actions in ``[-1, 1]``. Returns what
-    :func:`load_dataset` reads it back from (the file, or ``"minari:<id>"``)."""
+    ``normalize_actions`` (default) stores continuous actions in ``[-1, 1]``, False in
+    market units (a discrete dataset stores action indices either way); the metadata
+    records which, with the market bounds. Returns what :func:`load_dataset` reads it
+    back from (the file, or ``"minari:<id>"``)."""
+    normalize_actions = bool(normalize_actions) and not ds.discrete
     if fmt == "d4rl":
         if Path(out).suffix not in HDF5_SUFFIXES:
             raise ConfigError("--out", str(out), "a .hdf5 or .h5 file name for --format d4rl")

@@ -8,7 +8,8 @@ observations[t + 1]``, as in a reservoir sample), each ending in a truncation un
 ended in a terminal. The observation space is a ``Box`` of the observation size, the
 action space a ``Box`` between the dataset's bounds (discrete datasets: ``Discrete(K)``
 with the action index). Per-step infos carry ``log_prob``, ``stream``, ``episode`` and
-``step``; the dataset metadata (group, grid, bounds) is JSON in the description.
+``step``; the dataset metadata (group, grid, bounds, ``actions_normalized`` with the
+market bounds) is JSON in the description.
 
 ``load_minari(dataset_id)`` reads it back with ``minari.load_dataset``: observations
 ``[T + 1, D]`` per episode become ``observations = obs[:-1]``, ``next_observations =
@@ -97,6 +98,7 @@ def save_minari(ds: Dataset, dataset_id: str, description: str = "",
     meta = {k: ds.meta[k] for k in ("group", "action_low", "action_high", "discrete",
                                     "action_values", "actions_normalized",
                                     "market_action_low", "market_action_high") if k in ds.meta}
+    meta["actions_normalized"] = bool(ds.meta.get("actions_normalized", False))
     where = Path(os.environ.get("MINARI_DATASETS_PATH")
                  or Path("~/.minari/datasets").expanduser()) / dataset_id
     existed = where.exists()
