@@ -151,6 +151,9 @@ MEASURES: dict[str, tuple[str, Callable[[pd.DataFrame], np.ndarray]]] = {
                 "payments, greedy_fees_i)", lambda f: _columns(f, "greedy_fees").sum(axis=1)),
     "cycle_length": ("periods of the greedy limit cycle (cycle_length)",
                      lambda f: _column(f, "cycle_length")),
+    "constant_price": ("1 where the greedy limit cycle is one period (constant prices), "
+                       "else 0: its mean over sessions is their share (cycle_length)",
+                       lambda f: (_column(f, "cycle_length") == 1).astype(np.float64)),
     "convergence_period": ("period of convergence, or of the run's end "
                            "(convergence_period)", lambda f: _column(f, "convergence_period")),
 }
