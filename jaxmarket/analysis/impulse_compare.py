@@ -1,7 +1,7 @@
 """A published average impulse response beside a run's, period by period.
 
     python -m jaxmarket.analysis.impulse_compare RUN [--figure calvano2020_figure4]
-                                                 [--out FILE.json]
+                                                 [--deviation D] [--out FILE.json]
 
 Calvano et al. (AER 2020, Figure 4) plot the average over sessions of the prices of the
 deviating and the non-deviating agent in the periods tau = 0 .. 15 around a one-period
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -72,11 +73,14 @@ def session_paths(run, deviation: str | float, periods: int) -> tuple[np.ndarray
     return np.mean(dev, axis=0), np.mean(non, axis=0)
 
 
-def compare(run, figure: str = "calvano2020_figure4") -> dict:
-    """The published figure beside the run's, period by period (module docstring)."""
+def compare(run, figure: str = "calvano2020_figure4",
+            deviation: str | float | None = None) -> dict:
+    """The published figure beside the run's, period by period (module docstring);
+    ``deviation``: the run's deviation (default: the one the figure plots)."""
     published = FIGURES[figure]
     periods = len(published["deviating"]) - 1
-    dev, non = session_paths(run, published["deviation"], periods)
+    deviation = published["deviation"] if deviation is None else deviation
+    dev, non = session_paths(run, deviation, periods)
     rows = []
     for side, ours in (("deviating", dev), ("nondeviating", non)):
         ci = bootstrap_paths(ours)
@@ -89,7 +93,8 @@ def compare(run, figure: str = "calvano2020_figure4") -> dict:
                          "inside_ci": bool(ci[tau][0] <= pub <= ci[tau][1])})
     diffs = np.array([abs(r["difference"]) for r in rows])
     return {"figure": figure, "source": published["source"],
-            "deviation": published["deviation"], "sessions": int(dev.shape[0]),
+            "deviation": deviation, "published_deviation": published["deviation"],
+            "sessions": int(dev.shape[0]),
             "run": str(run), "max_abs_difference": float(diffs.max()),
             "mean_abs_difference": float(diffs.mean()),
             "share_inside_ci": float(np.mean([r["inside_ci"] for r in rows])),
@@ -118,15 +123,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run", help="a session-engine run directory (strategies.npz) or "
                         "any run impulse_response reads")
     parser.add_argument("--figure", default="calvano2020_figure4", choices=sorted(FIGURES))
+    parser.add_argument("--deviation", default=None,
+                        help="the run's deviation (default: the figure's, "
+                             "best_response_lowest for calvano2020_figure4)")
     parser.add_argument("--out", default=None, help="write the comparison as JSON here")
     args = parser.parse_args(argv)
-    result = compare(args.run, args.figure)
+    result = compare(args.run, args.figure, args.deviation)
     print(markdown(result))
     print(f"max |ours - published| {result['max_abs_difference']:.4f}, mean "
           f"{result['mean_abs_difference']:.4f}; published inside our 95% CI in "
           f"{result['share_inside_ci']:.0%} of the {len(result['rows'])} points "
           f"({result['sessions']} sessions)")
     if args.out:
+        result["command"] = " ".join(["python -m jaxmarket.analysis.impulse_compare",
+                                      *(argv if argv is not None else sys.argv[1:])])
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     return 0
 
