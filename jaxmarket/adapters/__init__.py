@@ -10,8 +10,11 @@
 strings, as for :func:`jaxmarket.make`. The PettingZoo and Gymnasium adapters need the
 ``adapters`` extra (``pip install 'jaxmarket[adapters]'``); the JaxMARL one and
 ``SingleAgentEnv`` need nothing beyond jaxmarket. Every adapter but ``SingleAgentEnv``
-refuses a group that observes nothing (a ConfigError naming the config line to add) and
-takes ``normalize_actions=True`` (actions in ``[-1, 1]`` mapped onto the bounds).
+builds every shipped scenario as shipped: actions in ``[-1, 1]`` mapped onto the bounds
+(``normalize_actions=False``: market units), a group that observes nothing observing
+its own price (``default_observation``, :data:`jaxmarket.adapters.common.DEFAULT_OBSERVATION`),
+observation spaces bounded where the observation kinds declare bounds, and the vector
+env in gymnasium's ``NEXT_STEP`` autoreset mode.
 
 Importing this package registers ``gym.make`` ids ``jaxmarket/<scenario>-v0`` for the
 shipped scenarios when gymnasium is installed (:mod:`jaxmarket.adapters.registration`).
