@@ -77,7 +77,9 @@ DISTRIBUTORS = {
         }, 'params': ('intercept', 'slope'), 'checked': True, 'actions': ('quantity',), 'dense': False},
     'first_price': {'fields': {
             'reserve': Field('float', 0.0, low=0.0),
-        }, 'params': ('reserve',), 'checked': False, 'actions': ('price', 'multiplier'), 'dense': False},
+            'ties': Field('choice', 'split', choices=('split', 'random', 'order')),
+            'tie_order': Field('ints', None, low=0, optional=True),
+        }, 'params': ('reserve',), 'checked': True, 'actions': ('price', 'multiplier'), 'dense': False},
     'isa_2022': {'fields': {
             'weight': Field('float', 0.5, low=0.5, high=1.0),
             'latency_scale': Field('float', 1.0, low=0.0, low_open=True),
@@ -98,19 +100,25 @@ DISTRIBUTORS = {
             'outside_quality': Field('float', 0.0),
             'outside_option': Field('bool', True),
             'no_eligible': Field('choice', 'unserved', choices=('unserved', 'withhold')),
+            'shock_values': Field('floats', None, optional=True),
+            'shock_probs': Field('floats', None, low=0.0, high=1.0, optional=True),
             'steering': Field('choice', 'none', choices=('none', 'lowest_price', 'lowest_price_all')),
-        }, 'params': ('temperature', 'price_sensitivity', 'outside_quality'), 'checked': False, 'actions': ('price', 'multiplier'), 'dense': False},
+        }, 'params': ('temperature', 'price_sensitivity', 'outside_quality'), 'checked': True, 'actions': ('price', 'multiplier'), 'dense': False},
     'mixed_price': {'fields': {
             'reserve': Field('float', 0.0, low=0.0),
             'a': Field('float', 1.5, low=1.0, high=2.0),
-        }, 'params': ('reserve', 'a'), 'checked': False, 'actions': ('price', 'multiplier'), 'dense': False},
+            'ties': Field('choice', 'split', choices=('split', 'random', 'order')),
+            'tie_order': Field('ints', None, low=0, optional=True),
+        }, 'params': ('reserve', 'a'), 'checked': True, 'actions': ('price', 'multiplier'), 'dense': False},
     'proportional': {'fields': {
             'exponent': Field('float', 1.0, low=0.0, low_open=True),
             'no_eligible': Field('choice', 'unserved', choices=('unserved', 'withhold')),
         }, 'params': ('exponent',), 'checked': False, 'actions': ('price', 'multiplier'), 'dense': False},
     'second_price': {'fields': {
             'reserve': Field('float', 0.0, low=0.0),
-        }, 'params': ('reserve',), 'checked': False, 'actions': ('price', 'multiplier'), 'dense': False},
+            'ties': Field('choice', 'split', choices=('split', 'random', 'order')),
+            'tie_order': Field('ints', None, low=0, optional=True),
+        }, 'params': ('reserve',), 'checked': True, 'actions': ('price', 'multiplier'), 'dense': False},
 }
 
 DEMANDS = {

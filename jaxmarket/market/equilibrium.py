@@ -159,7 +159,7 @@ def outcomes(env: MarketEnv) -> tuple[tuple[float, MarketEnv], ...] | None:
     if not deterministic_demand(spec):
         return None
     options = dict(thaw(spec.distributor_options) or {})
-    found = DISTRIBUTORS[spec.distributor].outcome_options(options)
+    found = DISTRIBUTORS[spec.distributor].outcome_options(options, spec.num_sellers)
     if found is None:
         return None
     return tuple((p, MarketEnv(dataclasses.replace(spec, distributor_options=freeze(o))))

@@ -96,22 +96,25 @@ class DistributorDef:
     actions: tuple[str, ...] = ("price", "multiplier")
     deterministic: bool | Callable[[Mapping[str, Any]], bool] = True
     check: Callable[[Mapping[str, Any], str], None] | None = None
-    # a random rule with finitely many outcomes per period: ``outcomes(options)`` (defaults
-    # filled in) -> ``((probability, options), ...)``, each ``options`` making the rule
-    # deterministic; None where the draw is not finite (the expectation is then sampled)
-    outcomes: Callable[[Mapping[str, Any]], tuple[tuple[float, Mapping[str, Any]], ...] | None] \
-        | None = None
+    # a random rule with finitely many outcomes per period: ``outcomes(options,
+    # num_sellers)`` (defaults filled in; the market's sellers, or None where unknown) ->
+    # ``((probability, options), ...)``, each ``options`` making the rule deterministic;
+    # None where the draw is not finite (the expectation is then sampled)
+    outcomes: Callable[[Mapping[str, Any], int | None],
+                       tuple[tuple[float, Mapping[str, Any]], ...] | None] | None = None
     auction: bool = False
 
-    def outcome_options(self, options: Mapping[str, Any] | None = None
+    def outcome_options(self, options: Mapping[str, Any] | None = None,
+                        num_sellers: int | None = None
                         ) -> tuple[tuple[float, dict], ...] | None:
         """``((probability, options), ...)`` of a period's finitely many outcomes (the
-        options given, defaults filled in, updated with each outcome's), or None."""
+        options given, defaults filled in, updated with each outcome's) in a market of
+        ``num_sellers`` sellers, or None."""
         if self.outcomes is None:
             return None
         given = dict(options or {})
         full = {k: given.get(k, f.default) for k, f in self.options.items()}
-        out = self.outcomes(full)
+        out = self.outcomes(full, num_sellers)
         return None if out is None else tuple((float(p), {**given, **o}) for p, o in out)
 
     def is_deterministic(self, options: Mapping[str, Any] | None = None) -> bool:

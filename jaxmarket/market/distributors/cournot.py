@@ -114,8 +114,10 @@ def deterministic(options: Mapping[str, Any]) -> bool:
     return values is None or len(values) == 1
 
 
-def outcomes(options: Mapping[str, Any]):
-    """A demand shock's outcomes: each intercept value with its probability."""
+def outcomes(options: Mapping[str, Any], num_sellers: int | None = None):
+    """A demand shock's outcomes: each intercept value with its probability (any number
+    of sellers)."""
+    del num_sellers
     values, probs = options.get("shock_values"), options.get("shock_probs")
     if values is None:
         return None
