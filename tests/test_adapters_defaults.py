@@ -183,7 +183,7 @@ ARGS = ["--config", DUOPOLY, "--steps", "6", "--noise", "0.3", "--chunk", "6",
 
 
 def test_collect_exports_normalised_actions_by_default_and_market_units_on_request(
-        tmp_path, capsys, monkeypatch):
+        tmp_path, capsys):
     low, high = seller_bounds("logit_duopoly")
     paths = {}
     for flags, name in (([], "default.hdf5"), (["--market-units"], "market.hdf5")):
@@ -208,8 +208,14 @@ def test_collect_exports_normalised_actions_by_default_and_market_units_on_reque
                       "--market-units", "--normalize-actions"])
     with pytest.raises(ConfigError, match="--market-units"):
         collect_main([*ARGS, "--out", str(tmp_path / "n"), "--market-units"])
-    # Minari: the stateless duopoly as recorded (observing nothing) carries an env spec
-    # that rebuilds it observing nothing, actions in [-1, 1], metadata saying so
+
+
+def test_a_minari_export_of_a_stateless_scenario_has_an_env_spec_that_rebuilds_it(
+        tmp_path, monkeypatch):
+    # the duopoly as recorded (observing nothing): an env spec rebuilding it observing
+    # nothing (not the adapters' default observation), actions in [-1, 1], metadata
+    # saying so
+    low, high = seller_bounds("logit_duopoly")
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
     assert collect_main([*ARGS, "--out", "jaxmarket/duopoly/bandit-v0", "--format",
                          "minari"]) == 0
