@@ -62,7 +62,7 @@ def test_every_shipped_config_builds_in_every_adapter_with_the_defaults(name):
         assert obs[a].shape[0] >= 1 and inside(obs[a], pz.observation_space(a))
 
     jm = make_jaxmarl_env(str(CONFIGS / f"{name}.yaml"))
-    obs, state = jm.reset(jax.random.key(0))
+    obs, _ = jm.reset(jax.random.key(0))
     for a in jm.agents:
         space = jm.action_space(a)
         assert float(space.low.min()) == -1.0 and float(space.high.max()) == 1.0
@@ -140,7 +140,8 @@ def test_observation_bounds_are_the_configs_and_hold_for_real_observations():
 
 def test_make_vec_defaults_to_next_step_and_same_step_is_reachable():
     rival = {"sellers": {"kind": "constant", "value": 1.5}}
-    kwargs = dict(overrides=["market.episode_length=2"], others=rival, normalize_actions=False)
+    kwargs = {"overrides": ["market.episode_length=2"], "others": rival,
+              "normalize_actions": False}
     venv = gym.make_vec("jaxmarket/logit_duopoly-v0", num_envs=2,
                         vectorization_mode="vector_entry_point", **kwargs)
     assert venv.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP
