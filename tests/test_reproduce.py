@@ -238,7 +238,9 @@ def test_every_shipped_design_is_valid_and_named_as_its_file():
         design = load_design(path)
         assert design.name == path.stem
         config = load_config(design.config, design.overrides)   # overrides apply
-        assert config["train"]["num_seeds"] >= 100
+        # at least 32 sessions for the 95% interval over sessions (the papers' designs
+        # run 100 or 1000; a design too costly for this machine at that size says so)
+        assert config["train"]["num_seeds"] >= 32
 
 
 def test_the_docs_example_design_is_a_valid_design(tmp_path):
