@@ -119,3 +119,109 @@ def test_committed_figure4_comparison_matches_its_published_values():
         np.mean([r["ci95"][0] <= r["published"] <= r["ci95"][1] for r in rows]))
     # tau = 0: the price before the deviation, the same for both sides
     assert rows[0]["ours"] == pytest.approx(rows[len(rows) // 2]["ours"])
+
+
+# ------------------------------------------------------------------ robustness designs
+
+from jaxmarket.config.loader import load_config  # noqa: E402
+from jaxmarket.learners.equilibrium import outcome_benchmarks  # noqa: E402
+from jaxmarket.market import economics  # noqa: E402
+from jaxmarket.sessions.game import make_game  # noqa: E402
+from jaxmarket.sessions.reproduce import find_design, reproduce  # noqa: E402
+from jaxmarket.train.plan import resolve  # noqa: E402
+
+SHOCK = ["market.distributor.shock_values=[-0.15, 0.0, 0.15]",
+         "market.distributor.shock_probs=[0.25, 0.5, 0.25]",
+         # the grid of calvano2020_demand015: it holds every outcome's monopoly price
+         "market.sellers.0.low=1.399047", "market.sellers.0.high=2.09466",
+         "learners.sellers.grid_size=5", "train.num_seeds=2"]
+
+
+def test_logit_demand_shock_tables_are_the_closed_form_per_outcome():
+    """Each outcome's table is the logit profit with that a_0; the probabilities are the
+    declared ones."""
+    plan = resolve(load_config("configs/calvano.yaml", SHOCK))
+    game = make_game(plan)
+    assert game.probs == (0.25, 0.5, 0.25)
+    grid = np.asarray(game.grid.prices, np.float64)
+    joint = np.indices((5, 5)).reshape(2, -1).T
+    for k, a0 in enumerate((-0.15, 0.0, 0.15)):
+        closed = economics.logit_profits(grid[joint], outside_quality=a0)
+        np.testing.assert_allclose(np.asarray(game.reward[k]), closed, rtol=1e-5, atol=1e-6)
+
+
+def test_outcome_benchmarks_are_the_expected_informed_nash_and_monopoly_profits():
+    plan = resolve(load_config("configs/calvano.yaml", SHOCK))
+    got = outcome_benchmarks(plan)["sellers"]
+    probs = (0.25, 0.5, 0.25)
+    nash = sum(p * economics.logit_profits([economics.nash_price(outside_quality=a)] * 2,
+                                           outside_quality=a)[0]
+               for p, a in zip(probs, (-0.15, 0.0, 0.15)))
+    joint = sum(p * economics.logit_profits(
+        [economics.joint_monopoly_price(outside_quality=a)] * 2, outside_quality=a)[0]
+        for p, a in zip(probs, (-0.15, 0.0, 0.15)))
+    assert got["nash_profit"] == pytest.approx(nash, abs=2e-5)
+    assert got["joint_profit"] == pytest.approx(joint, abs=2e-5)
+    assert [o["probability"] for o in got["outcomes"]] == list(probs)
+    assert outcome_benchmarks(resolve(load_config("configs/calvano.yaml"))) is None
+
+
+def test_logit_shock_options_come_together():
+    with pytest.raises(ConfigError) as err:
+        resolve(load_config("configs/calvano.yaml",
+                            ["market.distributor.shock_values=[0.0, 0.1]"]))
+    assert err.value.field == "market.distributor.shock_probs"
+    with pytest.raises(ConfigError) as err:
+        resolve(load_config("configs/calvano.yaml",
+                            ["market.distributor.shock_values=[0.0, 0.1]",
+                             "market.distributor.shock_probs=[0.5, 0.6]"]))
+    assert err.value.field == "market.distributor.shock_probs"
+
+
+def _override(design, key):
+    return next(float(o.split("=", 1)[1]) for o in design.overrides if o.startswith(key))
+
+
+@pytest.mark.parametrize("name,mu", [("calvano2020_mu05", 0.5), ("calvano2020_mu01", 0.1)])
+def test_substitutability_designs_use_the_grid_of_their_economy(name, mu):
+    d = find_design(name)
+    grid = economics.calvano_grid(mu=mu)
+    assert _override(d, "market.distributor.temperature") == mu
+    assert _override(d, "market.sellers.0.low") == pytest.approx(grid[0], abs=1e-6)
+    assert _override(d, "market.sellers.0.high") == pytest.approx(grid[-1], abs=1e-6)
+
+
+@pytest.mark.parametrize("name,h", [("calvano2020_demand015", 0.15),
+                                    ("calvano2020_demand025", 0.25)])
+def test_stochastic_demand_designs_span_the_three_economies(name, h):
+    d = find_design(name)
+    pn = [economics.nash_price(outside_quality=a) for a in (-h, 0.0, h)]
+    pm = [economics.joint_monopoly_price(outside_quality=a) for a in (-h, 0.0, h)]
+    spread = 0.1 * (max(pm) - min(pn))
+    assert _override(d, "market.sellers.0.low") == pytest.approx(min(pn) - spread, abs=1e-6)
+    assert _override(d, "market.sellers.0.high") == pytest.approx(max(pm) + spread, abs=1e-6)
+    assert d.measure == "profit_gain_outcomes"
+
+
+def test_reduced_stochastic_demand_run_reports_both_profit_gains(tmp_path):
+    """4 sessions of 3,000 periods (fast exploration): the summary's informed
+    benchmarks are the expected closed forms and each session's Delta against them is
+    (pi - E pi_N(k)) / (E pi_M(k) - E pi_N(k)) of its cycle profits."""
+    d = find_design("calvano2020_demand015")
+    out = reproduce(d, tmp_path / "run", ["train.num_seeds=4", "train.num_iterations=3000",
+                                          "learners.sellers.exploration_decay=0.005",
+                                          "learners.sellers.convergence_window=200",
+                                          "train.chunk_size=1000"])
+    assert out["sessions"] == 4 and out["design_sessions"] == 1000
+    summary = json.loads((tmp_path / "run/summary.json").read_text())
+    inf = summary["outcome_benchmarks"]["sellers"]
+    nash = np.mean([economics.logit_profits([economics.nash_price(outside_quality=a)] * 2,
+                                            outside_quality=a)[0]
+                    for a in (-0.15, 0.0, 0.15)])
+    assert inf["nash_profit"] == pytest.approx(nash, abs=2e-5)
+    import pandas as pd
+    frame = pd.read_csv(tmp_path / "run/sessions.csv")
+    pi = frame[["cycle_profit_0", "cycle_profit_1"]].mean(axis=1)
+    expected = (pi - inf["nash_profit"]) / (inf["joint_profit"] - inf["nash_profit"])
+    np.testing.assert_allclose(frame["profit_gain_outcomes"], expected, rtol=1e-9)
+    assert out["value"] == pytest.approx(float(expected.mean()))

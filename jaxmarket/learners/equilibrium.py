@@ -127,6 +127,33 @@ def benchmarks(eq: Mapping[str, Any]) -> dict[str, Any]:
                       + str(eq.get("expectation", "deterministic period"))}
 
 
+def outcome_benchmarks(plan: Any, *, search: Search = DEFAULT_SEARCH
+                       ) -> dict[str, dict[str, Any]] | None:
+    """Where a period has ``K > 1`` finitely many outcomes (a declared demand shock): each
+    learning group's :func:`benchmarks` in each outcome's own deterministic market and
+    their expectation, ``{group: {"nash_profit", "joint_profit", "outcomes": [{
+    "probability", "nash_profit", ...}, ...]}}`` -- the static Nash and joint-optimum
+    profits of sellers who knew the outcome, averaged over the outcomes (the benchmarks of
+    Calvano et al.'s stochastic demand, AER 2020 Section V.C). None for a deterministic
+    period or a draw that is not finite."""
+    found = outcomes(plan.env)
+    groups = learning_groups(plan)
+    if found is None or len(found) < 2 or not groups or _random_group(plan):
+        return None
+    sets = {g: action_set(plan, g) for g in groups}
+    fixed = fixed_actions(plan, 1)
+    solved = [(p, solve(env, plan.params, sets, fixed=fixed, samples=1, search=search))
+              for p, env in found]
+    out: dict[str, dict[str, Any]] = {}
+    for g in groups:
+        each = [{"probability": float(p), **benchmarks(eq[g])} for p, eq in solved]
+        out[g] = {key: (None if any(e[key] is None for e in each) else
+                        math.fsum(e["probability"] * e[key] for e in each))
+                  for key in ("nash_profit", "joint_profit")}
+        out[g]["outcomes"] = each
+    return out
+
+
 def equilibrium(plan: Any, *, samples: int | None = None,
                 search: Search = DEFAULT_SEARCH) -> dict[str, dict]:
     """The static Nash equilibrium and joint optimum of every learning group of a
@@ -194,5 +221,5 @@ def summary_profit_gain(plan: Any, summary: Mapping[str, Any],
 
 
 __all__ = ["action_set", "benchmarks", "deterministic",
-           "equilibrium", "exact", "fixed_actions",
+           "equilibrium", "exact", "fixed_actions", "outcome_benchmarks",
            "learning_groups", "profit_gain", "summary_profit_gain"]

@@ -129,6 +129,11 @@ def _action_gain(frame: pd.DataFrame) -> np.ndarray:
 MEASURES: dict[str, tuple[str, Callable[[pd.DataFrame], np.ndarray]]] = {
     "profit_gain": ("Delta of the greedy limit cycle (profit_gain)",
                     lambda f: _column(f, "profit_gain")),
+    "profit_gain_outcomes": ("Delta of the greedy limit cycle against the outcomes' own "
+                             "benchmarks: the expectation over a random period's outcomes "
+                             "of each outcome's static Nash and joint profits "
+                             "(profit_gain_outcomes)",
+                             lambda f: _column(f, "profit_gain_outcomes")),
     "played_profit_gain": ("Delta of the profits played in the last train.session_window "
                            "periods (played_profit_gain)",
                            lambda f: _column(f, "played_profit_gain")),

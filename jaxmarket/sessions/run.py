@@ -53,7 +53,7 @@ from jaxmarket.sessions.game import SessionGame, check_game, make_game
 from jaxmarket.sessions.memory import estimate as estimate_memory
 from jaxmarket.train.checkpoints import Checkpoints
 from jaxmarket.train.config import resolve_train
-from jaxmarket.learners.equilibrium import benchmarks, equilibrium
+from jaxmarket.learners.equilibrium import benchmarks, equilibrium, outcome_benchmarks
 from jaxmarket.train.memory import MemoryEstimate, check_memory
 from jaxmarket.train.plan import RunPlan, check_work_budget, resolve
 from jaxmarket.train.provenance import RUN_RECORD, git_commit
@@ -321,7 +321,19 @@ class SessionRun:
                 "sessions stopped at convergence before train.num_iterations (set "
                 "train.session_stop: periods for the played profits of the last "
                 "train.session_window periods)")
-        _atomic_text(self.run_dir / SESSIONS_FILE, sessions_csv(result, delta, played))
+        informed = None
+        if self.game.num_outcomes > 1:   # a demand shock: the outcomes' own benchmarks too
+            inf = (outcome_benchmarks(self.plan) or {}).get(group)
+            if inf is not None and inf["nash_profit"] is not None and \
+                    inf["joint_profit"] is not None and \
+                    abs(inf["joint_profit"] - inf["nash_profit"]) > 1e-6:
+                informed = eng.profit_gain(result.cycle_reward, inf["nash_profit"],
+                                           inf["joint_profit"])
+                summary["outcome_benchmarks"] = {group: inf}
+                summary["profit_gain_outcomes"] = {group: float(informed.mean())}
+                summary["profit_gain_outcomes_ci95"] = {group: eng.bootstrap_ci(informed)}
+        _atomic_text(self.run_dir / SESSIONS_FILE,
+                     sessions_csv(result, delta, played, informed))
         write_strategies(self.run_dir / STRATEGIES_FILE, result, bench)
         _atomic_text(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         return summary
@@ -335,15 +347,17 @@ def _dist(values: np.ndarray) -> dict:
             "p75": float(q[3]), "p95": float(q[4]), "max": float(v.max())}
 
 
-def sessions_csv(result: eng.SessionResult, delta, played) -> str:
-    """One row per session (module docstring)."""
+def sessions_csv(result: eng.SessionResult, delta, played, informed=None) -> str:
+    """One row per session (module docstring); ``informed``: Delta against the outcomes'
+    own benchmarks (a random period's ``profit_gain_outcomes`` column)."""
     n = result.game.sellers
     header = (["session", "converged", "convergence_period", "cycle_length"]
               + [f"cycle_price_{i}" for i in range(n)] + [f"cycle_profit_{i}" for i in range(n)]
               + [f"greedy_price_{i}" for i in range(n)] + [f"greedy_fees_{i}" for i in range(n)]
               + ["profit_gain"]
               + ([f"played_profit_{i}" for i in range(n)] if result.tail_complete else [])
-              + (["played_profit_gain"] if played is not None else []))
+              + (["played_profit_gain"] if played is not None else [])
+              + (["profit_gain_outcomes"] if informed is not None else []))
     out = io.StringIO()
     w = csv.writer(out, lineterminator="\n")
     w.writerow(header)
@@ -358,6 +372,8 @@ def sessions_csv(result: eng.SessionResult, delta, played) -> str:
             row += [repr(float(x)) for x in result.tail_reward[s]]
         if played is not None:
             row += [repr(float(played[s]))]
+        if informed is not None:
+            row += [repr(float(informed[s]))]
         w.writerow(row)
     return out.getvalue()
 

@@ -10,7 +10,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.fields import Field
+from jaxmarket.market.distributors import cournot
 from jaxmarket.market.distributors.base import DISTRIBUTORS, Allocation, DistributorDef, Quotes
 from jaxmarket.market.distributors.prefix_softmax import (
     NO_ELIGIBLE,
@@ -40,6 +42,12 @@ OPTIONS = {
                             doc="add an outside good of utility a_0 / mu; its share goes "
                                 "unserved"),
     "no_eligible": NO_ELIGIBLE,
+    "shock_values": Field(kind="floats", default=None, optional=True,
+                          doc="aggregate demand shock: the outside quality a_0's possible "
+                              "values, one drawn per product and period (null: none, the "
+                              "outside_quality param is used)"),
+    "shock_probs": Field(kind="floats", default=None, low=0.0, high=1.0, optional=True,
+                         doc="their probabilities (same length, summing to 1)"),
     "steering": Field(kind="choice", choices=("none", "lowest_price", "lowest_price_all"),
                       default="none",
                       doc="the platform's demand steering (price-directed prominence, "
@@ -89,15 +97,22 @@ def allocate(key: jax.Array, quotes: Quotes, params: Mapping[str, jax.Array],
     without an eligible seller who had one (``no_eligible`` applies as above).
     ``"none"`` (default) is the rule above, unchanged.
 
+    ``shock_values`` (with ``shock_probs``): an aggregate demand shock (Calvano et al.
+    2020, Section V.C): each period ``a_0`` is drawn from these values with these
+    probabilities, independently per product (from the step's key), in place of the
+    ``outside_quality`` param. Without it the rule is deterministic and ignores its key.
+
     Needs a base price shared by all consumers of a product (``quoted_price_shared``).
     Builds no consumer x seller array once ``C * S > DENSE_MAX_PAIRS`` (1024):
     ``O((C + S) log(C + S) P)`` via
     :func:`~jaxmarket.market.distributors.prefix_softmax.prefix_softmax`; smaller markets
     use the (faster there) ``[C, S]`` eligibility mask of each product.
     """
-    del key
     opt = resolve_options(OPTIONS, options, "logit")
     prm = with_defaults(PARAMS, params)
+    if opt["shock_values"] is not None:
+        prm = {**prm, "outside_quality": _draw(key, opt["shock_values"], opt["shock_probs"],
+                                               quotes.price.shape[1])}
     outside = np.bool_(opt["outside_option"])
     withhold = np.bool_(opt["no_eligible"] == "withhold")
     if opt["steering"] == "lowest_price":
@@ -150,5 +165,41 @@ def _allocate_one_shown(quotes: Quotes, prm: Mapping[str, jax.Array], outside,
                       sent=sent)
 
 
+def _draw(key: jax.Array, values, probs, num_products: int) -> jax.Array:
+    """[P] one of ``values`` per product, with probabilities ``probs`` (the Cournot
+    shock's draw)."""
+    return cournot._intercept(key, None, tuple(values), tuple(probs), num_products)
+
+
+def check(values: Mapping[str, Any], where: str) -> None:
+    """``shock_values`` and ``shock_probs`` come together, one probability per value,
+    summing to 1 (as Cournot's shock)."""
+    vals, probs = values.get("shock_values"), values.get("shock_probs")
+    if (vals is None) != (probs is None):
+        missing, given = (("shock_values", "shock_probs") if vals is None
+                          else ("shock_probs", "shock_values"))
+        raise ConfigError(f"{where}.{missing}", None, f"a list of outside-quality values "
+                          f"and one probability each ({given} is given)")
+    cournot.check(values, where)
+
+
+def deterministic(options: Mapping[str, Any]) -> bool:
+    """Random only with a demand shock of more than one value."""
+    values = options.get("shock_values")
+    return values is None or len(values) == 1
+
+
+def outcomes(options: Mapping[str, Any], num_sellers: int | None = None):
+    """A demand shock's outcomes: each outside quality with its probability."""
+    del num_sellers
+    values, probs = options.get("shock_values"), options.get("shock_probs")
+    if values is None:
+        return None
+    return tuple((p, {"shock_values": [v], "shock_probs": [1.0]})
+                 for v, p in zip(values, probs) if p > 0)
+
+
 LOGIT = DISTRIBUTORS.register(DistributorDef(kind="logit", allocate=allocate, params=PARAMS,
-                                             options=OPTIONS, dense=False))
+                                             options=OPTIONS, dense=False,
+                                             deterministic=deterministic,
+                                             check=check, outcomes=outcomes))
