@@ -56,7 +56,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--periods", type=int, default=15,
                         help="periods from the deviation on (default 15)")
     parser.add_argument("--group", default=None,
-                        help="the q_learning group (default: the only one)")
+                        help="the q_learning or discrete-head ppo group (default: the only one)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON last")
     args = parser.parse_args(argv)
     result = impulse_response(args.run, agent=args.agent, deviation=args.deviation,
