@@ -23,8 +23,7 @@ from jaxmarket.cli.reproduce import main as reproduce_main
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.loader import load_config
 from jaxmarket.learners.controller import group_learner_spec
-from jaxmarket.market.economics import (calvano_grid, joint_monopoly_price, logit_profits,
-                                        nash_price)
+from jaxmarket.market.economics import calvano_grid, joint_monopoly_price, logit_profits, nash_price
 from jaxmarket.sessions.reproduce import NO_PUBLISHED, find_design, load_design, reproduce
 from jaxmarket.train.plan import resolve
 

@@ -283,7 +283,10 @@ def _ppo_greedy(hyper: dict, base: Any, state: Any, memory: int, S: int,
     policy = np.asarray(state.policy_index).reshape(S, E, n)[:, 0, :].reshape(-1)  # [S n]
     params = jax.tree.map(lambda p: p[policy], state.params)
     network = network_for(hyper, base)
-    one = lambda p: greedy_index(network, p, prices)[:, 0]             # noqa: E731
+
+    def one(p):
+        return greedy_index(network, p, prices)[:, 0]
+
     greedy = np.asarray(jax.jit(jax.vmap(one))(params), np.int64)      # [S n, Z]
     return grid, greedy
 

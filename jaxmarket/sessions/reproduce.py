@@ -382,7 +382,7 @@ def reproduce(design: Design, run_dir: str | Path | None = None,
     all_overrides = list(design.overrides) + list(overrides)
     design_sessions, design_periods = _sizes(load_config(design.config, design.overrides))
     config = load_config(design.config, all_overrides)
-    engine, reason, plan = session_run.choose_engine(config)
+    engine, _, plan = session_run.choose_engine(config)
     run_dir = str(run_dir) if run_dir is not None else default_run_dir(design)
     train_command = shlex.join(["python", "-m", "jaxmarket.train", design.config_text,
                                 "--run-dir", run_dir, *all_overrides])
@@ -430,7 +430,7 @@ def _reproduce_loop(design: Design, config: dict, run_dir: str, command: str,
                     progress_every: float | None) -> dict:
     """A design the session engine does not play, on the regular trainer (one seed = one
     session); its measure from the run's ``summary.json`` per-seed values."""
-    from jaxmarket.train.run import start_run   # the trainer, only where needed
+    from jaxmarket.train.run import start_run  # the trainer, only where needed
 
     if design.measure not in LOOP_MEASURES:
         raise ConfigError(f"{design.path}: measure", design.measure, "a measure of a trainer "
