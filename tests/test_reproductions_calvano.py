@@ -225,3 +225,34 @@ def test_reduced_stochastic_demand_run_reports_both_profit_gains(tmp_path):
     expected = (pi - inf["nash_profit"]) / (inf["joint_profit"] - inf["nash_profit"])
     np.testing.assert_allclose(frame["profit_gain_outcomes"], expected, rtol=1e-9)
     assert out["value"] == pytest.approx(float(expected.mean()))
+
+
+@pytest.mark.parametrize("name,mu", [("calvano2020_mu05", 0.5),
+                                     ("calvano2020_memoryless", 0.25)])
+def test_reduced_design_runs_measure_delta_against_the_closed_forms(tmp_path, name, mu):
+    """4 sessions of 2,000 periods (fast exploration): the benchmarks are the logit
+    closed forms of the design's economy and each session's Delta is
+    (pi - pi_N) / (pi_M - pi_N) of its cycle profits."""
+    out = reproduce(find_design(name), tmp_path / "run",
+                    ["train.num_seeds=4", "train.num_iterations=2000",
+                     "learners.sellers.exploration_decay=0.005",
+                     "learners.sellers.convergence_window=200", "train.chunk_size=1000"])
+    bench = json.loads((tmp_path / "run/summary.json").read_text())["benchmarks"]["sellers"]
+    pn, pm = economics.nash_price(mu=mu), economics.joint_monopoly_price(mu=mu)
+    nash = economics.logit_profits([pn, pn], mu=mu)[0]
+    joint = economics.logit_profits([pm, pm], mu=mu)[0]
+    assert bench["nash_profit"] == pytest.approx(nash, abs=2e-5)
+    assert bench["joint_profit"] == pytest.approx(joint, abs=2e-5)
+    import pandas as pd
+    frame = pd.read_csv(tmp_path / "run/sessions.csv")
+    pi = frame[["cycle_profit_0", "cycle_profit_1"]].mean(axis=1)
+    np.testing.assert_allclose(frame["profit_gain"], (pi - nash) / (joint - nash),
+                               atol=2e-3)
+    assert out["sessions"] == 4 and out["value"] == pytest.approx(frame["profit_gain"].mean())
+
+
+@pytest.mark.parametrize("name,m", [("calvano2020_m50", 50), ("calvano2020_m100", 100)])
+def test_finer_grid_designs_keep_the_baseline_interval(name, m):
+    d = find_design(name)
+    assert _override(d, "learners.sellers.grid_size") == m
+    assert not any(o.startswith("market.sellers.0.low") for o in d.overrides)
