@@ -12,11 +12,18 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from jaxmarket.analysis import impulse_compare
 from jaxmarket.analysis.impulse import Strategies, impulse_response
 from jaxmarket.config.errors import ConfigError
+from jaxmarket.config.loader import load_config
+from jaxmarket.learners.equilibrium import outcome_benchmarks
+from jaxmarket.market import economics
+from jaxmarket.sessions.game import make_game
+from jaxmarket.sessions.reproduce import find_design, reproduce
+from jaxmarket.train.plan import resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 GRID = np.array([1.0, 2.0, 3.0])
@@ -123,13 +130,6 @@ def test_committed_figure4_comparison_matches_its_published_values():
 
 # ------------------------------------------------------------------ robustness designs
 
-from jaxmarket.config.loader import load_config  # noqa: E402
-from jaxmarket.learners.equilibrium import outcome_benchmarks  # noqa: E402
-from jaxmarket.market import economics  # noqa: E402
-from jaxmarket.sessions.game import make_game  # noqa: E402
-from jaxmarket.sessions.reproduce import find_design, reproduce  # noqa: E402
-from jaxmarket.train.plan import resolve  # noqa: E402
-
 SHOCK = ["market.distributor.shock_values=[-0.15, 0.0, 0.15]",
          "market.distributor.shock_probs=[0.25, 0.5, 0.25]",
          # the grid of calvano2020_demand015: it holds every outcome's monopoly price
@@ -219,7 +219,6 @@ def test_reduced_stochastic_demand_run_reports_both_profit_gains(tmp_path):
                                             outside_quality=a)[0]
                     for a in (-0.15, 0.0, 0.15)])
     assert inf["nash_profit"] == pytest.approx(nash, abs=2e-5)
-    import pandas as pd
     frame = pd.read_csv(tmp_path / "run/sessions.csv")
     pi = frame[["cycle_profit_0", "cycle_profit_1"]].mean(axis=1)
     expected = (pi - inf["nash_profit"]) / (inf["joint_profit"] - inf["nash_profit"])
@@ -243,7 +242,6 @@ def test_reduced_design_runs_measure_delta_against_the_closed_forms(tmp_path, na
     joint = economics.logit_profits([pm, pm], mu=mu)[0]
     assert bench["nash_profit"] == pytest.approx(nash, abs=2e-5)
     assert bench["joint_profit"] == pytest.approx(joint, abs=2e-5)
-    import pandas as pd
     frame = pd.read_csv(tmp_path / "run/sessions.csv")
     pi = frame[["cycle_profit_0", "cycle_profit_1"]].mean(axis=1)
     np.testing.assert_allclose(frame["profit_gain"], (pi - nash) / (joint - nash),

@@ -105,8 +105,8 @@ def markdown(result: dict) -> str:
     """The comparison as a Markdown table: tau, then per agent published | ours [CI]."""
     by = {(r["agent"], r["tau"]): r for r in result["rows"]}
     taus = sorted({r["tau"] for r in result["rows"]})
-    out = ["| tau | deviating: published | ours (95% CI) | non-deviating: published | "
-           "ours (95% CI) |", "|---|---|---|---|---|"]
+    out = [("| tau | deviating: published | ours (95% CI) | non-deviating: published | "
+            "ours (95% CI) |"), "|---|---|---|---|---|"]
     for t in taus:
         cells = []
         for side in ("deviating", "nondeviating"):

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import json
 
-from jaxmarket.cli import parser as make_parser
 from jaxmarket.analysis.impulse import DEVIATIONS, ImpulseResponse, impulse_response
+from jaxmarket.cli import parser as make_parser
 
 
 def _deviation(text: str) -> str | float:

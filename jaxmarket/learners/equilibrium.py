@@ -221,5 +221,5 @@ def summary_profit_gain(plan: Any, summary: Mapping[str, Any],
 
 
 __all__ = ["action_set", "benchmarks", "deterministic",
-           "equilibrium", "exact", "fixed_actions", "outcome_benchmarks",
-           "learning_groups", "profit_gain", "summary_profit_gain"]
+           "equilibrium", "exact", "fixed_actions",
+           "learning_groups", "outcome_benchmarks", "profit_gain", "summary_profit_gain"]

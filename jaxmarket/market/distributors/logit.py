@@ -22,8 +22,8 @@ from jaxmarket.market.distributors.prefix_softmax import (
     clean_nonneg,
     clean_price,
     clip_utility,
-    money,
     f32,
+    money,
     resolve_options,
     with_defaults,
 )
