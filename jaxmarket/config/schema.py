@@ -79,7 +79,7 @@ DISTRIBUTORS = {
             'reserve': Field('float', 0.0, low=0.0),
             'ties': Field('choice', 'split', choices=('split', 'random', 'order')),
             'tie_order': Field('ints', None, low=0, optional=True),
-        }, 'params': ('reserve',), 'checked': True, 'actions': ('price', 'multiplier'), 'dense': False},
+        }, 'params': ('reserve',), 'checked': False, 'actions': ('price', 'multiplier'), 'dense': False},
     'isa_2022': {'fields': {
             'weight': Field('float', 0.5, low=0.5, high=1.0),
             'latency_scale': Field('float', 1.0, low=0.0, low_open=True),
@@ -109,7 +109,7 @@ DISTRIBUTORS = {
             'a': Field('float', 1.5, low=1.0, high=2.0),
             'ties': Field('choice', 'split', choices=('split', 'random', 'order')),
             'tie_order': Field('ints', None, low=0, optional=True),
-        }, 'params': ('reserve', 'a'), 'checked': True, 'actions': ('price', 'multiplier'), 'dense': False},
+        }, 'params': ('reserve', 'a'), 'checked': False, 'actions': ('price', 'multiplier'), 'dense': False},
     'proportional': {'fields': {
             'exponent': Field('float', 1.0, low=0.0, low_open=True),
             'no_eligible': Field('choice', 'unserved', choices=('unserved', 'withhold')),
@@ -118,7 +118,7 @@ DISTRIBUTORS = {
             'reserve': Field('float', 0.0, low=0.0),
             'ties': Field('choice', 'split', choices=('split', 'random', 'order')),
             'tie_order': Field('ints', None, low=0, optional=True),
-        }, 'params': ('reserve',), 'checked': True, 'actions': ('price', 'multiplier'), 'dense': False},
+        }, 'params': ('reserve',), 'checked': False, 'actions': ('price', 'multiplier'), 'dense': False},
 }
 
 DEMANDS = {

@@ -132,12 +132,15 @@ def _mixed_auction(key: jax.Array, quotes: Quotes, prm: Mapping[str, jax.Array],
 
 def _tie_options(options: Mapping[str, Any] | None, kind: str) -> tuple[str, tuple[int, ...]]:
     opt = resolve_options(OPTIONS, options, kind)
+    check_ties(opt, f"distributor({kind})")
     order = opt["tie_order"]
     return opt["ties"], tuple(int(s) for s in order) if order is not None else ()
 
 
-def check(values: Mapping[str, Any], where: str) -> None:
-    """``tie_order`` goes with ``ties: order``: a list of distinct seller indices."""
+def check_ties(values: Mapping[str, Any], where: str) -> None:
+    """``tie_order`` goes with ``ties: order``: a list of distinct seller indices
+    (checked where the options are resolved, so the jax-free quick checks keep covering
+    the auctions' other fields)."""
     ties, order = values.get("ties", "split"), values.get("tie_order")
     if ties == "order" and order is None:
         raise ConfigError(f"{where}.tie_order", None,
@@ -233,10 +236,10 @@ def allocate_mixed_price(key: jax.Array, quotes: Quotes, params: Mapping[str, ja
 
 FIRST_PRICE = DISTRIBUTORS.register(DistributorDef(
     kind="first_price", allocate=allocate_first_price, params=PARAMS, options=OPTIONS,
-    dense=False, auction=True, deterministic=deterministic, check=check, outcomes=outcomes))
+    dense=False, auction=True, deterministic=deterministic, outcomes=outcomes))
 SECOND_PRICE = DISTRIBUTORS.register(DistributorDef(
     kind="second_price", allocate=allocate_second_price, params=PARAMS, options=OPTIONS,
-    dense=False, auction=True, deterministic=deterministic, check=check, outcomes=outcomes))
+    dense=False, auction=True, deterministic=deterministic, outcomes=outcomes))
 MIXED_PRICE = DISTRIBUTORS.register(DistributorDef(
     kind="mixed_price", allocate=allocate_mixed_price, params=MIXED_PARAMS, options=OPTIONS,
-    dense=False, auction=True, deterministic=deterministic, check=check, outcomes=outcomes))
+    dense=False, auction=True, deterministic=deterministic, outcomes=outcomes))
