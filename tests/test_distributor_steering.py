@@ -123,3 +123,20 @@ def test_bad_steering_is_a_config_error():
         allocate(KEY, quotes([1.5, 1.6]), CALVANO, {"steering": "cheapest"})
     text = str(err.value)
     assert "steering" in text and "cheapest" in text and "lowest_price" in text
+
+
+@pytest.mark.parametrize("steering", ["lowest_price", "lowest_price_all"])
+@pytest.mark.parametrize("outside", [True, False])
+def test_extreme_inputs_stay_finite_nonnegative_and_conserved(steering, outside):
+    """Prices, budgets and queries of 0, 1e-30 and 1e30 (and a NaN price, read as the
+    price ceiling): every output finite and >= 0, queries conserved."""
+    price = [0.0, 1e-30, 1e30, float("nan"), 0.0]
+    q = quotes(price, budget=[0.0, 1e-30, 1e30, 1.0], queries=[1e30, 0.0, 1.0, 1e-30],
+               quality=[0.0, 1e30, -1e30, 2.0, 5.0])
+    alloc = allocate(KEY, q, CALVANO, {"steering": steering, "outside_option": outside})
+    for field in ("traffic", "fees", "unserved", "spend", "sent"):
+        x = np.asarray(getattr(alloc, field), np.float64)
+        assert np.all(np.isfinite(x)) and np.all(x >= 0), field
+    total = float(np.asarray(alloc.traffic, np.float64).sum()
+                  + np.asarray(alloc.unserved, np.float64).sum())
+    assert total == pytest.approx(float(np.asarray(alloc.sent, np.float64).sum()), rel=1e-5)
