@@ -21,6 +21,7 @@ from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.loader import load_config
 from jaxmarket.learners.equilibrium import outcome_benchmarks
 from jaxmarket.market import economics
+from jaxmarket.sessions import run as session_run
 from jaxmarket.sessions.game import make_game
 from jaxmarket.sessions.reproduce import find_design, reproduce
 from jaxmarket.train.plan import resolve
@@ -254,3 +255,16 @@ def test_finer_grid_designs_keep_the_baseline_interval(name, m):
     d = find_design(name)
     assert _override(d, "learners.sellers.grid_size") == m
     assert not any(o.startswith("market.sellers.0.low") for o in d.overrides)
+
+
+def test_outcome_benchmarks_are_written_only_when_asked(tmp_path):
+    """Without train.session_outcome_benchmarks a random period's run writes what it
+    always wrote: no profit_gain_outcomes column, no outcome_benchmarks."""
+    config = load_config("configs/calvano.yaml", SHOCK + [
+        "train.num_iterations=500", "learners.sellers.exploration_decay=0.01",
+        "learners.sellers.convergence_window=100", "train.chunk_size=500"])
+    _, _, plan = session_run.choose_engine(config)
+    summary = session_run.start(config, plan, str(tmp_path / "plain"), command="test")
+    assert "outcome_benchmarks" not in summary
+    header = (tmp_path / "plain/sessions.csv").read_text().splitlines()[0].split(",")
+    assert "profit_gain_outcomes" not in header and header[-1] == "profit_gain"

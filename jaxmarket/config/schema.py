@@ -21,6 +21,7 @@ TRAIN = {
     'session_stop': Field('choice', 'converged', choices=('converged', 'periods')),
     'session_window': Field('int', 1000, low=1),
     'session_backend': Field('choice', 'auto', choices=('auto', 'xla', 'kernel')),
+    'session_outcome_benchmarks': Field('bool', False),
 }
 
 MARKET = {

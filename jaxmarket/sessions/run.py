@@ -322,7 +322,8 @@ class SessionRun:
                 "train.session_stop: periods for the played profits of the last "
                 "train.session_window periods)")
         informed = None
-        if self.game.num_outcomes > 1:   # a demand shock: the outcomes' own benchmarks too
+        if self.game.num_outcomes > 1 and self.tcfg.session_outcome_benchmarks:
+            # a demand shock: the outcomes' own benchmarks too
             inf = (outcome_benchmarks(self.plan) or {}).get(group)
             if inf is not None and inf["nash_profit"] is not None and \
                     inf["joint_profit"] is not None and \

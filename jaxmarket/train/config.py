@@ -60,6 +60,12 @@ TRAIN_FIELDS = {
     "session_backend": Field("choice", "auto", choices=("auto", "xla", "kernel"),
                              doc="sessions engine: xla (any device), kernel (numba, CPU; the "
                                  "same sessions bit for bit), auto (kernel where it can run)"),
+    "session_outcome_benchmarks": Field("bool", False,
+                                        doc="sessions engine, random period outcomes: also "
+                                            "Delta against the expectation of each "
+                                            "outcome's own Nash and joint profits "
+                                            "(profit_gain_outcomes, Calvano et al.'s "
+                                            "stochastic demand)"),
 }
 
 # log_every "auto": at most this many rows in metrics.csv, and iterations x seeds rows in
@@ -88,6 +94,7 @@ class TrainConfig:
     session_stop: str = "converged"
     session_window: int = 1000
     session_backend: str = "auto"
+    session_outcome_benchmarks: bool = False
 
 
 def auto_log_every(num_iterations: int, num_seeds: int) -> int:
