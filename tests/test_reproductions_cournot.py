@@ -130,7 +130,7 @@ def test_calvano2021_reduced_reproduction_has_no_published_number(tmp_path):
                                                    "train.chunk_size=1000"])
     assert result["published"] is None and result["verdict"] == NO_PUBLISHED
     assert result["root_cause"] == design.root_cause
-    assert result["sessions"] == 4 and result["design_sessions"] == 50
+    assert result["sessions"] == 4 and result["design_sessions"] == 100
     lo, hi = result["ci95"]
     assert np.isfinite([lo, hi, result["value"]]).all() and lo <= result["value"] <= hi
     frame = pd.read_csv(tmp_path / "run" / "sessions.csv")
