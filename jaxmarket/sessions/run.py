@@ -8,8 +8,10 @@ periods each (``train.rollout_length`` must be 1: one period per update),
 ``train.checkpoint_every`` chunks, ``train.session_stop`` (``converged``: every session
 stops at its learner's convergence rule, as in Calvano et al.; ``periods``: every
 session plays all periods), ``train.session_window`` (the played-profit window at the
-end of a ``periods`` run) and ``train.session_backend`` (``auto | xla | kernel``,
-:mod:`jaxmarket.sessions.engine`). The sessions' key is ``jax.random.key(seed)``.
+end of a ``periods`` run), ``train.session_backend`` (``auto | xla | kernel``,
+:mod:`jaxmarket.sessions.engine`) and ``train.session_outcome_benchmarks`` (with random
+period outcomes, also Delta against each outcome's own benchmarks). The sessions' key is
+``jax.random.key(seed)``.
 
 The run directory::
 
@@ -21,7 +23,10 @@ The run directory::
     sessions.csv    one row per session: converged, convergence period, cycle length,
                     cycle prices and profits per seller, greedy prices and fees at the
                     final profile, Delta, and (where every session played the last
-                    train.session_window periods) the played profits and their Delta
+                    train.session_window periods) the played profits and their Delta,
+                    and with train.session_outcome_benchmarks (random outcomes)
+                    profit_gain_outcomes, Delta against the expected informed
+                    benchmarks (summary.json outcome_benchmarks)
     strategies.npz  every session's final Q tables and greedy strategies
                     (python -m jaxmarket.impulse RUN)
     checkpoints/    the sessions after a chunk (orbax), resumed bit for bit
