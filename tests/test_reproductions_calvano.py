@@ -268,3 +268,13 @@ def test_outcome_benchmarks_are_written_only_when_asked(tmp_path):
     assert "outcome_benchmarks" not in summary
     header = (tmp_path / "plain/sessions.csv").read_text().splitlines()[0].split(",")
     assert "profit_gain_outcomes" not in header and header[-1] == "profit_gain"
+
+
+def test_boltzmann_design_reads_the_replication_parameters():
+    """Temperature 1000 (eps = 1.d3 at start) times lambda = 1 - 10^Beta per period,
+    Beta = -4.41414, alpha = 0.05: the replication package's Boltzmann experiment."""
+    d = find_design("calvano2020_boltzmann")
+    hyper = load_config(d.config, d.overrides)["learners"]["sellers"]
+    assert hyper["boltzmann"]["temperature"] == 1000.0
+    assert hyper["boltzmann"]["decay"] == pytest.approx(1 - 10 ** -4.41414, abs=1e-10)
+    assert hyper["learning_rate"] == 0.05
