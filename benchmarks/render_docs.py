@@ -356,6 +356,28 @@ def offline_vs_d3rlpy(get: Loader) -> str:
         + "\n\n" + source(r)
 
 
+def sb3_vec(get: Loader) -> str:
+    r = get("sb3_vec")
+    x = r["results"]
+    rows = [[f"`make_sb3_vec_env` ({x['n_envs']} markets, one jitted call per step)",
+             f"**{n(x['jitted.env_steps_per_s'])}**", n(x["jitted.step_env_steps_per_s"]),
+             n(x["jitted.setup_s"], 1)],
+            [f"`DummyVecEnv` of {x['n_envs']} `make_gymnasium_env` (one call per env)",
+             n(x["dummy.env_steps_per_s"]), n(x["dummy.step_env_steps_per_s"]),
+             n(x["dummy.setup_s"], 1)],
+            ["jitted / Dummy", f"**{x['ratio']:.2f}x** (rounds "
+             + ", ".join(f"{v:.2f}" for v in x["ratios"]) + ")",
+             f"**{x['step_ratio']:.1f}x**", ""]]
+    p = x["ppo"]
+    return table(["vec env", "SB3 PPO env steps/s (median)", "`venv.step` alone, env steps/s",
+                  "setup s (compiles included)"], rows) \
+        + f"\n\n`{x['config']}` ({x['group']}); PPO n_steps {p['n_steps']}, batch " \
+        f"{p['batch_size']}, {p['n_epochs']} epochs, {p['rounds']} rounds of " \
+        f"{n(p['timesteps_per_round'])} env steps per side; stable-baselines3 " \
+        f"{x['versions.stable_baselines3']}, torch {x['versions.torch']} " \
+        f"({x['versions.torch_threads']} threads).\n\n" + source(r)
+
+
 def poi_efficacy(get: Loader) -> str:
     r = get("poi_efficacy")
     x = r["results"]
@@ -494,7 +516,7 @@ def cost_model(get: Loader) -> str:
 BLOCKS: dict[str, Callable[[Loader], str]] = {f.__name__: f for f in (
     throughput, throughput_against_minimal, throughput_breakdown, throughput_sweep,
     train_throughput, train_throughput_profile, bandit_update, ppo_cartpole, ppo_market,
-    ppo_market_profile, calvano, sessions_throughput, population_throughput, pbt_efficacy,
+    ppo_market_profile, sb3_vec, calvano, sessions_throughput, population_throughput, pbt_efficacy,
     device_throughput, offline, offline_vs_d3rlpy, poi_efficacy, ground_truths,
     train_throughput_devices, throughput_devices, device_equality, startup, roofline,
     cost_model)}
