@@ -6,7 +6,9 @@ when the committed module differs from what the registries give (the suite runs 
 Each family is ``{kind: {...}}`` with only what the quick checks need: the settings'
 ``Field`` tables (their docs left out), and per kind whether its builder runs checks of
 its own (``checked``: a distributor's or demand process's ``check``; a reward component
-that is not a plain term), which the quick checks leave to the full validation."""
+that is not a plain term), which the quick checks leave to the full validation; a
+distributor whose check has something to check only with some options set
+(``DistributorDef.check_when``) lists those options instead of ``True``."""
 
 from __future__ import annotations
 
@@ -70,7 +72,9 @@ def render() -> str:
         parts.append(f"{name} = {_table(table, '')}")
     parts.append(_family("DISTRIBUTORS", {
         k: {"fields": {**d.params, **d.options}, "params": tuple(d.params),
-            "checked": d.check is not None, "actions": tuple(d.actions), "dense": d.dense}
+            "checked": (tuple(d.check_when) if d.check is not None and d.check_when
+                        else d.check is not None),
+            "actions": tuple(d.actions), "dense": d.dense}
         for k, d in DISTRIBUTORS.items()}))
     parts.append(_family("DEMANDS", {k: {"fields": d.params, "checked": d.check is not None}
                                      for k, d in DEMANDS.items()}))

@@ -249,7 +249,9 @@ def market(raw: Any, where: str = "market") -> list[dict]:
                          "seller", P, f"{where}.sellers", taken)
     kind, d = lookup_kind(vals["distributor"], schema.DISTRIBUTORS, f"{where}.distributor")
     check_mapping(d["fields"], vals["distributor"], f"{where}.distributor")
-    if d["checked"]:
+    checked = d["checked"]   # True, or the options that give the check something to check
+    if checked is True or (checked and any(vals["distributor"].get(k) is not None
+                                           for k in checked)):
         raise Defer
     for i, g in enumerate(sellers):
         if g["action"] not in d["actions"]:

@@ -104,7 +104,7 @@ DISTRIBUTORS = {
             'shock_values': Field('floats', None, optional=True),
             'shock_probs': Field('floats', None, low=0.0, high=1.0, optional=True),
             'steering': Field('choice', 'none', choices=('none', 'lowest_price', 'lowest_price_all')),
-        }, 'params': ('temperature', 'price_sensitivity', 'outside_quality'), 'checked': True, 'actions': ('price', 'multiplier'), 'dense': False},
+        }, 'params': ('temperature', 'price_sensitivity', 'outside_quality'), 'checked': ('shock_values', 'shock_probs'), 'actions': ('price', 'multiplier'), 'dense': False},
     'mixed_price': {'fields': {
             'reserve': Field('float', 0.0, low=0.0),
             'a': Field('float', 1.5, low=1.0, high=2.0),

@@ -83,6 +83,9 @@ class DistributorDef:
     defaults filled in) saying so for one configuration (use :meth:`is_deterministic`);
     ``check``: an optional ``check(values, where)`` of the resolved params and options
     that raises :class:`ConfigError` (cross-field rules a ``Field`` cannot state);
+    ``check_when``: the options without which ``check`` has nothing to check (empty:
+    always); the commands' quick checks leave a config to the full validation only where
+    one of them is set;
     ``auction``: a sealed-bid auction (every seller's quoted price is its bid, the fees
     are what the winners pay): a run of its market reports the auction metrics
     (``auction/revenue``, ``auction/winning_bid``, ``auction/win_share/<g>/<j>``).
@@ -96,6 +99,7 @@ class DistributorDef:
     actions: tuple[str, ...] = ("price", "multiplier")
     deterministic: bool | Callable[[Mapping[str, Any]], bool] = True
     check: Callable[[Mapping[str, Any], str], None] | None = None
+    check_when: tuple[str, ...] = ()
     # a random rule with finitely many outcomes per period: ``outcomes(options,
     # num_sellers)`` (defaults filled in; the market's sellers, or None where unknown) ->
     # ``((probability, options), ...)``, each ``options`` making the rule deterministic;

@@ -202,4 +202,6 @@ def outcomes(options: Mapping[str, Any], num_sellers: int | None = None):
 LOGIT = DISTRIBUTORS.register(DistributorDef(kind="logit", allocate=allocate, params=PARAMS,
                                              options=OPTIONS, dense=False,
                                              deterministic=deterministic,
-                                             check=check, outcomes=outcomes))
+                                             check=check,
+                                             check_when=("shock_values", "shock_probs"),
+                                             outcomes=outcomes))
