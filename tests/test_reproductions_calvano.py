@@ -278,3 +278,22 @@ def test_boltzmann_design_reads_the_replication_parameters():
     assert hyper["boltzmann"]["temperature"] == 1000.0
     assert hyper["boltzmann"]["decay"] == pytest.approx(1 - 10 ** -4.41414, abs=1e-10)
     assert hyper["learning_rate"] == 0.05
+
+
+def test_committed_figure1_comparison_is_consistent():
+    """Every cell of our alpha x beta map is a point of the paper's 100 x 91 grid, and
+    the summary counts are those of the rows (distance 0: inside the colour's interval)."""
+    result = json.loads((ROOT / "benchmarks/results/calvano2020_figure1.json").read_text())
+    rows = result["rows"]
+    assert len(rows) == result["cells"] == 60
+    for r in rows:
+        assert (r["alpha"] - 0.025) / 0.0025 == pytest.approx(round((r["alpha"] - 0.025)
+                                                                    / 0.0025))
+        assert r["beta"] / 2e-7 == pytest.approx(round(r["beta"] / 2e-7))
+        lo, hi = r["published_interval"]
+        assert hi - lo == pytest.approx(0.0162, abs=2e-4)
+        expected = 0.0 if lo <= r["ours"] <= hi else min(abs(r["ours"] - lo),
+                                                        abs(r["ours"] - hi))
+        assert r["distance"] == pytest.approx(expected, abs=1e-4)
+    assert result["inside"] == sum(r["distance"] == 0 for r in rows)
+    assert result["max_distance"] == max(r["distance"] for r in rows)
