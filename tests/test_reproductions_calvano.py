@@ -111,12 +111,13 @@ def test_compare_averages_the_deviating_agents_and_aligns_tau(tmp_path):
     np.testing.assert_array_equal(ci[:, 0] >= [1.0, 2.0], [True, True])
 
 
-def test_committed_figure4_comparison_matches_its_published_values():
-    """The committed comparison holds the published Figure 4 values of FIGURES and its
-    summary figures are those of its rows."""
-    path = ROOT / "benchmarks/results/impulse/calvano2020_figure4.json"
+@pytest.mark.parametrize("figure", ["calvano2020_figure4", "calvano2020_figure6"])
+def test_committed_impulse_comparison_matches_its_published_values(figure):
+    """The committed comparison holds the published values of FIGURES and its summary
+    figures are those of its rows."""
+    path = ROOT / f"benchmarks/results/impulse/{figure}.json"
     result = json.loads(path.read_text())
-    pub = impulse_compare.FIGURES["calvano2020_figure4"]
+    pub = impulse_compare.FIGURES[figure]
     rows = result["rows"]
     for side in ("deviating", "nondeviating"):
         got = [r["published"] for r in rows if r["agent"] == side]

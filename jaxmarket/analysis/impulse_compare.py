@@ -41,6 +41,19 @@ FIGURES = {
         "nondeviating": [1.7914, 1.7914, 1.5475, 1.5888, 1.6347, 1.6910, 1.7337, 1.7621,
                          1.7762, 1.7818, 1.7891, 1.7903, 1.7917, 1.7909, 1.7918, 1.7903],
     },
+    "calvano2020_figure6": {
+        "source": ("Calvano, Calzolari, Denicolo & Pastorello (AER 2020), Figure 6 (a smaller "
+                   "price cut: every session's deviation to the 8th grid price, 1.69896, "
+                   "DevPrice = 8 in the package's figure_6.R), read off the vector drawing "
+                   "of the authors' replication package "
+                   "(AER_paper_Rscripts/figure_6/figure_6.pdf, the axes of Figure 4: to "
+                   "+-0.0001)"),
+        "deviation": 1.69896,
+        "deviating": [1.7914, 1.6990, 1.5916, 1.5976, 1.6503, 1.6950, 1.7406, 1.7621,
+                      1.7797, 1.7849, 1.7914, 1.7868, 1.7948, 1.7893, 1.7935, 1.7886],
+        "nondeviating": [1.7914, 1.7914, 1.5844, 1.5993, 1.6461, 1.7015, 1.7377, 1.7646,
+                         1.7783, 1.7862, 1.7900, 1.7896, 1.7916, 1.7919, 1.7911, 1.7911],
+    },
 }
 
 RESAMPLES = 2000
