@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--epochs", type=int, default=4, help="PPO epochs per rollout")
     p.add_argument("--timesteps", type=int, default=None,
                    help="env steps per timed learn (default: 4 rollouts)")
-    p.add_argument("--rounds", type=int, default=3, help="timed rounds per side")
+    p.add_argument("--rounds", type=int, default=5, help="timed rounds per side")
     p.add_argument("--step-calls", type=int, default=100, help="venv.step calls timed")
     p.add_argument("--json", action="store_true", help="print a last line of JSON")
     record.add_arguments(p, "sb3_vec")
