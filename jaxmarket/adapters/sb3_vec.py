@@ -49,6 +49,9 @@ Config = str | Path | Mapping[str, Any]
 
 #: the install hint of the ImportError raised without Stable-Baselines3
 EXTRA = "pip install 'jaxmarket[clients]'"
+#: ``get_attr`` reads these single-market attributes of the vector env (its own are batched)
+SINGLE = {"observation_space": "single_observation_space",
+          "action_space": "single_action_space"}
 
 
 @functools.cache
@@ -65,15 +68,11 @@ def sb3_vec_env_class():
     return _define(VecEnv)
 
 
-def _define(VecEnv):   # noqa: N803 (SB3's class)
+def _define(VecEnv):
 
     class MarketSB3VecEnv(VecEnv):
         """SB3 ``VecEnv`` over a ``MarketVectorEnv`` with ``"same_step"`` autoreset
         (module docstring)."""
-
-        #: single-market values of these attributes (the vector env's are batched)
-        SINGLE = {"observation_space": "single_observation_space",
-                  "action_space": "single_action_space"}
 
         def __init__(self, venv):
             mode = str(getattr(venv.metadata.get("autoreset_mode"), "name", "")).lower()
@@ -124,7 +123,7 @@ def _define(VecEnv):   # noqa: N803 (SB3's class)
             if attr_name == "render_mode":
                 value = self.render_mode
             else:
-                value = getattr(self.venv, self.SINGLE.get(attr_name, attr_name))
+                value = getattr(self.venv, SINGLE.get(attr_name, attr_name))
             return [value for _ in self._get_indices(indices)]
 
         def set_attr(self, attr_name: str, value: Any, indices=None) -> None:
