@@ -49,6 +49,7 @@ if INSTALLED:
     from jaxmarket.adapters import make_gymnasium_env, make_sb3_vec_env, sb3_vec
     from jaxmarket.adapters.registration import shipped_scenarios
     from jaxmarket.cli.collect import main as collect_main
+    from jaxmarket.config.errors import ConfigError
 
     RIVAL = {"sellers": {"kind": "constant", "value": 1.5}}
     LOW, HIGH = 1.0, 2.5                  # logit_duopoly's and logit_monopoly's bounds
@@ -253,7 +254,20 @@ if INSTALLED:
         # the logger is far from optimal (BC imitates it; it does not find p*)
         assert logged < 0.6 * T * best
 
-    SCENARIOS = shipped_scenarios() if INSTALLED else []
+    # collect calls the learners' act alone: a league's frozen opponents are played by a
+    # training-loop component, so collect refuses that scenario (a config error)
+    IN_LOOP_ONLY = ("league",)
+    SCENARIOS = ([n for n in shipped_scenarios() if n not in IN_LOOP_ONLY] if INSTALLED
+                 else [])
+
+    @pytest.mark.parametrize("name", IN_LOOP_ONLY)
+    def test_collect_refuses_a_scenario_whose_opponents_live_in_the_training_loop(
+            name, tmp_path):
+        with pytest.raises(ConfigError) as err:
+            collect_main(["--config", str(CONFIGS / f"{name}.yaml"), "--steps", "2",
+                          "--out", str(tmp_path / "ds")])
+        assert err.value.field == "learners" and err.value.value == "league"
+        assert not (tmp_path / "ds").exists()
 
     @pytest.mark.parametrize("name", SCENARIOS)
     def test_minari_recovers_the_env_of_a_default_export_of_every_shipped_scenario(
@@ -268,7 +282,7 @@ if INSTALLED:
                   or steps)
         assert env.spec.max_episode_steps == length
         assert env.action_space == ds.action_space
-        assert env.observation_space.shape == ds.observation_space.shape
+        assert env.observation_space == ds.observation_space   # bounds included
         episode = next(iter(ds))
         # continuous actions in [-1, 1] by default; every logged observation is one the
         # recovered env can produce

@@ -72,7 +72,11 @@ def env_spec_kwargs(ds: Dataset, normalize_actions: bool) -> dict | None:
     config = ds.meta.get("config")
     if not config or ds.discrete:
         return None
-    learners = dict(config.get("learners") or {})
+    # the other groups' fixed policies: their learner configs without the training-only
+    # population-based-training block
+    learners = {g: ({k: v for k, v in cfg.items() if k != "pbt"}
+                    if isinstance(cfg, dict) else cfg)
+                for g, cfg in (config.get("learners") or {}).items()}
     kwargs = {"config": config, "group": str(ds.meta.get("group")), "agent": 0,
               "others": learners or None, "normalize_actions": bool(normalize_actions)}
     if ds.obs_dim == 0:      # recorded observing nothing: rebuilt so, not with own_price

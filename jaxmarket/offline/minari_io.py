@@ -78,6 +78,13 @@ def save_minari(ds: Dataset, dataset_id: str, description: str = "",
         action_space = gym.spaces.Box(np.asarray(ds.meta["action_low"], np.float32),
                                       np.asarray(ds.meta["action_high"], np.float32),
                                       (ds.action_dim,), np.float32)
+    # the recovered env's own (bounded where the observation kinds declare bounds) space,
+    # so dataset and env agree; unbounded without an env spec
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (ds.obs_dim,), np.float32)
+    if spec is not None:
+        recovered = gym.make(spec)
+        observation_space = recovered.observation_space
+        recovered.close()
     buffers = []
     for i, e in enumerate(_fragments(ds)):
         term = np.asarray(ds["terminals"])[e]
@@ -106,8 +113,7 @@ def save_minari(ds: Dataset, dataset_id: str, description: str = "",
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")   # minari's notes on optional metadata
             return minari.create_dataset_from_buffers(
-                dataset_id, buffers, env=spec, observation_space=gym.spaces.Box(
-                    -np.inf, np.inf, (ds.obs_dim,), np.float32),
+                dataset_id, buffers, env=spec, observation_space=observation_space,
                 action_space=action_space, algorithm_name="jaxmarket.collect",
                 description=json.dumps({"jaxmarket": meta, "text": description}),
                 data_format="hdf5")

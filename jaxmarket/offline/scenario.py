@@ -21,6 +21,7 @@ import numpy as np
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.loader import load_config
 from jaxmarket.learners.base import materialize
+from jaxmarket.train.loop import chain
 from jaxmarket.train.plan import resolve
 from jaxmarket.train.trainer import Trainer
 
@@ -74,6 +75,12 @@ def load_scenario(config: str | Path | dict | None = None, policy_dir: str | Pat
     if any(p is not None and p.dynamic for p in plan.populations.values()):
         raise ConfigError("learners", "a resampled population",
                           "static populations only (collect does not redraw assignments)")
+    hooked = [c.name for c in chain(plan) if c.in_loop_only]
+    if hooked:
+        raise ConfigError("learners", ", ".join(hooked),
+                          "a scenario without components that act or observe inside the "
+                          "training loop only (league opponents, external-model "
+                          "observations): collect calls the learners' act alone")
     if policy_dir is not None:
         if not (Path(policy_dir) / "checkpoints").is_dir():
             raise ConfigError("--policy", str(policy_dir), "a run with at least one checkpoint")
