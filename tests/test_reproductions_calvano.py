@@ -14,12 +14,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from scipy.optimize import brentq, fsolve
 
 from jaxmarket.analysis import impulse_compare
 from jaxmarket.analysis.impulse import Strategies, impulse_response
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.loader import load_config
-from jaxmarket.learners.equilibrium import outcome_benchmarks
+from jaxmarket.learners.equilibrium import benchmarks, equilibrium, outcome_benchmarks
 from jaxmarket.market import economics
 from jaxmarket.sessions import run as session_run
 from jaxmarket.sessions.game import make_game
@@ -298,3 +299,29 @@ def test_committed_figure1_comparison_is_consistent():
         assert r["distance"] == pytest.approx(expected, abs=1e-4)
     assert result["inside"] == sum(r["distance"] == 0 for r in rows)
     assert result["max_distance"] == max(r["distance"] for r in rows)
+
+
+@pytest.mark.parametrize("name,c2", [("calvano2020_cost0875", 0.875),
+                                     ("calvano2020_cost05", 0.5)])
+def test_cost_asymmetry_designs_share_the_grid_of_both_firms(name, c2):
+    """The asymmetric Nash prices solve each firm's first-order condition
+    p_i - c_i = mu / (1 - s_i); the joint prices have equal margins p_i - c_i (a
+    multiproduct logit monopolist's); the shared grid spans both firms' Calvano
+    intervals, and the run's benchmarks are the mean Nash and joint profits."""
+    cost = np.array([1.0, c2])
+    pn = fsolve(lambda p: (p - cost) - 0.25 / (1 - economics.logit_shares(p)), [1.4, 1.4],
+                xtol=1e-13)
+    # equal margins m: the joint optimum's m solves m = mu / (1 - sum_i s_i)
+    margin = brentq(lambda m: m - 0.25 / (1 - economics.logit_shares(cost + m).sum()),
+                    0.01, 5.0, xtol=1e-14)
+    pm = cost + margin
+    lo, hi = pn - 0.1 * (pm - pn), pm + 0.1 * (pm - pn)
+    d = find_design(name)
+    assert _override(d, "market.sellers.0.low") == pytest.approx(lo.min(), abs=2e-6)
+    assert _override(d, "market.sellers.0.high") == pytest.approx(hi.max(), abs=2e-6)
+    bench = benchmarks(equilibrium(resolve(load_config(d.config, d.overrides)))["sellers"])
+    # the equilibrium solver works on float32 payoffs: profits to 1e-4
+    assert bench["nash_profit"] == pytest.approx(
+        economics.logit_profits(pn, cost=cost).mean(), abs=1e-4)
+    assert bench["joint_profit"] == pytest.approx(
+        economics.logit_profits(pm, cost=cost).mean(), abs=1e-4)
