@@ -212,3 +212,19 @@ def test_collect_policy_needs_a_checkpointed_run(tmp_path):
     with pytest.raises(ConfigError, match="--policy: .*a run with at least one checkpoint"):
         collect(policy_dir=run, steps=2, out=tmp_path / "o")
     assert not (tmp_path / "o").exists() and sorted(p.name for p in run.iterdir()) == ["config.yaml"]
+
+
+def test_collect_refuses_league_opponents_and_records_a_poi_bonus_scenario(tmp_path):
+    """collect calls the learners' act alone: a league's frozen opponents (a training-loop
+    component) cannot be played, a config error naming it; a POI model that only shapes
+    rewards (no POI observations) changes nothing collect records, so that scenario runs."""
+    root = Path(__file__).resolve().parents[1] / "configs"
+    with pytest.raises(ConfigError) as err:
+        collect(str(root / "league.yaml"), steps=2, out=tmp_path / "league")
+    assert err.value.field == "learners" and err.value.value == "league"
+    assert not (tmp_path / "league").exists()
+    summary = collect(str(root / "poi_demand.yaml"), steps=2, out=tmp_path / "poi",
+                      overrides=["train.num_envs=1", "train.num_seeds=1"])
+    ds = load_dataset(tmp_path / "poi")
+    assert summary["rows"] and len(ds) > 0
+    assert np.all(np.isfinite(np.asarray(ds["rewards"])))

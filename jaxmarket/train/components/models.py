@@ -39,6 +39,12 @@ class Models(Component):
     def obs_models(self) -> dict[str, GroupModel]:
         return {g: m for g, m in self.models.items() if m.obs_settings is not None}
 
+    @property
+    def in_loop_only(self) -> bool:
+        """Only with POI observations: without them ``observe`` hands the market's
+        observations on unchanged, so a policy replayed outside the loop acts alike."""
+        return bool(self.obs_models)
+
     def init(self, key, runner):
         # model states from a key of their own (fold_in): other streams unchanged
         mstates = {g: m.init(jax.random.fold_in(jax.random.fold_in(key, 6), i))
