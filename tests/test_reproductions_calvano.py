@@ -302,7 +302,9 @@ def test_committed_figure1_comparison_is_consistent():
 
 
 @pytest.mark.parametrize("name,c2", [("calvano2020_cost0875", 0.875),
-                                     ("calvano2020_cost05", 0.5)])
+                                     ("calvano2020_cost075", 0.75),
+                                     ("calvano2020_cost05", 0.5),
+                                     ("calvano2020_cost025", 0.25)])
 def test_cost_asymmetry_designs_share_the_grid_of_both_firms(name, c2):
     """The asymmetric Nash prices solve each firm's first-order condition
     p_i - c_i = mu / (1 - s_i); the joint prices have equal margins p_i - c_i (a
