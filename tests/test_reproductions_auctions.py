@@ -61,6 +61,9 @@ def test_split_ties_share_and_order_ties_give_all_to_the_first_in_order():
     rest = allocate_first_price(jax.random.key(0), q, RESERVE,
                                 {"ties": "order", "tie_order": [0]})
     np.testing.assert_allclose(np.asarray(rest.traffic[:, 0]), [0.0, 1.0, 0.0])
+    # no tie_order: index order, the lowest tied index wins
+    plain = allocate_first_price(jax.random.key(0), q, RESERVE, {"ties": "order"})
+    np.testing.assert_allclose(np.asarray(plain.traffic[:, 0]), [0.0, 1.0, 0.0])
     # second price: a tie at the top pays the tied bid, whoever wins it
     second = allocate_second_price(jax.random.key(0), q, RESERVE,
                                    {"ties": "order", "tie_order": [2]})
@@ -109,7 +112,6 @@ def test_random_ties_are_two_outcome_tables_whose_mean_is_the_split_table():
 
 
 @pytest.mark.parametrize("changes,field,needle", [
-    (["market.distributor.ties=order"], "tie_order", "priority order"),
     (["market.distributor.tie_order=[1, 0]"], "tie_order", "unless ties: order"),
     (["market.distributor.ties=order", "market.distributor.tie_order=[1, 1]"], "tie_order",
      "distinct"),

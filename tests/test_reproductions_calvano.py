@@ -285,7 +285,7 @@ def test_boltzmann_design_reads_the_replication_parameters():
 def test_committed_figure1_comparison_is_consistent():
     """Every cell of our alpha x beta map is a point of the paper's 100 x 91 grid, and
     the summary counts are those of the rows (distance 0: inside the colour's interval)."""
-    result = json.loads((ROOT / "benchmarks/results/calvano2020_figure1.json").read_text())
+    result = json.loads((ROOT / "benchmarks/results/figures/calvano2020_figure1.json").read_text())
     rows = result["rows"]
     assert len(rows) == result["cells"] == 60
     for r in rows:

@@ -34,10 +34,12 @@ OPTIONS: dict = {
     "ties": Field(kind="choice", default="split", choices=("split", "random", "order"),
                   doc="equal top bids: split (the tied bidders share the queries), random "
                       "(one tied bidder, uniformly at random each period, wins them all) or "
-                      "order (the tied bidder first in tie_order wins them all)"),
+                      "order (the tied bidder first in tie_order, by default the lowest "
+                      "seller index, wins them all)"),
     "tie_order": Field(kind="ints", default=None, low=0, optional=True,
                        doc="ties: order: seller indices (flat, over every seller group) "
-                           "in priority order; sellers not listed follow in index order"),
+                           "in priority order; sellers not listed follow in index order "
+                           "(null: index order)"),
 }
 # ties: random declares its outcomes (every priority order) up to this many sellers
 MAX_TIE_SELLERS = 5
@@ -138,13 +140,11 @@ def _tie_options(options: Mapping[str, Any] | None, kind: str) -> tuple[str, tup
 
 
 def check_ties(values: Mapping[str, Any], where: str) -> None:
-    """``tie_order`` goes with ``ties: order``: a list of distinct seller indices
+    """``tie_order`` goes with ``ties: order`` (without it: index order): a list of
+    distinct seller indices
     (checked where the options are resolved, so the jax-free quick checks keep covering
     the auctions' other fields)."""
     ties, order = values.get("ties", "split"), values.get("tie_order")
-    if ties == "order" and order is None:
-        raise ConfigError(f"{where}.tie_order", None,
-                          "a list of seller indices in priority order (ties: order)")
     if ties != "order" and order is not None:
         raise ConfigError(f"{where}.tie_order", list(order),
                           f"null unless ties: order (ties is {ties!r})")
