@@ -109,14 +109,14 @@ def _clear(quotes: Quotes, intercept: jax.Array, slope: jax.Array) -> Allocation
 
 
 def deterministic(options: Mapping[str, Any]) -> bool:
-    """Random only with a demand shock of more than one value."""
+    """Random only with a demand shock of more than one value (Cournot's and logit's)."""
     values = options.get("shock_values")
     return values is None or len(values) == 1
 
 
 def outcomes(options: Mapping[str, Any], num_sellers: int | None = None):
-    """A demand shock's outcomes: each intercept value with its probability (any number
-    of sellers)."""
+    """A demand shock's outcomes: each shock value (Cournot's intercept, logit's outside
+    quality) with its probability, for any number of sellers."""
     del num_sellers
     values, probs = options.get("shock_values"), options.get("shock_probs")
     if values is None:

@@ -183,25 +183,9 @@ def check(values: Mapping[str, Any], where: str) -> None:
     cournot.check(values, where)
 
 
-def deterministic(options: Mapping[str, Any]) -> bool:
-    """Random only with a demand shock of more than one value."""
-    values = options.get("shock_values")
-    return values is None or len(values) == 1
-
-
-def outcomes(options: Mapping[str, Any], num_sellers: int | None = None):
-    """A demand shock's outcomes: each outside quality with its probability."""
-    del num_sellers
-    values, probs = options.get("shock_values"), options.get("shock_probs")
-    if values is None:
-        return None
-    return tuple((p, {"shock_values": [v], "shock_probs": [1.0]})
-                 for v, p in zip(values, probs) if p > 0)
-
-
 LOGIT = DISTRIBUTORS.register(DistributorDef(kind="logit", allocate=allocate, params=PARAMS,
                                              options=OPTIONS, dense=False,
-                                             deterministic=deterministic,
+                                             deterministic=cournot.deterministic,
                                              check=check,
                                              check_when=("shock_values", "shock_probs"),
-                                             outcomes=outcomes))
+                                             outcomes=cournot.outcomes))
