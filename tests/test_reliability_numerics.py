@@ -90,7 +90,10 @@ def ordered(lo, hi):
 # ------------------------------------------------------------------ market structure
 
 # option values that a Field cannot enumerate (lists whose entries must agree)
-EXTRA_OPTIONS = {"cournot": [{"shock_values": [0.0, 1e30], "shock_probs": [0.5, 0.5]}]}
+SHOCK = {"shock_values": [0.0, 1e30], "shock_probs": [0.5, 0.5]}
+PRIORITY = {"ties": "order", "tie_order": [1, 0]}
+EXTRA_OPTIONS = {"cournot": [SHOCK], "logit": [SHOCK], "first_price": [PRIORITY],
+                 "second_price": [PRIORITY], "mixed_price": [PRIORITY]}
 
 
 def option_variants(kind: str) -> list[dict]:
