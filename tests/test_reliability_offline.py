@@ -85,7 +85,11 @@ def refused(d, *parts, **kw):
         load_dataset(d, **kw)
     err = info.value
     assert isinstance(err, ConfigError) and isinstance(err, ValueError)
-    msg = str(err)
+    return in_order(str(err), parts)
+
+
+def in_order(msg, parts):
+    """``msg``, asserting it holds every one of ``parts``, in that order."""
     pos = 0
     for part in parts:
         found = msg.find(part, pos)
@@ -521,12 +525,7 @@ def fault(code, path=None):
 def one_line(err, *parts):
     msg = str(err)
     assert "\n" not in msg, msg
-    pos = 0
-    for part in parts:
-        found = msg.find(part, pos)
-        assert found >= 0, f"{part!r} not after position {pos} in {msg!r}"
-        pos = found + len(part)
-    return msg
+    return in_order(msg, parts)
 
 
 def test_a_storage_fault_while_collecting_is_one_line_and_leaves_nothing(tmp_path, capsys,

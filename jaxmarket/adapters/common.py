@@ -74,6 +74,15 @@ def build_observing(config: str | Path | Mapping[str, Any], overrides: Sequence[
     return build(config, [*overrides, *extra])
 
 
+def acting_group(config: str | Path | Mapping[str, Any], overrides: Sequence[str],
+                 group: str | None) -> str:
+    """``group``, or by default the scenario's first agent group."""
+    if group is not None:
+        return group
+    env, _ = build(config, overrides)
+    return env.agent_groups[0]
+
+
 def agent_slots(env: MarketEnv) -> list[tuple[str, str, int]]:
     """``(name, group, index)`` of every agent, groups in ``env.agent_groups`` order,
     named ``<group>_<index>``."""

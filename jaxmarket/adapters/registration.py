@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from jaxmarket.adapters.common import build
+from jaxmarket.adapters.common import acting_group
 from jaxmarket.adapters.factories import make_gymnasium_env, make_vector_env
 from jaxmarket.config.loader import SHIPPED_CONFIGS
 
@@ -64,25 +64,18 @@ def _source(config: str | Path | Mapping[str, Any]):
     return config
 
 
-def _group(config, overrides: Sequence[str], group: str | None) -> str:
-    if group is not None:
-        return group
-    env, _ = build(config, overrides)
-    return env.agent_groups[0]
-
-
 def make_env(config: str | Path | Mapping[str, Any], group: str | None = None,
              overrides: Sequence[str] = (), **kwargs):
     """``gym.make``'s entry point: :func:`jaxmarket.adapters.make_gymnasium_env`."""
     config = _source(config)
-    return make_gymnasium_env(config, _group(config, overrides, group), overrides, **kwargs)
+    return make_gymnasium_env(config, acting_group(config, overrides, group), overrides, **kwargs)
 
 
 def make_vector(config: str | Path | Mapping[str, Any], num_envs: int = 1,
                 group: str | None = None, overrides: Sequence[str] = (), **kwargs):
     """``gym.make_vec``'s vector entry point: :func:`jaxmarket.adapters.make_vector_env`."""
     config = _source(config)
-    return make_vector_env(config, _group(config, overrides, group), num_envs, overrides,
+    return make_vector_env(config, acting_group(config, overrides, group), num_envs, overrides,
                            **kwargs)
 
 

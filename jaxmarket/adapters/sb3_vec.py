@@ -43,7 +43,8 @@ from typing import Any
 
 import numpy as np
 
-from jaxmarket.adapters.common import build
+from jaxmarket.adapters.common import acting_group
+from jaxmarket.adapters.factories import make_vector_env
 
 Config = str | Path | Mapping[str, Any]
 
@@ -167,10 +168,6 @@ def make_sb3_vec_env(config: Config, n_envs: int, group: str | None = None,
         raise TypeError("make_sb3_vec_env takes no autoreset_mode: SB3 resets a finished "
                         "env in the same step ('same_step')")
     cls = sb3_vec_env_class()
-    from jaxmarket.adapters.factories import make_vector_env
-    if group is None:
-        env, _ = build(config, overrides)
-        group = env.agent_groups[0]
-    venv = make_vector_env(config, group, n_envs, overrides, autoreset_mode="same_step",
-                           **kwargs)
+    venv = make_vector_env(config, acting_group(config, overrides, group), n_envs, overrides,
+                           autoreset_mode="same_step", **kwargs)
     return cls(venv)

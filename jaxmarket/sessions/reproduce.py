@@ -399,24 +399,32 @@ def reproduce(design: Design, run_dir: str | Path | None = None,
     frame = pd.read_csv(Path(run_dir) / session_run.SESSIONS_FILE)
     frame.attrs["summary"] = summary   # the benchmarks of action_gain
     values = per_session(frame, design.measure)
-    ci = bootstrap_ci(values, design.statistic)
-    tolerance = TOLERANCE * abs(design.published or 0.0)
     _, max_periods = _sizes(config)
-    result = {
-        "name": design.name, "figure": design.figure, "statistic": design.statistic,
-        "measure": design.measure, "value": statistic_of(values, design.statistic),
-        "ci95": ci, "published": design.published, "tolerance": tolerance,
-        "verdict": verdict(design.published, ci, tolerance), "source": design.source,
-        **({"root_cause": design.root_cause} if design.root_cause else {}),
+    result = _result(design, values, {
         "sessions": int(values.size), "periods": int(summary["periods"]),
         "max_periods": int(max_periods), "design_sessions": int(design_sessions),
         "design_max_periods": int(design_periods),
         "converged_share": float(summary["convergence"]["share"]),
         "wall_s": round(wall, 1), "run_dir": run_dir,
         "command": command or train_command, "train_command": train_command,
-    }
+    })
     _write_result(run_dir, result)
     return result
+
+
+def _result(design: Design, values: np.ndarray, run: dict) -> dict:
+    """``reproduction.json``: the design's figure, ``values``' statistic with its 95%
+    interval and the verdict, then ``run`` (the run's sizes, time and commands)."""
+    ci = bootstrap_ci(values, design.statistic)
+    tolerance = TOLERANCE * abs(design.published or 0.0)
+    return {
+        "name": design.name, "figure": design.figure, "statistic": design.statistic,
+        "measure": design.measure, "value": statistic_of(values, design.statistic),
+        "ci95": ci, "published": design.published, "tolerance": tolerance,
+        "verdict": verdict(design.published, ci, tolerance), "source": design.source,
+        **({"root_cause": design.root_cause} if design.root_cause else {}),
+        **run,
+    }
 
 
 def _write_result(run_dir: str, result: dict) -> None:
@@ -442,23 +450,16 @@ def _reproduce_loop(design: Design, config: dict, run_dir: str, command: str,
     wall = time.perf_counter() - started
     summary = json.loads((Path(run_dir) / "summary.json").read_text())
     values = per_seed(summary, design.measure)
-    ci = bootstrap_ci(values, design.statistic)
-    tolerance = TOLERANCE * abs(design.published or 0.0)
     shares = [c["share_converged"] for c in (summary.get("convergence") or {}).values()]
     T = tcfg.rollout_length
-    result = {
-        "name": design.name, "figure": design.figure, "statistic": design.statistic,
-        "measure": design.measure, "value": statistic_of(values, design.statistic),
-        "ci95": ci, "published": design.published, "tolerance": tolerance,
-        "verdict": verdict(design.published, ci, tolerance), "source": design.source,
-        **({"root_cause": design.root_cause} if design.root_cause else {}),
+    result = _result(design, values, {
         "engine": "loop", "sessions": int(values.size),
         "periods": int(summary["iterations"]) * T, "max_periods": tcfg.num_iterations * T,
         "design_sessions": int(design_sessions), "design_max_periods": int(design_periods) * T,
         "converged_share": float(np.mean(shares)) if shares else 0.0,
         "wall_s": round(wall, 1), "run_dir": run_dir,
         "command": command, "train_command": train_command,
-    }
+    })
     _write_result(run_dir, result)
     return result
 

@@ -53,12 +53,12 @@ import numpy as np
 import yaml
 
 from jaxmarket.config.errors import ConfigError, Interrupted
+from jaxmarket.learners.equilibrium import benchmarks, equilibrium, outcome_benchmarks
 from jaxmarket.sessions import engine as eng
 from jaxmarket.sessions.game import SessionGame, check_game, make_game
 from jaxmarket.sessions.memory import estimate as estimate_memory
 from jaxmarket.train.checkpoints import Checkpoints
 from jaxmarket.train.config import resolve_train
-from jaxmarket.learners.equilibrium import benchmarks, equilibrium, outcome_benchmarks
 from jaxmarket.train.memory import MemoryEstimate, check_memory
 from jaxmarket.train.plan import RunPlan, check_work_budget, resolve
 from jaxmarket.train.provenance import RUN_RECORD, git_commit
@@ -73,6 +73,8 @@ from jaxmarket.train.rundir import (
     has_checkpoint,
     lock_dir,
     read_run_config,
+    resume_storage_error,
+    start_storage_error,
     storage_cause,
     write_config_record,
 )
@@ -410,13 +412,6 @@ def _nan(x) -> float:
 
 # ------------------------------------------------------------------ commands
 
-def _storage(run_dir: Path, err: OSError) -> StorageError:
-    return StorageError(f"storage error while starting the run in {run_dir}: "
-                        f"{describe_os_error(err)}; nothing was trained; free space or fix "
-                        "the permissions, then run the same command again (it replaces what "
-                        "this start left)")
-
-
 def start(config: dict, plan: RunPlan, run_dir: str | Path, command: str | None = None,
           progress_every: float | None = None) -> dict:
     """A new sessions run in ``run_dir`` (new or empty)."""
@@ -437,7 +432,7 @@ def start(config: dict, plan: RunPlan, run_dir: str | Path, command: str | None 
         except OSError as err:
             if storage_cause(err) is None:
                 raise
-            raise _storage(run_dir, err) from None
+            raise start_storage_error(run_dir, err) from None
         print(f"run directory: {run_dir}")
         print(_engine_line(run))
         segments = [run.record(command, 0)]
@@ -483,9 +478,7 @@ def resume(run_dir: str | Path, config: dict, plan: RunPlan, overrides: list[str
         except OSError as err:
             if storage_cause(err) is None:
                 raise
-            raise StorageError(f"storage error while writing {run_dir}/config.yaml: "
-                               f"{describe_os_error(err)}; the run is as it was; resume with "
-                               f"python -m jaxmarket.train --resume {run_dir}") from None
+            raise resume_storage_error(run_dir, err) from None
         print(f"resuming {run_dir} from period {done}" if done else
               f"no checkpoint in {run_dir}: starting it from period 0")
         print(_engine_line(run))

@@ -21,15 +21,27 @@ import yaml
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.loader import load_config
 from jaxmarket.train import distributed
-from jaxmarket.train.plan import RunPlan, resolve
-from jaxmarket.train.provenance import read_run_record, run_record, train_recorded, write_record
 from jaxmarket.train.loop import Traced
 from jaxmarket.train.metrics import PER_SEED, seed_rows
-from jaxmarket.train.rundir import (RunDirError, StorageError, check_config_record,
-                                    clear_failed_start, cut_rows, describe_os_error,
-                                    failed_start, has_checkpoint, is_empty, lock_dir,
-                                    read_run_config, RowScan, scan_rows, storage_cause,
-                                    write_config_record)
+from jaxmarket.train.plan import RunPlan, resolve
+from jaxmarket.train.provenance import read_run_record, run_record, train_recorded, write_record
+from jaxmarket.train.rundir import (
+    RowScan,
+    RunDirError,
+    check_config_record,
+    clear_failed_start,
+    cut_rows,
+    failed_start,
+    has_checkpoint,
+    is_empty,
+    lock_dir,
+    read_run_config,
+    resume_storage_error,
+    scan_rows,
+    start_storage_error,
+    storage_cause,
+    write_config_record,
+)
 from jaxmarket.train.tracking import CsvMetrics, ParquetRows
 from jaxmarket.train.trainer import Trainer
 
@@ -119,10 +131,7 @@ def start_run(config_path: str | Path | dict | RunPlan | None, overrides: list[s
             except OSError as err:
                 if storage_cause(err) is None:
                     raise
-                raise StorageError(f"storage error while starting the run in {run_dir}: "
-                                   f"{describe_os_error(err)}; nothing was trained; free space "
-                                   "or fix the permissions, then run the same command again "
-                                   "(it replaces what this start left)") from None
+                raise start_storage_error(run_dir, err) from None
             print(f"run directory: {run_dir}" + _placement_note(trainer))
         _synchronised("run-dir")
         summary = train_recorded(trainer, tracker, mongo_url, config,
@@ -234,9 +243,7 @@ def _resume_locked(run_dir: Path, tracker: str, mongo_url: str | None, overrides
         except OSError as err:
             if storage_cause(err) is None:
                 raise
-            raise StorageError(f"storage error while writing {run_dir}/config.yaml: "
-                               f"{describe_os_error(err)}; the run is as it was; resume with "
-                               f"python -m jaxmarket.train --resume {run_dir}") from None
+            raise resume_storage_error(run_dir, err) from None
         print((f"resuming {run_dir} from iteration {start}" if start else
                f"no checkpoint in {run_dir}: starting it from iteration 0")
               + _placement_note(trainer))

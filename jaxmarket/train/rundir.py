@@ -88,6 +88,22 @@ def describe_os_error(err: OSError) -> str:
     return f"{os.strerror(err.errno)} (errno {errno.errorcode.get(err.errno, err.errno)}){where}"
 
 
+def start_storage_error(run_dir: Path, err: OSError) -> StorageError:
+    """A start's storage fault (both engines): nothing was trained, the same command
+    replaces what the start left."""
+    return StorageError(f"storage error while starting the run in {run_dir}: "
+                        f"{describe_os_error(err)}; nothing was trained; free space or fix "
+                        "the permissions, then run the same command again (it replaces what "
+                        "this start left)")
+
+
+def resume_storage_error(run_dir: Path, err: OSError) -> StorageError:
+    """A resume's fault writing the config it continues with (both engines)."""
+    return StorageError(f"storage error while writing {run_dir}/config.yaml: "
+                        f"{describe_os_error(err)}; the run is as it was; resume with "
+                        f"python -m jaxmarket.train --resume {run_dir}")
+
+
 class DirLock:
     """An exclusive, non-blocking ``flock`` on ``path`` (created if missing; the holder's
     process id is written into it) and, for a directory's own lock (``beside=False``), on

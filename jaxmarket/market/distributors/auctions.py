@@ -141,9 +141,8 @@ def _tie_options(options: Mapping[str, Any] | None, kind: str) -> tuple[str, tup
 
 def check_ties(values: Mapping[str, Any], where: str) -> None:
     """``tie_order`` goes with ``ties: order`` (without it: index order): a list of
-    distinct seller indices
-    (checked where the options are resolved, so the jax-free quick checks keep covering
-    the auctions' other fields)."""
+    distinct seller indices (checked where the options are resolved, so the jax-free
+    quick checks keep covering the auctions' other fields)."""
     ties, order = values.get("ties", "split"), values.get("tie_order")
     if ties != "order" and order is not None:
         raise ConfigError(f"{where}.tie_order", list(order),
