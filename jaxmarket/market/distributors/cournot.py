@@ -46,7 +46,7 @@ def check(values: Mapping[str, Any], where: str) -> None:
         return
     if vals is None:
         raise ConfigError(f"{where}.shock_values", None,
-                          f"a list of {len(probs)} intercept values (shock_probs is given)")
+                          f"a list of {len(probs)} shock values (shock_probs is given)")
     if probs is None:
         raise ConfigError(f"{where}.shock_probs", None,
                           f"a list of {len(vals)} probabilities (shock_values is given)")
@@ -79,12 +79,14 @@ def allocate(key: jax.Array, quotes: Quotes, params: Mapping[str, jax.Array],
     values = None if opt["shock_values"] is None else tuple(opt["shock_values"])
     probs = None if opt["shock_probs"] is None else tuple(opt["shock_probs"])
     prm = with_defaults(PARAMS, params)
-    intercept = _intercept(key, prm, values, probs, quotes.price.shape[1])
+    intercept = draw_shock(key, prm, values, probs, quotes.price.shape[1])
     return _clear(quotes, intercept, f32(prm["slope"]))
 
 
-def _intercept(key, prm, values, probs, num_products: int) -> jax.Array:
-    """[P] the intercept of each product this period."""
+def draw_shock(key, prm, values, probs, num_products: int) -> jax.Array:
+    """[P] each product's shocked value this period: one of ``values`` with probabilities
+    ``probs`` (inverse CDF of one uniform per product), or without a shock the
+    ``intercept`` param (logit draws its outside quality with it, ``prm`` None)."""
     if values is None:
         return jnp.broadcast_to(f32(prm["intercept"]), (num_products,))
     cum = jnp.asarray(np.cumsum(np.asarray(probs, np.float64)), jnp.float32)

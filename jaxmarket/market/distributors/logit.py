@@ -10,10 +10,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.fields import Field
-from jaxmarket.market.distributors import cournot
 from jaxmarket.market.distributors.base import DISTRIBUTORS, Allocation, DistributorDef, Quotes
+from jaxmarket.market.distributors.cournot import check as check_shock
+from jaxmarket.market.distributors.cournot import deterministic as shock_deterministic
+from jaxmarket.market.distributors.cournot import draw_shock
+from jaxmarket.market.distributors.cournot import outcomes as shock_outcomes
 from jaxmarket.market.distributors.prefix_softmax import (
     NO_ELIGIBLE,
     QUERY_MAX,
@@ -111,8 +113,9 @@ def allocate(key: jax.Array, quotes: Quotes, params: Mapping[str, jax.Array],
     opt = resolve_options(OPTIONS, options, "logit")
     prm = with_defaults(PARAMS, params)
     if opt["shock_values"] is not None:
-        prm = {**prm, "outside_quality": _draw(key, opt["shock_values"], opt["shock_probs"],
-                                               quotes.price.shape[1])}
+        prm = {**prm, "outside_quality": draw_shock(key, None, tuple(opt["shock_values"]),
+                                                    tuple(opt["shock_probs"]),
+                                                    quotes.price.shape[1])}
     outside = np.bool_(opt["outside_option"])
     withhold = np.bool_(opt["no_eligible"] == "withhold")
     if opt["steering"] == "lowest_price":
@@ -165,27 +168,9 @@ def _allocate_one_shown(quotes: Quotes, prm: Mapping[str, jax.Array], outside,
                       sent=sent)
 
 
-def _draw(key: jax.Array, values, probs, num_products: int) -> jax.Array:
-    """[P] one of ``values`` per product, with probabilities ``probs`` (the Cournot
-    shock's draw)."""
-    return cournot._intercept(key, None, tuple(values), tuple(probs), num_products)
-
-
-def check(values: Mapping[str, Any], where: str) -> None:
-    """``shock_values`` and ``shock_probs`` come together, one probability per value,
-    summing to 1 (as Cournot's shock)."""
-    vals, probs = values.get("shock_values"), values.get("shock_probs")
-    if (vals is None) != (probs is None):
-        missing, given = (("shock_values", "shock_probs") if vals is None
-                          else ("shock_probs", "shock_values"))
-        raise ConfigError(f"{where}.{missing}", None, f"a list of outside-quality values "
-                          f"and one probability each ({given} is given)")
-    cournot.check(values, where)
-
-
 LOGIT = DISTRIBUTORS.register(DistributorDef(kind="logit", allocate=allocate, params=PARAMS,
                                              options=OPTIONS, dense=False,
-                                             deterministic=cournot.deterministic,
-                                             check=check,
+                                             deterministic=shock_deterministic,
+                                             check=check_shock,
                                              check_when=("shock_values", "shock_probs"),
-                                             outcomes=cournot.outcomes))
+                                             outcomes=shock_outcomes))
