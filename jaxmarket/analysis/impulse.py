@@ -52,6 +52,7 @@ import numpy as np
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.loader import load_config
 from jaxmarket.learners.controller import group_learner_spec
+from jaxmarket.learners.ppo import greedy_index, network_for
 from jaxmarket.learners.qlearning import make_grid
 from jaxmarket.train.plan import RunPlan, resolve
 from jaxmarket.train.rundir import STRATEGIES_FILE
@@ -267,8 +268,6 @@ def _ppo_greedy(hyper: dict, base: Any, state: Any, memory: int, S: int,
     """``(grid [m], greedy [S n, Z])`` of a discrete-head ppo group: each seed's agent
     ``i`` is the policy of its slot ``i`` in the seed's first market (every market of a
     seed plays the seed's policies), evaluated at the prices of every state."""
-    from jaxmarket.learners.ppo import greedy_index, network_for
-
     low, high = np.asarray(base.action_low, np.float64), np.asarray(base.action_high,
                                                                       np.float64)
     if np.ptp(low) > 0 or np.ptp(high) > 0:

@@ -78,6 +78,7 @@ from jaxmarket.config.loader import SHIPPED_CONFIGS, load_config, read_yaml
 from jaxmarket.sessions import run as session_run
 from jaxmarket.sessions.engine import bootstrap_ci
 from jaxmarket.train.config import resolve_train
+from jaxmarket.train.run import start_run
 
 #: the shipped design files
 DESIGNS_DIR = Path(__file__).resolve().parents[1] / "designs"
@@ -438,8 +439,6 @@ def _reproduce_loop(design: Design, config: dict, run_dir: str, command: str,
                     progress_every: float | None) -> dict:
     """A design the session engine does not play, on the regular trainer (one seed = one
     session); its measure from the run's ``summary.json`` per-seed values."""
-    from jaxmarket.train.run import start_run  # the trainer, only where needed
-
     if design.measure not in LOOP_MEASURES:
         raise ConfigError(f"{design.path}: measure", design.measure, "a measure of a trainer "
                           "run (the session engine does not play this design): one of "
