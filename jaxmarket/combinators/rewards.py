@@ -48,6 +48,9 @@ class RewardDef:
     fields: Mapping[str, Field] = field(default_factory=dict)
     sides: tuple[str, ...] = ("seller", "consumer")
     doc: str = ""
+    # a term that draws at random each period from ``view.key``, with mean 0: a period's
+    # expected reward is the chain without it (:func:`expected_reward`)
+    random: bool = False
 
 
 REWARDS: Registry[RewardDef] = Registry("reward component")
@@ -205,6 +208,74 @@ REWARDS.register(RewardDef("scale", _build_scale, {"factor": Field("float")},
                            doc=_build_scale.__doc__))
 REWARDS.register(RewardDef("clip", _build_clip, {"low": Field("float"), "high": Field("float")},
                            doc=_build_clip.__doc__))
+
+
+def _build_noise(s, n, where) -> RewardFn:
+    """r_i += eps_i, one independent draw per agent and period from the step's key:
+    ``dist: uniform``, eps ~ U[-scale, scale]; ``dist: normal``, eps ~ N(0, scale^2).
+    Mean 0, so the static benchmarks (the expected reward) leave it out."""
+    scale, normal = float(s["scale"]), s["dist"] == "normal"
+
+    def noise(r, v):
+        if v.key is None:
+            raise ValueError(f"{where}: a noise term needs the step's key (GroupView.key); "
+                             "views built by hand have none")
+        if normal:
+            eps = scale * jax.random.normal(v.key, r.shape, jnp.float32)
+        else:
+            eps = jax.random.uniform(v.key, r.shape, jnp.float32, -scale, scale)
+        return r + eps
+
+    return noise
+
+
+REWARDS.register(RewardDef(
+    "noise", _build_noise,
+    {"dist": Field("choice", "uniform", choices=("uniform", "normal"),
+                   doc="uniform on [-scale, scale], or normal with standard deviation scale"),
+     "scale": Field("float", low=0.0, doc="the half-width (uniform) or standard deviation "
+                                          "(normal)")},
+    doc=_build_noise.__doc__, random=True))
+
+
+def is_random(config: Any) -> bool:
+    """Whether a reward list (validated or not) holds a random term, at any depth of
+    ``sum`` terms."""
+    for item in config or ():
+        kind = item.get("kind") if isinstance(item, Mapping) else item
+        d = REWARDS.get(kind) if isinstance(kind, str) else None
+        if d is not None and d.random:
+            return True
+        if kind == "sum" and isinstance(item, Mapping) and is_random(item.get("terms")):
+            return True
+    return False
+
+
+def expected_reward(config: Any) -> Any:
+    """The reward list with every random term (mean 0) left out, at any depth (with its
+    weight in a ``sum``; a ``sum`` of random terms only goes): a period's expected
+    reward where nothing after the term bends it (``clip`` after ``noise`` gives the
+    clipped noiseless reward instead)."""
+    if not is_random(config):
+        return config
+    out = []
+    for item in config:
+        kind = item.get("kind") if isinstance(item, Mapping) else item
+        d = REWARDS.get(kind) if isinstance(kind, str) else None
+        if d is not None and d.random:
+            continue
+        if kind == "sum" and isinstance(item, Mapping) and is_random(item.get("terms")):
+            terms = list(item["terms"])
+            weights = item.get("weights") or [1.0] * len(terms)
+            kept = [(expected_reward([t])[0], w) for t, w in zip(terms, weights)
+                    if not is_random([t]) or expected_reward([t])]
+            if not kept:
+                continue
+            item = {**item, "terms": [t for t, _ in kept]}
+            if item.get("weights") is not None:
+                item["weights"] = [w for _, w in kept]
+        out.append(item)
+    return out
 
 
 def _term(term: Any, n: int, where: str, side: str):

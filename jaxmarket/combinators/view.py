@@ -23,6 +23,8 @@ class GroupView:
     ``market_price`` [P] the last period's average price paid per served query (sum of
     consumers' spend / sum of served queries; 0 where nothing was served: at reset, or
     when every query went unserved); ``None`` in views built by hand without it.
+    ``key``: the group's random key of this step for reward terms that draw (``noise``),
+    set by the market's step where the group's reward has one, else ``None``.
     """
 
     action: jax.Array
@@ -41,3 +43,4 @@ class GroupView:
     price_history: jax.Array
     last_reward: jax.Array
     market_price: Any = None
+    key: Any = None

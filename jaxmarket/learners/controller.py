@@ -13,6 +13,7 @@ import jax
 import numpy as np
 
 from jaxmarket.combinators.observations import off_action_scale
+from jaxmarket.combinators.rewards import is_random
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.fields import check_mapping, lookup_kind
 from jaxmarket.config.precheck import check_learner_names
@@ -69,6 +70,8 @@ def payoff_caveat(spec: MarketSpec, group: str) -> str | None:
         return "consumer demand changes over time: " + ", ".join(moving)
     if not DISTRIBUTORS[spec.distributor].is_deterministic(thaw(spec.distributor_options)):
         return f"distributor {spec.distributor!r} draws random numbers"
+    if is_random(thaw(spec.group(group).reward)):
+        return f"{group}.reward draws noise each period (a noise term)"
     if move_order(spec) != "simultaneous":
         return "sellers move in turn (market.move_order: alternating)"
     return None

@@ -23,13 +23,17 @@ import numpy as np
 from gymnax.environments import spaces
 
 from jaxmarket.combinators.observations import build_observation
-from jaxmarket.combinators.rewards import build_reward
+from jaxmarket.combinators.rewards import build_reward, is_random
 from jaxmarket.combinators.saturate import MONEY_MAX, PRICE_MAX, cap, money
 from jaxmarket.combinators.view import GroupView
 from jaxmarket.market.demand import DEMANDS
 from jaxmarket.market.distributors import DISTRIBUTORS, Allocation, Quotes
 from jaxmarket.market.spec import GroupSpec, MarketParams, MarketSpec, thaw
 from jaxmarket.market.state import ACTION_FIELDS, MarketState
+
+
+#: the constant a step's key is folded with for the reward terms' draws
+REWARD_STREAM = 0x5EED
 
 
 class MarketEnv:
@@ -40,6 +44,8 @@ class MarketEnv:
         self.spec = spec
         self._reward = {g.name: build_reward(thaw(g.reward), g.count, f"{g.name}.reward", g.side)
                         for g in spec.agent_groups}
+        # the groups whose reward draws (a noise term): their views carry a key
+        self._random_reward = {g.name for g in spec.agent_groups if is_random(thaw(g.reward))}
         self._observe = {g.name: build_observation(thaw(g.observation), f"{g.name}.observation",
                                                    g.side)
                          for g in spec.agent_groups}
@@ -226,8 +232,9 @@ class MarketEnv:
             spend={g.name: split(alloc.spend, g) for g in spec.consumers},
             demand=demand, price_history=new_hist, time=state.time + 1,
         )
-        rewards = {g.name: self._reward[g.name](self.view(state, params, g, quoted))
-                   for g in spec.agent_groups}
+        rewards = {g.name: self._reward[g.name](self._reward_view(key, i, state, params, g,
+                                                                  quoted))
+                   for i, g in enumerate(spec.agent_groups)}
         state = state.replace(last_reward=rewards)
         obs = self.get_obs(state, params, quoted)
         terminated = jnp.zeros((), bool)
@@ -286,6 +293,18 @@ class MarketEnv:
                          traffic=sent - state.unserved[g.name], fees=state.spend[g.name],
                          cost=zeros, value=zeros, sent=sent, budget=state.budgets[g.name],
                          **{**common, "self_index": jnp.zeros((g.count,), jnp.int32)})
+
+    def _reward_view(self, key: jax.Array, index: int, state: MarketState,
+                     params: MarketParams, g: GroupSpec, quoted: jax.Array) -> GroupView:
+        """The view group ``g``'s reward sees: with the key ``fold_in(fold_in(key,
+        REWARD_STREAM), index)`` (``key`` the step's own, ``index`` the group's place
+        among the agent groups) where its reward draws; folding leaves every other
+        stream of the step as it is."""
+        view = self.view(state, params, g, quoted)
+        if g.name not in self._random_reward:
+            return view
+        return view.replace(key=jax.random.fold_in(jax.random.fold_in(key, REWARD_STREAM),
+                                                   index))
 
     def _market_price(self, state: MarketState) -> jax.Array:
         """[P] sum_c spend / sum_c (sent - unserved) over every consumer; 0 where nothing

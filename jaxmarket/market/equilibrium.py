@@ -64,6 +64,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxmarket.combinators.rewards import expected_reward, is_random
 from jaxmarket.market.demand import DEMANDS
 from jaxmarket.market.distributors import DISTRIBUTORS
 from jaxmarket.market.env import MarketEnv
@@ -173,13 +174,20 @@ def sample_keys(samples: int) -> jax.Array:
     return jax.random.split(jax.random.key(0), samples)
 
 
+def _expected(reward: Any) -> Any:
+    """A frozen reward list's expectation over its noise terms (itself without any)."""
+    return freeze(expected_reward(thaw(reward))) if is_random(thaw(reward)) else reward
+
+
 def static_game(env: MarketEnv) -> MarketEnv:
-    """The market whose one period is the static game: every seller moving every period
-    and no observations (the payoff never reads them; markets that differ only in
-    what their agents observe then share the compiled programs)."""
+    """The market whose one period is the static game: every seller moving every period,
+    no observations (the payoff never reads them; markets that differ only in what
+    their agents observe then share the compiled programs) and each reward's expectation
+    over its own noise (:func:`~jaxmarket.combinators.rewards.expected_reward`: its mean
+    0 terms left out)."""
     spec = env.spec
-    plain = lambda gs: tuple(dataclasses.replace(g, observation=()) if g.agent else g
-                             for g in gs)
+    plain = lambda gs: tuple(dataclasses.replace(g, observation=(), reward=_expected(g.reward))
+                             if g.agent else g for g in gs)
     static = dataclasses.replace(spec, consumers=plain(spec.consumers),
                                  sellers=plain(spec.sellers), move_order="simultaneous")
     return env if static == spec else MarketEnv(static)

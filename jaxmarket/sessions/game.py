@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxmarket.combinators.rewards import is_random
 from jaxmarket.learners.base import LEARNERS, Learner, LearnerSpec
 from jaxmarket.learners.controller import group_learner_spec
 from jaxmarket.learners.qlearning import (PriceGrid, QLearningSettings, grid_of, obs_grid_of,
@@ -110,6 +111,9 @@ def check_game(plan: RunPlan) -> str:
     if plan.populations.get(g.name) is not None or plan.pbt:
         raise ValueError(f"session engine: plays one Q table per seller and session; "
                          f"learners.{g.name} has a population or population-based training")
+    if is_random(thaw(g.reward)):
+        raise ValueError(f"session engine: {g.name}.reward draws noise each period (a noise "
+                         f"term); the tables hold one reward per profile")
     moving = [c.name for c in env.spec.consumers if c.demand_kind != "constant"]
     if moving:
         raise ValueError(f"session engine: consumer demand must be constant; {moving} change")
