@@ -1,5 +1,5 @@
 """Gaussian-policy bandits (vpg/ppo/rolling ppo) and discrete-grid bandits (epsilon-greedy,
-UCB1, Thompson, EXP3): hand-computed updates, the legacy defects that must not come back,
+UCB1, UCB-tuned, Thompson, EXP3): hand-computed updates, the legacy defects that must not come back,
 policy sharing, and small learning tests on toy rewards written here."""
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def hand_pg_grads(z, r, mu, sigma, ratio_weight=None):
 
 def test_registered_kinds():
     for kind in ("vpg_bandit", "ppo_bandit", "rolling_ppo_bandit",
-                 "epsilon_greedy", "ucb1", "thompson", "exp3"):
+                 "epsilon_greedy", "ucb1", "ucb_tuned", "thompson", "exp3"):
         assert kind in LEARNERS and LEARNERS[kind].hyper_fields
 
 
@@ -430,6 +430,133 @@ def test_ucb1_arm_choice_hand_example():
     assert int(aux["action_index"][0, 0]) == 3
 
 
+def _np_ucb_tuned(rewards_per_arm, cap=0.25):
+    """UCB-tuned's statistics and index, in float64, from each arm's list of rewards (every
+    arm pulled at least once)."""
+    n = np.array([len(r) for r in rewards_per_arm], np.float64)
+    s = np.array([np.sum(r) for r in rewards_per_arm], np.float64)
+    s2 = np.array([np.sum(np.square(r)) for r in rewards_per_arm], np.float64)
+    log_n = np.log(n.sum())
+    q = s / n
+    v = s2 / n - q ** 2 + np.sqrt(2 * log_n / n)
+    return n, s, s2, v, q + np.sqrt(log_n / n * np.minimum(cap, v))
+
+
+def _pulls_batches(rewards_per_arm, parts=2):
+    """The pulls of every arm, interleaved, as ``parts`` consecutive [T, 1, 1] batches."""
+    pulls = sorted(((i, arm, r) for arm, rs in enumerate(rewards_per_arm)
+                    for i, r in enumerate(rs)))
+    arms = [[[arm]] for _, arm, _ in pulls]
+    rewards = [[r] for _, _, r in pulls]
+    cut = np.linspace(0, len(pulls), parts + 1).astype(int)
+    return [_arm_batch(arms[a:b], rewards[a:b]) for a, b in zip(cut[:-1], cut[1:])]
+
+
+def _fed(kind, hyper, spec, batches):
+    learner = make(kind, hyper, spec)
+    state = learner.init(jax.random.PRNGKey(0), spec)
+    for batch in batches:
+        state, _ = learner.update(state, batch)
+    return learner, state
+
+
+def test_ucb_tuned_arm_choice_hand_example():
+    """Arm 0: 400 pulls alternating 0.7/0.9 (its V_g, 0.18, is under the cap); arm 1: three
+    pulls around 0.2; arm 2: five around 0.6. The index of the numpy formula picks arm 2,
+    UCB1's (c = 1) picks arm 1 for the same statistics."""
+    rewards = [[0.7, 0.9] * 200, [0.1, 0.3, 0.2], [0.5, 0.7, 0.6, 0.6, 0.6]]
+    n, s, s2, v, index = _np_ucb_tuned(rewards)
+    spec = make_spec(P=1, low=0.0, high=1.0)
+    batches = _pulls_batches(rewards)
+    learner, state = _fed("ucb_tuned", {"grid_size": 3}, spec, batches)
+    np.testing.assert_allclose(np.asarray(state.counts[0, 0]), n)
+    np.testing.assert_allclose(np.asarray(state.sums[0, 0]), s, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(state.sq_sums[0, 0]), s2, rtol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(db.ucb_tuned_index(state.counts, state.sums, state.sq_sums, 0.25)[0, 0]),
+        index, rtol=1e-4)
+    assert v[0] < 0.25 < v[1] and v[2] > 0.25      # both branches of the min
+    expected = int(np.argmax(index))
+    assert expected == 2
+    for seed in range(5):
+        _, aux = learner.act(state, None, jax.random.PRNGKey(seed))
+        assert int(aux["action_index"][0, 0]) == expected
+    # UCB1 on the same pulls: argmax q + sqrt(2 ln N / n) is another arm
+    ucb1, ucb1_state = _fed("ucb1", {"grid_size": 3}, spec, batches)
+    ucb1_index = s / n + np.sqrt(2 * np.log(n.sum()) / n)
+    assert int(np.argmax(ucb1_index)) == 1
+    _, aux = ucb1.act(ucb1_state, None, jax.random.PRNGKey(0))
+    assert int(aux["action_index"][0, 0]) == 1
+    # the existing kinds' state is unchanged: no squared sums
+    assert not hasattr(ucb1_state, "sq_sums")
+    assert len(jax.tree.leaves(ucb1_state)) == 3 and len(jax.tree.leaves(state)) == 4
+
+
+def test_ucb_tuned_tries_unpulled_arms_first():
+    spec = make_spec(P=1, low=0.0, high=1.0)
+    learner = make("ucb_tuned", {"grid_size": 4}, spec)
+    state = learner.init(jax.random.PRNGKey(0), spec)
+    # nothing pulled: every arm is a tie, broken at random
+    first = {int(learner.act(state, None, jax.random.PRNGKey(k))[1]["action_index"][0, 0])
+             for k in range(40)}
+    assert first == {0, 1, 2, 3}
+    # arm 0 pulled with a high reward, arm 2 with a low one: arms 1 and 3 come first
+    state, _ = learner.update(state, _arm_batch([[[0]], [[2]]], [[5.0], [-5.0]]))
+    chosen = {int(learner.act(state, None, jax.random.PRNGKey(k))[1]["action_index"][0, 0])
+              for k in range(40)}
+    assert chosen == {1, 3}
+    state, _ = learner.update(state, _arm_batch([[[1]]], [[0.0]]))
+    for k in range(5):
+        assert int(learner.act(state, None, jax.random.PRNGKey(k))[1]["action_index"][0, 0]) == 3
+
+
+def test_ucb_tuned_variance_cap_changes_the_choice():
+    """Arm 0: mean 0.5 with variance 1 (rewards -0.5, 1.5); arm 1: 0.6 every time; four pulls
+    each. Capped at 1/4 both bounds are the cap and the better mean wins; with the cap at 4
+    arm 0's larger V_g wins."""
+    rewards = [[-0.5, 1.5] * 2, [0.6] * 4]
+    spec = make_spec(P=1, low=0.0, high=1.0)
+    batches = _pulls_batches(rewards)
+    choices = {}
+    for cap in (0.25, 4.0):
+        *_, v, index = _np_ucb_tuned(rewards, cap)
+        learner, state = _fed("ucb_tuned", {"grid_size": 2, "variance_cap": cap}, spec, batches)
+        _, aux = learner.act(state, None, jax.random.PRNGKey(3))
+        choices[cap] = int(aux["action_index"][0, 0])
+        assert choices[cap] == int(np.argmax(index))
+    assert np.all(v > 0.25) and np.all(v < 4.0)
+    assert choices == {0.25: 1, 4.0: 0}
+    with pytest.raises(ConfigError, match="learners.ucb_tuned.variance_cap"):
+        make("ucb_tuned", {"variance_cap": 0.0}, spec)
+
+
+def test_ucb_tuned_pulls_the_best_of_three_noisy_arms_most():
+    """Arms with mean rewards 0.3, 0.5, 0.4 and Gaussian noise (sd 0.2); 3000 steps of a
+    jitted ``lax.scan``, 4 seeds: the middle arm is pulled most, in over 80% of the steps."""
+    spec = make_spec(P=1, low=0.0, high=1.0)
+    learner = make("ucb_tuned", {"grid_size": 3}, spec)
+    means = jnp.array([0.3, 0.5, 0.4])
+
+    def body(state, key):
+        k_act, k_noise = jax.random.split(key)
+        action, aux = learner.act(state, None, k_act)
+        reward = means[aux["action_index"][:, 0]] + 0.2 * jax.random.normal(k_noise, (1,))
+        batch = Transition(obs=jnp.zeros((1, 1, 0)), action=action[None], reward=reward[None],
+                           next_obs=jnp.zeros((1, 1, 0)), done=jnp.zeros((1, 1), bool),
+                           aux=jax.tree.map(lambda x: x[None], aux))
+        return learner.update(state, batch)[0], None
+
+    @jax.jit
+    @jax.vmap
+    def run(key):
+        state, _ = jax.lax.scan(body, learner.init(key, spec), jax.random.split(key, 3000))
+        return state
+
+    counts = np.asarray(run(jax.random.split(jax.random.PRNGKey(2), 4)).counts[:, 0, 0])
+    assert np.all(np.argmax(counts, -1) == 1), counts
+    assert np.all(counts[:, 1] > 0.8 * 3000), counts
+
+
 def test_thompson_posterior_update_formula_and_sampling():
     prior_mean, prior_var, noise_var = 0.5, 2.0, 0.25
     obs = [1.0, 0.2, 0.7]
@@ -508,6 +635,7 @@ def test_discrete_policy_sharing_pools_statistics():
 @pytest.mark.parametrize("kind,hyper", [
     ("epsilon_greedy", {"epsilon": 0.1, "initial_value": 5.0}),
     ("ucb1", {"c": 1.0}),
+    ("ucb_tuned", {}),
     ("thompson", {"prior_var": 1.0, "noise_var": 0.09}),
     ("exp3", {"gamma": 0.1, "reward_low": -0.5, "reward_high": 1.5}),
 ])

@@ -46,7 +46,8 @@ def test_importing_the_base_module_alone_registers_every_kind():
                          check=True, env={**os.environ, "JAX_PLATFORMS": "cpu"}).stdout
     assert out.split() == sorted(["constant", "schedule", "undercut", "random", "vpg_bandit",
                                   "ppo_bandit", "rolling_ppo_bandit", "epsilon_greedy",
-                                  "ucb1", "thompson", "exp3", "q_learning", "ppo"])
+                                  "ucb1", "ucb_tuned", "thompson", "exp3", "q_learning",
+                                  "ppo"])
 
 
 def test_an_unknown_kind_names_every_known_one():

@@ -294,6 +294,11 @@ LEARNERS = {
             'grid': Field('floats', None, optional=True),
             'c': Field('float', 1.0, low=0.0),
         }, 'move_orders': ('simultaneous',)},
+    'ucb_tuned': {'fields': {
+            'grid_size': Field('int', 11, low=2),
+            'grid': Field('floats', None, optional=True),
+            'variance_cap': Field('float', 0.25, low=0.0, low_open=True),
+        }, 'move_orders': ('simultaneous',)},
     'undercut': {'fields': {
             'amount': Field('entity', 0.01),
         }, 'move_orders': ('simultaneous', 'alternating')},

@@ -1,5 +1,5 @@
-"""Discrete-price bandits over a price grid: ``epsilon_greedy``, ``ucb1``, ``thompson`` and
-``exp3``.
+"""Discrete-price bandits over a price grid: ``epsilon_greedy``, ``ucb1``, ``ucb_tuned``,
+``thompson`` and ``exp3``.
 
 Arms. Each product ``p`` has its own ``G`` arms: the grid ``linspace(action_low,
 action_high, grid_size)`` of the slot's bounds, or the explicit ``grid`` list (the same
@@ -10,7 +10,7 @@ probability with which the chosen arm was drawn). The joint reward ``r`` of a sl
 credited to the chosen arm of *every* product (independent per-product bandits).
 
 Statistics are kept per policy, ``[num_policies, P, G]``: ``n`` (pulls), ``s`` (reward
-sums) and, for ``exp3``, log-weights. Slots sharing a policy pool their statistics
+sums), for ``ucb_tuned`` ``s2`` (sums of squared rewards) and, for ``exp3``, log-weights. Slots sharing a policy pool their statistics
 (``update`` is a ``segment_sum`` over ``policy_index``, vectorised over the whole
 ``[T, A, P]`` batch). With ``N = sum_g n_g`` the pulls of the product so far and
 ``q_g = s_g / n_g`` the sample mean:
@@ -19,6 +19,11 @@ sums) and, for ``exp3``, log-weights. Slots sharing a policy pool their statisti
   epsilon_decay ** N)`` a uniformly random arm, else ``argmax_g q_g`` (``q_g =
   initial_value`` for an unpulled arm).
 * ``ucb1``: an unpulled arm if any, else ``argmax_g q_g + c * sqrt(2 ln N / n_g)``.
+* ``ucb_tuned`` (UCB-tuned, Auer, Cesa-Bianchi & Fischer 2002): an unpulled arm if any,
+  else ``argmax_g q_g + sqrt((ln N / n_g) * min(variance_cap, V_g))`` with
+  ``V_g = s2_g / n_g - q_g**2 + sqrt(2 ln N / n_g)`` (the empirical variance, floored at
+  0 against rounding, plus its confidence bound); ``variance_cap`` is 1/4 by default, the
+  largest variance of a reward in ``[0, 1]``.
 * ``thompson``: Gaussian Thompson sampling with a Normal prior ``N(prior_mean,
   prior_var)`` on each arm's mean reward and Gaussian noise of known variance
   ``noise_var``; the conjugate posterior is ``N(m_g, 1 / lambda_g)`` with
@@ -77,6 +82,11 @@ UCB1_FIELDS = {
     **_GRID_FIELDS,
     "c": Field(kind="float", default=1.0, low=0.0, doc="exploration scale"),
 }
+UCB_TUNED_FIELDS = {
+    **_GRID_FIELDS,
+    "variance_cap": Field(kind="float", default=0.25, low=0.0, low_open=True,
+                          doc="cap on an arm's variance bound V_g (1/4: rewards in [0, 1])"),
+}
 THOMPSON_FIELDS = {
     **_GRID_FIELDS,
     "prior_mean": Field(kind="float", default=0.0),
@@ -90,7 +100,7 @@ EXP3_FIELDS = {
     "reward_high": Field(kind="float", default=1.0),
 }
 FIELDS = {"epsilon_greedy": EPSILON_GREEDY_FIELDS, "ucb1": UCB1_FIELDS,
-          "thompson": THOMPSON_FIELDS, "exp3": EXP3_FIELDS}
+          "ucb_tuned": UCB_TUNED_FIELDS, "thompson": THOMPSON_FIELDS, "exp3": EXP3_FIELDS}
 
 
 @struct.dataclass
@@ -98,6 +108,13 @@ class DiscreteBanditState:
     counts: jax.Array       # [N, P, G] pulls per arm
     sums: jax.Array         # [N, P, G] reward sums per arm
     log_weights: jax.Array  # [N, P, G] exp3 log-weights (zeros for the others)
+
+
+@struct.dataclass
+class UCBTunedState(DiscreteBanditState):
+    """``ucb_tuned``'s statistics: the shared ones and the sums of squared rewards."""
+
+    sq_sums: jax.Array      # [N, P, G] sums of squared rewards per arm
 
 
 def argmax_random(values: jax.Array, key: jax.Array) -> jax.Array:
@@ -128,7 +145,7 @@ def make_grid(h: Mapping[str, Any], spec: LearnerSpec, kind: str) -> np.ndarray:
 class DiscreteBanditSettings:
     """A discrete bandit's resolved settings (static)."""
 
-    kind: str                       # epsilon_greedy | ucb1 | thompson | exp3
+    kind: str                       # epsilon_greedy | ucb1 | ucb_tuned | thompson | exp3
     grid: StaticArray               # [A, P, G] float32 arm prices
     num_policies: int
     num_products: int
@@ -151,6 +168,8 @@ def init(settings: DiscreteBanditSettings, key, spec=None) -> DiscreteBanditStat
     del key, spec
     zeros = jnp.zeros((settings.num_policies, settings.num_products, settings.num_arms),
                       jnp.float32)
+    if settings.kind == "ucb_tuned":
+        return UCBTunedState(counts=zeros, sums=zeros, log_weights=zeros, sq_sums=zeros)
     return DiscreteBanditState(counts=zeros, sums=zeros, log_weights=zeros)
 
 
@@ -174,6 +193,9 @@ def choose(settings: DiscreteBanditSettings, state: DiscreteBanditState, key):
         bonus = h("c") * jnp.sqrt(2.0 * jnp.log(jnp.maximum(pulls, 1.0))[..., None]
                                   / jnp.maximum(n, 1.0))
         arm = argmax_random(jnp.where(n > 0, q + bonus, jnp.inf), k_tie)
+    elif kind == "ucb_tuned":
+        index_g = ucb_tuned_index(n, s, state.sq_sums[index], h("variance_cap"))
+        arm = argmax_random(jnp.where(n > 0, index_g, jnp.inf), k_tie)
     elif kind == "thompson":
         mean, var = thompson_posterior(n, s, h("prior_mean"), h("prior_var"), h("noise_var"))
         theta = mean + jax.random.normal(k_draw, mean.shape) * jnp.sqrt(var)
@@ -218,6 +240,9 @@ def update(settings: DiscreteBanditSettings, state: DiscreteBanditState, batch: 
         log_w = log_w + scatter(gamma * x / (prob * num_arms))
         log_w = log_w - log_w.max(-1, keepdims=True)
     metrics = {"reward": jnp.mean(batch.reward)}
+    if settings.kind == "ucb_tuned":
+        return state.replace(counts=counts, sums=sums, log_weights=log_w,
+                             sq_sums=state.sq_sums + scatter(reward * reward)), metrics
     return DiscreteBanditState(counts=counts, sums=sums, log_weights=log_w), metrics
 
 
@@ -249,12 +274,27 @@ def make_ucb1(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
     return make_discrete_bandit("ucb1", hyper, spec)
 
 
+def make_ucb_tuned(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
+    return make_discrete_bandit("ucb_tuned", hyper, spec)
+
+
 def make_thompson(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
     return make_discrete_bandit("thompson", hyper, spec)
 
 
 def make_exp3(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
     return make_discrete_bandit("exp3", hyper, spec)
+
+
+def ucb_tuned_index(counts, sums, sq_sums, variance_cap):
+    """UCB-tuned's index of each arm (over the last axis, ``N`` its sum of ``counts``):
+    ``q + sqrt((ln N / n) * min(variance_cap, V))``, ``V = s2 / n - q**2 + sqrt(2 ln N /
+    n)``, ``q = s / n``. Meaningful for pulled arms only (``n > 0``)."""
+    n = jnp.maximum(counts, 1.0)
+    log_pulls = jnp.log(jnp.maximum(counts.sum(-1, keepdims=True), 1.0))
+    q = sums / n
+    var = jnp.maximum(sq_sums / n - q * q, 0.0) + jnp.sqrt(2.0 * log_pulls / n)
+    return q + jnp.sqrt(log_pulls / n * jnp.minimum(variance_cap, var))
 
 
 def thompson_posterior(counts, sums, prior_mean, prior_var, noise_var):
@@ -284,6 +324,9 @@ LEARNERS.register(LearnerDef("epsilon_greedy", make_epsilon_greedy, EPSILON_GREE
 LEARNERS.register(LearnerDef("ucb1", make_ucb1, UCB1_FIELDS,
                              doc="UCB1 over a price grid per product",
                              action_set=partial(arms, "ucb1")))
+LEARNERS.register(LearnerDef("ucb_tuned", make_ucb_tuned, UCB_TUNED_FIELDS,
+                             doc="UCB-tuned over a price grid per product",
+                             action_set=partial(arms, "ucb_tuned")))
 LEARNERS.register(LearnerDef("thompson", make_thompson, THOMPSON_FIELDS,
                              doc="Gaussian Thompson sampling over a price grid per product",
                              action_set=partial(arms, "thompson")))
