@@ -37,6 +37,8 @@ CONFIGS = [
     ("second_price", {}, {"reserve": [0.0, 0.5, 1e30]}),
     ("mixed_price", {}, {"a": [1.0, 1.5, 2.0], "reserve": [0.0, 0.5, 1e30]}),
     ("cournot", {}, {"intercept": [0.0, 1.0, 1e30], "slope": [1e-3, 1.0, 1e30]}),
+    ("linear", {}, {"intercept": [0.0, 1.0, 1e30], "own_slope": [1e-3, 1.0, 1e30],
+                    "cross_slope": [0.0, 0.5, 1e30]}),
     ("isa_2022", {"mode": "sampled"}, {"weight": [0.5, 0.75, 1.0]}),
     ("isa_2022", {"mode": "expected"}, {"weight": [0.5, 1.0], "stake_scale": [1e-3, 100.0]}),
     ("isa_greedy", {"max_sellers": 2},
@@ -46,6 +48,8 @@ CONFIGS = [
 IDS = [f"{k}-" + "-".join(str(v) for v in o.values()) for k, o, _ in CONFIGS]
 # rules that exclude sellers priced above a consumer's budget
 BUDGET_EXCLUDING = {"logit", "proportional", "cheapest", "isa_2022"}
+# rules that sell what their demand says (queries only split it among consumers)
+QUANTITY_LIKE = {"cournot", "linear"}
 
 
 # (field, candidate values, shape); consumer-side shapes use C, seller-side S
@@ -123,11 +127,12 @@ def test_conservation_finite_nonnegative(index, data):
         assert np.all(np.isfinite(x)), (name, x)
         assert np.all(x >= 0), (name, x)
     queries = np.asarray(quotes.queries, np.float64)
-    if kind != "cournot":
+    if kind not in QUANTITY_LIKE:
         # a rule sends all of a consumer's queries or none of them
         assert np.all((fields["sent"] == queries) | (fields["sent"] == 0))
     else:
-        # a quantity market sells what the sellers supply; queries only split it
+        # a quantity market sells what the sellers supply (linear: what its demand
+        # says); queries only split it
         np.testing.assert_allclose(fields["sent"].sum(0), fields["traffic"].sum(0),
                                    rtol=1e-5, atol=1e-30)
     sent = fields["sent"].sum(0)

@@ -83,7 +83,7 @@ def test_demand_and_distributor_definitions_declare_determinism_and_auctions():
     assert {k for k in ("constant", "cyclic", "regime", "noisy", "shocks")
             if DEMANDS[k].deterministic} == {"constant", "cyclic", "regime"}
     shipped = ("first_price", "second_price", "mixed_price", "logit", "cheapest",
-               "proportional", "cournot", "isa_2022", "isa_greedy")
+               "proportional", "cournot", "linear", "isa_2022", "isa_greedy")
     assert {k for k in shipped if DISTRIBUTORS[k].auction} == {"first_price", "second_price",
                                                                "mixed_price"}
 

@@ -95,6 +95,11 @@ DISTRIBUTORS = {
             'min_price_ratio': Field('float', 0.01, low=0.0, low_open=True),
             'max_sellers': Field('int', 3, low=1),
         }, 'params': ('latency_scale', 'freshness_scale', 'stake_scale', 'min_price_ratio'), 'checked': False, 'actions': ('price', 'multiplier'), 'dense': True},
+    'linear': {'fields': {
+            'intercept': Field('float', 1.0, low=0.0),
+            'own_slope': Field('float', 1.0, low=0.0, low_open=True),
+            'cross_slope': Field('float', 0.5, low=0.0),
+        }, 'params': ('intercept', 'own_slope', 'cross_slope'), 'checked': False, 'actions': ('price', 'multiplier'), 'dense': False},
     'logit': {'fields': {
             'temperature': Field('float', 1.0, low=0.0, low_open=True),
             'price_sensitivity': Field('float', 1.0),

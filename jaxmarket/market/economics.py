@@ -17,8 +17,9 @@ Baseline economy: ``a = 2, c = 1, a_0 = 0, mu = 0.25``; then the single-seller o
 (1.4729, 1.925)
 
 Also Cournot competition with linear inverse demand (:func:`cournot_nash_quantity`,
-:func:`cournot_monopoly_quantity`) and the query-distributor price curve of the 2022
-indexer selection
+:func:`cournot_monopoly_quantity`), price competition with linear differentiated demand
+(:func:`linear_nash_price`, :func:`linear_monopoly_price`) and the query-distributor
+price curve of the 2022 indexer selection
 (:func:`isa_optimal_fee`).
 """
 
@@ -220,3 +221,64 @@ def cournot_monopoly_profit(n: int = 2, a: float = 1.0, b: float = 1.0,
                             c: float = 0.0) -> float:
     """Per-firm joint-monopoly profit: ``(P_M - c) q_M = (a - c)**2 / (4 b n)``."""
     return (cournot_monopoly_price(n, a, b, c) - c) * cournot_monopoly_quantity(n, a, b, c)
+
+
+# --------------------------------------------------------------------------- linear
+# Linear differentiated demand (Singh & Vives 1984), distributor ``linear``: n symmetric
+# firms set prices p_i; firm i sells q_i = a - b p_i + g sum_{j != i} p_j (b > 0, g >= 0:
+# substitutes), marginal cost c; profit_i = (p_i - c) q_i.
+
+def linear_nash_price(n: int = 2, a: float = 1.0, b: float = 1.0, g: float = 0.5,
+                      c: float = 0.0) -> float:
+    """Price of the symmetric Bertrand-Nash equilibrium. The first-order condition
+    ``a - 2 b p_i + b c + g sum_{j != i} p_j = 0`` at ``p_i = p`` gives::
+
+        p_N = (a + b c) / (2 b - g (n - 1))     (valid when 2 b > g (n - 1))
+
+    >>> round(linear_nash_price(2, 0.48, 0.9, 0.6, 0.0), 6)
+    0.4
+    """
+    return (a + b * c) / (2.0 * b - g * (n - 1))
+
+
+def linear_nash_quantity(n: int = 2, a: float = 1.0, b: float = 1.0, g: float = 0.5,
+                         c: float = 0.0) -> float:
+    """Per-firm quantity at the Nash prices: ``a - (b - g (n - 1)) p_N``."""
+    return a - (b - g * (n - 1)) * linear_nash_price(n, a, b, g, c)
+
+
+def linear_nash_profit(n: int = 2, a: float = 1.0, b: float = 1.0, g: float = 0.5,
+                       c: float = 0.0) -> float:
+    """Per-firm Nash profit: ``(p_N - c) (a - (b - g (n - 1)) p_N)`` (``= b (p_N - c)**2``)."""
+    return (linear_nash_price(n, a, b, g, c) - c) * linear_nash_quantity(n, a, b, g, c)
+
+
+def linear_monopoly_price(n: int = 2, a: float = 1.0, b: float = 1.0, g: float = 0.5,
+                          c: float = 0.0) -> float:
+    """Price of the joint monopoly: total profit at a common price ``p``,
+    ``n (p - c) (a - B p)`` with ``B = b - g (n - 1)``, is maximised at::
+
+        p_M = (a / (b - g (n - 1)) + c) / 2     (valid when b > g (n - 1))
+
+    (then the joint profit is concave in the n prices, so the common price is the
+    unconstrained optimum; with the clip at 0 of ``linear``, a firm priced out of the
+    market still raises its rivals' demand by ``g`` times its price, so price bounds
+    far above ``p_M`` admit asymmetric profiles of higher joint profit.)
+
+    >>> round(linear_monopoly_price(2, 0.48, 0.9, 0.6, 0.0), 6)
+    0.8
+    """
+    return (a / (b - g * (n - 1)) + c) / 2.0
+
+
+def linear_monopoly_quantity(n: int = 2, a: float = 1.0, b: float = 1.0, g: float = 0.5,
+                             c: float = 0.0) -> float:
+    """Per-firm quantity at the joint-monopoly price: ``a - (b - g (n - 1)) p_M``."""
+    return a - (b - g * (n - 1)) * linear_monopoly_price(n, a, b, g, c)
+
+
+def linear_monopoly_profit(n: int = 2, a: float = 1.0, b: float = 1.0, g: float = 0.5,
+                           c: float = 0.0) -> float:
+    """Per-firm joint-monopoly profit: ``(p_M - c) (a - (b - g (n - 1)) p_M)``
+    (``= (a - B c)**2 / (4 B)``, ``B = b - g (n - 1)``)."""
+    return (linear_monopoly_price(n, a, b, g, c) - c) * linear_monopoly_quantity(n, a, b, g, c)

@@ -3,7 +3,7 @@ for the contract.
 
 Importing this package registers every kind in :data:`DISTRIBUTORS`: ``logit``,
 ``proportional``, ``cheapest``, ``first_price``, ``second_price``, ``isa_2022``,
-``isa_greedy``, ``mixed_price``, ``cournot`` (see ``docs/distributors.md``).
+``isa_greedy``, ``mixed_price``, ``cournot``, ``linear`` (see ``docs/distributors.md``).
 """
 
 from jaxmarket.market.distributors import (  # noqa: F401  (registration side effects)
@@ -12,6 +12,7 @@ from jaxmarket.market.distributors import (  # noqa: F401  (registration side ef
     cournot,
     isa,
     isa_greedy,
+    linear,
     logit,
     proportional,
 )
