@@ -152,6 +152,10 @@ REWARDS = {
             'low': Field('float', REQUIRED),
             'high': Field('float', REQUIRED),
         }, 'sides': ('seller', 'consumer'), 'checked': True},
+    'noise': {'fields': {
+            'dist': Field('choice', 'uniform', choices=('uniform', 'normal')),
+            'scale': Field('float', REQUIRED, low=0.0),
+        }, 'sides': ('seller', 'consumer'), 'checked': True},
     'profit': {'fields': {}, 'sides': ('seller',), 'checked': False},
     'regret_ratio': {'fields': {}, 'sides': ('consumer',), 'checked': False},
     'revenue': {'fields': {}, 'sides': ('seller',), 'checked': False},
