@@ -52,7 +52,8 @@ compiling, the sessions and the files).
 
 A trainer run (``engine: "loop"`` in its ``reproduction.json``; a session-engine run's
 file has no ``engine`` key) takes its measure from ``summary.json``'s ``per_seed``
-values (the last 10% of each seed's rows of ``seeds.csv``, :data:`LOOP_MEASURES`);
+values (the last 10% of each seed's rows of ``seeds.csv``) or its final state's prices
+per seed and seller (``agents``; :data:`LOOP_MEASURES`);
 ``periods`` and ``max_periods`` are its iterations times ``train.rollout_length`` (the
 periods each market played), ``converged_share`` the mean over its groups' convergence
 shares (0 for learners without a convergence rule).
@@ -182,6 +183,43 @@ def _group_seeds(summary: dict, key: str) -> np.ndarray:
     return np.asarray([np.nan if v is None else v for v in values], np.float64)
 
 
+#: a cent of a price in currency units: Hansen, Misra & Pai's "<1c" (their Figure 2)
+CENT = 0.01
+#: float32 prices one cent apart may differ by a little less than 0.01: below this
+#: they count as within a cent
+CENT_BELOW = CENT - 1e-5
+
+
+def _final_prices(summary: dict) -> tuple[str, np.ndarray]:
+    """``(group, [S, A])`` the final state's price of every seller of the run's one price
+    group, first product, per seed (``summary.json`` ``agents[group].final_price``)."""
+    found = {g: a["final_price"]["per_seed"] for g, a in (summary.get("agents") or {}).items()
+             if "final_price" in a}
+    if len(found) != 1:
+        raise ConfigError("measure", "final prices", "a run with exactly one price-setting "
+                          f"agent group (groups with final prices: {sorted(found) or 'none'})")
+    group, values = next(iter(found.items()))
+    return group, np.asarray(values, np.float64)[:, :, 0]
+
+
+def _final_price_index(summary: dict) -> np.ndarray:
+    """``(p - p_N) / (p_M - p_N)`` per seed: ``p`` the mean over sellers of the final
+    price, ``p_N``/``p_M`` the static Nash and joint-optimum prices of the group's
+    ``summary.json`` benchmarks."""
+    group, prices = _final_prices(summary)
+    bench = (summary.get("benchmarks") or {}).get(group) or {}
+    nash, joint = bench.get("nash_price"), bench.get("joint_price")
+    if nash is None or joint is None or nash == joint:
+        raise ConfigError("measure", "final_price_index", "a run whose summary.json holds "
+                          f"{group}'s static Nash and joint-optimum prices, and they differ")
+    return (prices.mean(axis=1) - nash) / (joint - nash)
+
+
+def _final_gap(summary: dict) -> np.ndarray:
+    prices = _final_prices(summary)[1]
+    return prices.max(axis=1) - prices.min(axis=1)
+
+
 #: name -> (what it is, per-seed values [S] from a trainer run's summary.json)
 LOOP_MEASURES: dict[str, tuple[str, Callable[[dict], np.ndarray]]] = {
     "profit_gain": ("Delta of each seed's mean profit per seller over the last 10% of its "
@@ -192,6 +230,17 @@ LOOP_MEASURES: dict[str, tuple[str, Callable[[dict], np.ndarray]]] = {
     "mean_price": ("each seed's mean price over the last 10% of its rows "
                    "(per_seed[group].mean_price, first product)",
                    lambda s: _group_seeds(s, "mean_price")),
+    "final_price_index": ("(p - p_N) / (p_M - p_N) of the mean over sellers of each seed's "
+                          "final price (agents[group].final_price, first product), p_N and "
+                          "p_M the static Nash and joint-optimum prices of summary.json "
+                          "benchmarks: 0 at the static Nash equilibrium, 1 at the joint "
+                          "optimum", _final_price_index),
+    "final_price_gap": ("the highest less the lowest seller's final price of each seed "
+                        "(|p_1 - p_2| for two sellers; first product)", _final_gap),
+    "final_prices_within_cent": ("1 where the sellers' final prices of a seed differ by less "
+                                 "than one cent (0.01; prices one cent apart in float32 do "
+                                 "not), else 0: its mean over seeds is their "
+                                 "share", lambda s: (_final_gap(s) < CENT_BELOW).astype(np.float64)),
 }
 
 
