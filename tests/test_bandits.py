@@ -751,3 +751,39 @@ def test_policy_major_feature_buffer_updates_as_the_per_slot_buffer(kind, hyper,
             np.testing.assert_allclose(float(mf["loss"]), float(mg["loss"]), rtol=1e-4)
     assert int(sf.updates) == 2
     assert np.abs(np.asarray(sf.params["mean"]) - 2.0).max() > 1e-3   # it learned something
+
+
+@pytest.mark.parametrize("kind", ["ucb_tuned", "epsilon_greedy"])
+def test_recent_window_median_is_numpys_over_the_last_k_played_prices(kind):
+    # two slots, two products, a 6-arm grid over [0, 1]: the arms played in batches of
+    # 3, 1 and 7 periods (the last one longer than the window)
+    K, G = 4, 6
+    spec = make_spec(A=2, P=2, low=0.0, high=1.0)
+    learner = make(kind, {"grid_size": G, "recent_window": K}, spec)
+    state = learner.init(jax.random.PRNGKey(0), spec)
+    settings = db.discrete_bandit_settings(kind, {"grid_size": G, "recent_window": K}, spec)
+    grid = np.linspace(0.0, 1.0, G)
+    rng = np.random.default_rng(4)
+    played = []
+    hyper = {"grid_size": G, "recent_window": K}
+    assert np.all(np.isnan(np.asarray(db.recent_median(settings, state))))
+    for T in (3, 1, 7):
+        arms = rng.integers(0, G, (T, 2, 2))
+        played.append(arms)
+        state, _ = learner.update(state, _arm_batch(arms, np.ones((T, 2))))
+        history = np.concatenate(played)[-K:]                    # [<=K, A, P]
+        expected = np.median(grid[history], axis=0)
+        got = db.readout(kind, hyper, spec, state)["recent_median"]
+        np.testing.assert_allclose(np.asarray(got), expected, atol=1e-6)
+    # the statistics are the plain learner's: the window only adds the ring buffer
+    plain = make(kind, {"grid_size": G}, spec)
+    ref = plain.init(jax.random.PRNGKey(0), spec)
+    for arms in played:
+        ref, _ = plain.update(ref, _arm_batch(arms, np.ones((arms.shape[0], 2))))
+    np.testing.assert_array_equal(np.asarray(state.stats.counts), np.asarray(ref.counts))
+    a1, _ = learner.act(state, None, jax.random.PRNGKey(7))
+    a2, _ = plain.act(ref, None, jax.random.PRNGKey(7))
+    np.testing.assert_array_equal(np.asarray(a1), np.asarray(a2))
+    # without a window nothing is read out, and the state is the plain one
+    assert db.readout(kind, {"grid_size": G}, spec, ref) == {}
+    assert not isinstance(ref, db.RecentArms)

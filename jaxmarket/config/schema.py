@@ -200,6 +200,7 @@ LEARNERS = {
     'epsilon_greedy': {'fields': {
             'grid_size': Field('int', 11, low=2),
             'grid': Field('floats', None, optional=True),
+            'recent_window': Field('int', 0, low=0),
             'epsilon': Field('float', 0.1, low=0.0, high=1.0),
             'epsilon_decay': Field('float', 1.0, low=0.0, high=1.0),
             'epsilon_min': Field('float', 0.0, low=0.0, high=1.0),
@@ -208,6 +209,7 @@ LEARNERS = {
     'exp3': {'fields': {
             'grid_size': Field('int', 11, low=2),
             'grid': Field('floats', None, optional=True),
+            'recent_window': Field('int', 0, low=0),
             'gamma': Field('float', 0.1, low=0.0, high=1.0, low_open=True),
             'reward_low': Field('float', 0.0),
             'reward_high': Field('float', 1.0),
@@ -294,6 +296,7 @@ LEARNERS = {
     'thompson': {'fields': {
             'grid_size': Field('int', 11, low=2),
             'grid': Field('floats', None, optional=True),
+            'recent_window': Field('int', 0, low=0),
             'prior_mean': Field('float', 0.0),
             'prior_var': Field('float', 1.0, low=0.0, low_open=True),
             'noise_var': Field('float', 1.0, low=0.0, low_open=True),
@@ -301,11 +304,13 @@ LEARNERS = {
     'ucb1': {'fields': {
             'grid_size': Field('int', 11, low=2),
             'grid': Field('floats', None, optional=True),
+            'recent_window': Field('int', 0, low=0),
             'c': Field('float', 1.0, low=0.0),
         }, 'move_orders': ('simultaneous',)},
     'ucb_tuned': {'fields': {
             'grid_size': Field('int', 11, low=2),
             'grid': Field('floats', None, optional=True),
+            'recent_window': Field('int', 0, low=0),
             'variance_cap': Field('float', 0.25, low=0.0, low_open=True),
         }, 'move_orders': ('simultaneous',)},
     'undercut': {'fields': {

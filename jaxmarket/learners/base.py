@@ -142,6 +142,10 @@ class LearnerDef:
       ``[]`` each: whether each session converged, its counter of stable periods, and
       the period it converged at): the run summary's ``convergence`` section; None: the
       learner keeps no convergence rule.
+    * ``readout(hyper, spec, state) -> {name: [A, P]}``: per slot and product, what the
+      run summary reports of the trained learner beyond the action in force (the
+      discrete bandits' ``recent_median``, the median price of a slot's last pulls):
+      ``agents[group]["<name>_<action>"]``; None or ``{}``: nothing.
     """
 
     kind: str
@@ -158,6 +162,7 @@ class LearnerDef:
     random_policy: bool = False
     snapshot: Callable[[Any], dict] = every_field
     convergence: Callable[[Any], Mapping[str, Any]] | None = None
+    readout: Callable[[Mapping[str, Any], LearnerSpec, Any], Mapping[str, Any]] | None = None
 
     def members(self, state: Any) -> dict:
         """``{field: value}`` of :attr:`member_fields`: what a replaced PBT member copies

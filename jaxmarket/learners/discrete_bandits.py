@@ -68,6 +68,10 @@ _GRID_FIELDS = {
                        doc="arms per product, evenly spanning action_low..action_high"),
     "grid": Field(kind="floats", default=None, optional=True,
                   doc="explicit arm prices (overrides grid_size), the same for every product"),
+    "recent_window": Field(kind="int", default=0, low=0,
+                           doc="keep the arms of each slot's last K pulls: the run summary's "
+                               "recent_median_price (the median price of those K periods); "
+                               "0: none"),
 }
 
 EPSILON_GREEDY_FIELDS = {
@@ -117,6 +121,17 @@ class UCBTunedState(DiscreteBanditState):
     sq_sums: jax.Array      # [N, P, G] sums of squared rewards per arm
 
 
+@struct.dataclass
+class RecentArms:
+    """A bandit's statistics (``stats``) with the arms of each slot's last ``K`` pulls
+    (``recent_window: K``): ``arms [K, A, P]`` a ring buffer (-1 where not yet written),
+    ``pulls`` the pulls each slot has recorded (every slot pulls every period)."""
+
+    stats: DiscreteBanditState
+    arms: jax.Array         # [K, A, P] int32
+    pulls: jax.Array        # [] int32
+
+
 def argmax_random(values: jax.Array, key: jax.Array) -> jax.Array:
     """``argmax`` over the last axis with ties broken uniformly at random."""
     best = values >= values.max(-1, keepdims=True)
@@ -151,6 +166,7 @@ class DiscreteBanditSettings:
     num_products: int
     policy_index: tuple[int, ...]   # [A] slot -> policy
     hyper: tuple[tuple[str, Any], ...]   # the kind's resolved hyper-parameters
+    recent_window: int = 0          # K: the arms of each slot's last K pulls kept
 
     @property
     def num_arms(self) -> int:
@@ -164,17 +180,63 @@ def _index(settings: DiscreteBanditSettings) -> jax.Array:
     return jnp.asarray(settings.policy_index, dtype=jnp.int32)
 
 
-def init(settings: DiscreteBanditSettings, key, spec=None) -> DiscreteBanditState:
+def init(settings: DiscreteBanditSettings, key, spec=None):
     del key, spec
     zeros = jnp.zeros((settings.num_policies, settings.num_products, settings.num_arms),
                       jnp.float32)
     if settings.kind == "ucb_tuned":
-        return UCBTunedState(counts=zeros, sums=zeros, log_weights=zeros, sq_sums=zeros)
-    return DiscreteBanditState(counts=zeros, sums=zeros, log_weights=zeros)
+        stats = UCBTunedState(counts=zeros, sums=zeros, log_weights=zeros, sq_sums=zeros)
+    else:
+        stats = DiscreteBanditState(counts=zeros, sums=zeros, log_weights=zeros)
+    if not settings.recent_window:
+        return stats
+    shape = (settings.recent_window, len(settings.policy_index), settings.num_products)
+    return RecentArms(stats=stats, arms=jnp.full(shape, -1, jnp.int32),
+                      pulls=jnp.zeros((), jnp.int32))
+
+
+def _stats(state) -> DiscreteBanditState:
+    return state.stats if isinstance(state, RecentArms) else state
+
+
+def record_recent(state: RecentArms, arm: jax.Array) -> RecentArms:
+    """The ring buffer after the pulls ``arm [T, A, P]`` (in period order): pull ``i``
+    (counting from 0) is stored at row ``i mod K``; of more than ``K`` new pulls only the
+    last ``K`` are written (each row once)."""
+    K, T = state.arms.shape[0], arm.shape[0]
+    first = max(T - K, 0)
+    rows = (state.pulls + first + jnp.arange(T - first, dtype=jnp.int32)) % K
+    return state.replace(arms=state.arms.at[rows].set(arm[first:].astype(jnp.int32)),
+                         pulls=state.pulls + T)
+
+
+def recent_median(settings: DiscreteBanditSettings, state: RecentArms) -> jax.Array:
+    """``[A, P]`` each slot's median price over its last ``min(pulls, K)`` pulls
+    (``numpy.median``: the mean of the two middle prices of an even count; NaN before
+    the first pull)."""
+    K = state.arms.shape[0]
+    grid = jnp.asarray(settings.grid.array)                          # [A, P, G]
+    arms = jnp.moveaxis(state.arms, 0, -1)                           # [A, P, K]
+    prices = jnp.take_along_axis(grid, jnp.maximum(arms, 0), -1)
+    n = jnp.minimum(state.pulls, K)
+    ordered = jnp.sort(jnp.where(arms >= 0, prices, jnp.inf), axis=-1)
+    lo = jnp.take(ordered, jnp.maximum((n - 1) // 2, 0), axis=-1)
+    hi = jnp.take(ordered, jnp.minimum(n // 2, K - 1), axis=-1)
+    return jnp.where(n > 0, 0.5 * (lo + hi), jnp.nan)
+
+
+def readout(kind: str, hyper: Mapping[str, Any], spec: LearnerSpec,
+            state: Any) -> dict[str, jax.Array]:
+    """What the run summary reports of a trained bandit: with ``recent_window``,
+    ``{"recent_median": [A, P]}`` (:func:`recent_median`); else nothing."""
+    if not isinstance(state, RecentArms):
+        return {}
+    return {"recent_median": recent_median(discrete_bandit_settings(kind, hyper, spec), state)}
 
 
 def choose(settings: DiscreteBanditSettings, state: DiscreteBanditState, key):
     """``(arm [A, P] int32, aux)`` for every slot and product."""
+    state = _stats(state)
     kind, h, num_arms = settings.kind, settings.h, settings.num_arms
     index = _index(settings)
     n = state.counts[index]                            # [A, P, G]
@@ -216,7 +278,11 @@ def act(settings: DiscreteBanditSettings, state: DiscreteBanditState, obs, key):
     return action, aux
 
 
-def update(settings: DiscreteBanditSettings, state: DiscreteBanditState, batch: Transition):
+def update(settings: DiscreteBanditSettings, state: Any, batch: Transition):
+    if isinstance(state, RecentArms):
+        stats, metrics = update(settings, state.stats, batch)
+        arm = jnp.asarray(batch.aux["action_index"], jnp.int32)      # [T, A, P]
+        return record_recent(state.replace(stats=stats), arm), metrics
     num_policies, num_products, num_arms = (settings.num_policies, settings.num_products,
                                             settings.num_arms)
     arm = jnp.asarray(batch.aux["action_index"], jnp.int32)      # [T, A, P]
@@ -258,7 +324,8 @@ def discrete_bandit_settings(kind: str, hyper: Mapping[str, Any],
     return DiscreteBanditSettings(
         kind=kind, grid=StaticArray(grid), num_policies=spec.policies,
         num_products=spec.num_products,
-        policy_index=tuple(int(i) for i in np.asarray(spec.index())), hyper=hyper_items)
+        policy_index=tuple(int(i) for i in np.asarray(spec.index())), hyper=hyper_items,
+        recent_window=int(h["recent_window"]))
 
 
 def make_discrete_bandit(kind: str, hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
@@ -317,19 +384,25 @@ def arms(kind: str, hyper: Mapping[str, Any], spec: LearnerSpec, n: int) -> Acti
 
 
 # the equilibrium solver plays their arms; a league snapshot freezes every statistic
-# (the default); no hyperparameter is worth mutating per member (no PBT)
+# (the default); no hyperparameter is worth mutating per member (no PBT); with
+# recent_window the summary reports each slot's recent median price (readout)
 LEARNERS.register(LearnerDef("epsilon_greedy", make_epsilon_greedy, EPSILON_GREEDY_FIELDS,
                              doc="epsilon-greedy over a price grid per product",
-                             action_set=partial(arms, "epsilon_greedy")))
+                             action_set=partial(arms, "epsilon_greedy"),
+                             readout=partial(readout, "epsilon_greedy")))
 LEARNERS.register(LearnerDef("ucb1", make_ucb1, UCB1_FIELDS,
                              doc="UCB1 over a price grid per product",
-                             action_set=partial(arms, "ucb1")))
+                             action_set=partial(arms, "ucb1"),
+                             readout=partial(readout, "ucb1")))
 LEARNERS.register(LearnerDef("ucb_tuned", make_ucb_tuned, UCB_TUNED_FIELDS,
                              doc="UCB-tuned over a price grid per product",
-                             action_set=partial(arms, "ucb_tuned")))
+                             action_set=partial(arms, "ucb_tuned"),
+                             readout=partial(readout, "ucb_tuned")))
 LEARNERS.register(LearnerDef("thompson", make_thompson, THOMPSON_FIELDS,
                              doc="Gaussian Thompson sampling over a price grid per product",
-                             action_set=partial(arms, "thompson")))
+                             action_set=partial(arms, "thompson"),
+                             readout=partial(readout, "thompson")))
 LEARNERS.register(LearnerDef("exp3", make_exp3, EXP3_FIELDS,
                              doc="EXP3 over a price grid per product",
-                             action_set=partial(arms, "exp3")))
+                             action_set=partial(arms, "exp3"),
+                             readout=partial(readout, "exp3")))

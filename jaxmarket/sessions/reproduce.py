@@ -52,8 +52,8 @@ compiling, the sessions and the files).
 
 A trainer run (``engine: "loop"`` in its ``reproduction.json``; a session-engine run's
 file has no ``engine`` key) takes its measure from ``summary.json``'s ``per_seed``
-values (the last 10% of each seed's rows of ``seeds.csv``) or its final state's prices
-per seed and seller (``agents``; :data:`LOOP_MEASURES`);
+values (the last 10% of each seed's rows of ``seeds.csv``) or its learners' readouts
+per seed and seller (``agents``: a bandit's recent median prices; :data:`LOOP_MEASURES`);
 ``periods`` and ``max_periods`` are its iterations times ``train.rollout_length`` (the
 periods each market played), ``converged_share`` the mean over its groups' convergence
 shares (0 for learners without a convergence rule).
@@ -190,33 +190,36 @@ CENT = 0.01
 CENT_BELOW = CENT - 1e-5
 
 
-def _final_prices(summary: dict) -> tuple[str, np.ndarray]:
-    """``(group, [S, A])`` the final state's price of every seller of the run's one price
-    group, first product, per seed (``summary.json`` ``agents[group].final_price``)."""
-    found = {g: a["final_price"]["per_seed"] for g, a in (summary.get("agents") or {}).items()
-             if "final_price" in a}
+def _recent_prices(summary: dict) -> tuple[str, np.ndarray]:
+    """``(group, [S, A])`` the median price of each seller's last periods, per seed and
+    seller, first product, of the run's one group that reports it (``summary.json``
+    ``agents[group].recent_median_price``: a discrete bandit with ``recent_window``)."""
+    found = {g: a["recent_median_price"]["per_seed"]
+             for g, a in (summary.get("agents") or {}).items() if "recent_median_price" in a}
     if len(found) != 1:
-        raise ConfigError("measure", "final prices", "a run with exactly one price-setting "
-                          f"agent group (groups with final prices: {sorted(found) or 'none'})")
+        raise ConfigError("measure", "recent prices", "a run with exactly one group whose "
+                          "learner reports its recent median prices (a discrete bandit with "
+                          "recent_window > 0; groups with them: "
+                          f"{sorted(found) or 'none'})")
     group, values = next(iter(found.items()))
     return group, np.asarray(values, np.float64)[:, :, 0]
 
 
-def _final_price_index(summary: dict) -> np.ndarray:
-    """``(p - p_N) / (p_M - p_N)`` per seed: ``p`` the mean over sellers of the final
-    price, ``p_N``/``p_M`` the static Nash and joint-optimum prices of the group's
-    ``summary.json`` benchmarks."""
-    group, prices = _final_prices(summary)
+def _recent_price_index(summary: dict) -> np.ndarray:
+    """``(p - p_N) / (p_M - p_N)`` per seed: ``p`` the mean over sellers of their recent
+    median prices, ``p_N``/``p_M`` the static Nash and joint-optimum prices of the
+    group's ``summary.json`` benchmarks."""
+    group, prices = _recent_prices(summary)
     bench = (summary.get("benchmarks") or {}).get(group) or {}
     nash, joint = bench.get("nash_price"), bench.get("joint_price")
     if nash is None or joint is None or nash == joint:
-        raise ConfigError("measure", "final_price_index", "a run whose summary.json holds "
+        raise ConfigError("measure", "recent_price_index", "a run whose summary.json holds "
                           f"{group}'s static Nash and joint-optimum prices, and they differ")
     return (prices.mean(axis=1) - nash) / (joint - nash)
 
 
-def _final_gap(summary: dict) -> np.ndarray:
-    prices = _final_prices(summary)[1]
+def _recent_gap(summary: dict) -> np.ndarray:
+    prices = _recent_prices(summary)[1]
     return prices.max(axis=1) - prices.min(axis=1)
 
 
@@ -230,17 +233,18 @@ LOOP_MEASURES: dict[str, tuple[str, Callable[[dict], np.ndarray]]] = {
     "mean_price": ("each seed's mean price over the last 10% of its rows "
                    "(per_seed[group].mean_price, first product)",
                    lambda s: _group_seeds(s, "mean_price")),
-    "final_price_index": ("(p - p_N) / (p_M - p_N) of the mean over sellers of each seed's "
-                          "final price (agents[group].final_price, first product), p_N and "
-                          "p_M the static Nash and joint-optimum prices of summary.json "
-                          "benchmarks: 0 at the static Nash equilibrium, 1 at the joint "
-                          "optimum", _final_price_index),
-    "final_price_gap": ("the highest less the lowest seller's final price of each seed "
-                        "(|p_1 - p_2| for two sellers; first product)", _final_gap),
-    "final_prices_within_cent": ("1 where the sellers' final prices of a seed differ by less "
-                                 "than one cent (0.01; prices one cent apart in float32 do "
-                                 "not), else 0: its mean over seeds is their "
-                                 "share", lambda s: (_final_gap(s) < CENT_BELOW).astype(np.float64)),
+    "recent_price_index": ("(p - p_N) / (p_M - p_N) of the mean over sellers of each seed's "
+                           "recent median prices (agents[group].recent_median_price: the median "
+                           "price of each seller's last recent_window periods, first product), "
+                           "p_N and p_M the static Nash and joint-optimum prices of "
+                           "summary.json benchmarks: 0 at the static Nash equilibrium, 1 at "
+                           "the joint optimum", _recent_price_index),
+    "recent_price_gap": ("the highest less the lowest seller's recent median price of each "
+                         "seed (|p_1 - p_2| for two sellers)", _recent_gap),
+    "recent_prices_within_cent": ("1 where the sellers' recent median prices of a seed differ "
+                                  "by less than one cent (0.01; prices one cent apart in "
+                                  "float32 do not), else 0: its mean over seeds is their share",
+                                  lambda s: (_recent_gap(s) < CENT_BELOW).astype(np.float64)),
 }
 
 

@@ -164,6 +164,13 @@ def final_state(plan: Any, runner: Any) -> dict:
         served = state.traffic[g] if g in sellers else state.queries[g] - state.unserved[g]
         agents[g] = {"action": spec.action, "value": per_seed(actions[g]),
                      "reward": per_seed(state.last_reward[g]), "traffic": per_seed(served)}
+        readout = LEARNERS[plan.learner_settings[g][0]].readout
+        if readout is not None and plan.populations.get(g) is None:
+            # slots are seed-major, (s * E + e) * A + a (train/slots.py): [S * E, A, P]
+            found = readout(plan.learner_settings[g][1], plan.specs[g], runner.learners[g])
+            agents[g]["readout"] = {
+                k: per_seed(np.asarray(to_host(v)).reshape(actions[g].shape))
+                for k, v in found.items()}
         report = LEARNERS[plan.learner_settings[g][0]].convergence
         if report is not None:
             c = report(runner.learners[g])
@@ -174,8 +181,11 @@ def final_state(plan: Any, runner: Any) -> dict:
 
 def _agents(final: dict) -> dict:
     """``agents[group]``: per agent (and product) the final state's ``final_<action>``
-    (``final_price`` for price setters), ``final_reward``, ``final_traffic``: each its
-    ``per_seed`` values and :func:`seed_stats` over seeds."""
+    (``final_price`` for price setters), ``final_reward``, ``final_traffic``, and the
+    learner's readouts ``<name>_<action>`` (:attr:`LearnerDef.readout`: a discrete bandit
+    with ``recent_window`` K reports ``recent_median_price``, the median price of each
+    agent's last K periods): each its ``per_seed`` values and :func:`seed_stats` over
+    seeds."""
     out = {}
     for g, a in final["agents"].items():
         out[g] = {"action": a["action"], "source": "final state (the last period, mean over "
@@ -183,6 +193,8 @@ def _agents(final: dict) -> dict:
         for name, values in ((f"final_{a['action']}", a["value"]), ("final_reward", a["reward"]),
                              ("final_traffic", a["traffic"])):
             out[g][name] = {"per_seed": _json(values), **seed_stats(values)}
+        for name, values in (a.get("readout") or {}).items():   # the learner's readout
+            out[g][f"{name}_{a['action']}"] = {"per_seed": _json(values), **seed_stats(values)}
     return out
 
 
