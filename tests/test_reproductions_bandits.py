@@ -30,7 +30,7 @@ P_N = A / (2 * B - G)            # the static Nash price: a - 2 b p + g p = 0
 P_M = A / (2 * (B - G))          # the joint-monopoly price: max p (a - (b - g) p)
 SESSIONS, PERIODS = 32, 150_000
 DESIGNS = ("hansen2021_snr10", "hansen2021_snr1", "hansen2021_snr01",
-           "hansen2021_snr10_price", "hansen2021_snr01_price")
+           "hansen2021_snr10_price", "hansen2021_snr01_price", "hansen2021_snr10_egreedy")
 
 
 def _summary(prices, nash=P_N, joint=P_M) -> dict:
@@ -128,10 +128,14 @@ def test_the_designs_are_listed_with_their_sources():
     for name in DESIGNS:
         design = find_design(name)
         assert design.config.name == "hansen2021.yaml"
-        assert "Hansen, Misra & Pai" in design.source and "Figure 2" in design.source
-        if name.endswith("_price"):
+        assert "Hansen, Misra & Pai" in design.source
+        kind = load_config(design.config, design.overrides)["learners"]["firms"]["kind"]
+        assert kind == ("epsilon_greedy" if name.endswith("_egreedy") else "ucb_tuned")
+        if name.endswith("_egreedy"):
             assert design.published is None and design.root_cause
-            assert design.measure == "recent_price_index"
+        elif name.endswith("_price"):
+            assert design.published is None and design.root_cause
+            assert design.measure == "recent_price_index" and "Figure 2" in design.source
         else:
             assert 0 < design.published < 1
             assert design.measure == "recent_prices_within_cent"
