@@ -530,18 +530,15 @@ def test_ucb_tuned_variance_cap_changes_the_choice():
         make("ucb_tuned", {"variance_cap": 0.0}, spec)
 
 
-def test_ucb_tuned_pulls_the_best_of_three_noisy_arms_most():
-    """Arms with mean rewards 0.3, 0.5, 0.4 and Gaussian noise (sd 0.2); 3000 steps of a
-    jitted ``lax.scan``, 4 seeds: the middle arm is pulled most, in over 80% of the steps."""
-    spec = make_spec(P=1, low=0.0, high=1.0)
-    learner = make("ucb_tuned", {"grid_size": 3}, spec)
-    means = jnp.array([0.3, 0.5, 0.4])
+def _noisy_runs(learner, spec, reward, steps: int, seed: int):
+    """The learner's states after ``steps`` one-slot periods of a jitted ``lax.scan``, 4
+    seeds ``vmap``ped; ``reward(action, aux, key) -> [1]`` pays each period."""
 
     def body(state, key):
         k_act, k_noise = jax.random.split(key)
         action, aux = learner.act(state, None, k_act)
-        reward = means[aux["action_index"][:, 0]] + 0.2 * jax.random.normal(k_noise, (1,))
-        batch = Transition(obs=jnp.zeros((1, 1, 0)), action=action[None], reward=reward[None],
+        r = reward(action, aux, k_noise)
+        batch = Transition(obs=jnp.zeros((1, 1, 0)), action=action[None], reward=r[None],
                            next_obs=jnp.zeros((1, 1, 0)), done=jnp.zeros((1, 1), bool),
                            aux=jax.tree.map(lambda x: x[None], aux))
         return learner.update(state, batch)[0], None
@@ -549,10 +546,21 @@ def test_ucb_tuned_pulls_the_best_of_three_noisy_arms_most():
     @jax.jit
     @jax.vmap
     def run(key):
-        state, _ = jax.lax.scan(body, learner.init(key, spec), jax.random.split(key, 3000))
+        state, _ = jax.lax.scan(body, learner.init(key, spec), jax.random.split(key, steps))
         return state
 
-    counts = np.asarray(run(jax.random.split(jax.random.PRNGKey(2), 4)).counts[:, 0, 0])
+    return run(jax.random.split(jax.random.PRNGKey(seed), 4))
+
+
+def test_ucb_tuned_pulls_the_best_of_three_noisy_arms_most():
+    """Arms with mean rewards 0.3, 0.5, 0.4 and Gaussian noise (sd 0.2); 3000 steps of a
+    jitted ``lax.scan``, 4 seeds: the middle arm is pulled most, in over 80% of the steps."""
+    spec = make_spec(P=1, low=0.0, high=1.0)
+    learner = make("ucb_tuned", {"grid_size": 3}, spec)
+    means = jnp.array([0.3, 0.5, 0.4])
+    states = _noisy_runs(learner, spec, lambda action, aux, key: means[aux["action_index"][:, 0]]
+                         + 0.2 * jax.random.normal(key, (1,)), 3000, 2)
+    counts = np.asarray(states.counts[:, 0, 0])
     assert np.all(np.argmax(counts, -1) == 1), counts
     assert np.all(counts[:, 1] > 0.8 * 3000), counts
 
@@ -646,23 +654,8 @@ def test_discrete_bandits_find_the_best_arm(kind, hyper):
     learner = make(kind, {"grid_size": 5, **hyper}, spec)
     grid = np.linspace(0.0, 1.0, 5)
     best = int(np.argmax(4 * grid * (1 - grid)))
-
-    def body(state, key):
-        k_act, k_noise = jax.random.split(key)
-        action, aux = learner.act(state, None, k_act)
-        reward = (4 * action * (1 - action)).sum(-1) + 0.3 * jax.random.normal(k_noise, (1,))
-        batch = Transition(obs=jnp.zeros((1, 1, 0)), action=action[None], reward=reward[None],
-                           next_obs=jnp.zeros((1, 1, 0)), done=jnp.zeros((1, 1), bool),
-                           aux=jax.tree.map(lambda x: x[None], aux))
-        return learner.update(state, batch)[0], None
-
-    @jax.jit
-    @jax.vmap
-    def run(key):
-        state, _ = jax.lax.scan(body, learner.init(key, spec), jax.random.split(key, 1500))
-        return state
-
-    states = run(jax.random.split(jax.random.PRNGKey(1), 4))
+    states = _noisy_runs(learner, spec, lambda action, aux, key: (4 * action * (1 - action)).sum(-1)
+                         + 0.3 * jax.random.normal(key, (1,)), 1500, 1)
     # exp3: the arm with the largest weight; the others: the arm pulled most
     score = states.log_weights if kind == "exp3" else states.counts
     assert np.all(np.argmax(np.asarray(score), -1) == best), np.asarray(score)
