@@ -199,13 +199,13 @@ def test_competitor_summary_error_lists_the_choices():
 
 def test_seller_only_reward_for_consumers_lists_what_consumers_may_use():
     # kills rewards.build_reward 21, 31 (allowed list None)
-    # consumer terms: traffic, regret_ratio; transforms for both sides: team, scale,
-    # clip, sum -- alphabetically
+    # consumer terms: traffic, regret_ratio, noise; transforms for both sides: team,
+    # scale, clip, sum -- alphabetically
     with pytest.raises(ConfigError) as info:
         build_reward([{"kind": "profit"}], 2, "g.reward", "consumer")
     assert info.value.field == "g.reward[0].kind"
     assert info.value.allowed == ("for a consumer group one of "
-                                  "clip, regret_ratio, scale, sum, team, traffic")
+                                  "clip, noise, regret_ratio, scale, sum, team, traffic")
 
 
 # =========================================================================== isa*.py
