@@ -238,17 +238,24 @@ REWARDS.register(RewardDef(
     doc=_build_noise.__doc__, random=True))
 
 
+def _draws(item: Any) -> bool:
+    """Whether one reward component is itself a random term (its definition's
+    ``random``)."""
+    kind = item.get("kind") if isinstance(item, Mapping) else item
+    d = REWARDS.get(kind) if isinstance(kind, str) else None
+    return d is not None and d.random
+
+
+def _random_sum(item: Any) -> bool:
+    """Whether one reward component is a ``sum`` holding a random term."""
+    return isinstance(item, Mapping) and item.get("kind") == "sum" and is_random(
+        item.get("terms"))
+
+
 def is_random(config: Any) -> bool:
     """Whether a reward list (validated or not) holds a random term, at any depth of
     ``sum`` terms."""
-    for item in config or ():
-        kind = item.get("kind") if isinstance(item, Mapping) else item
-        d = REWARDS.get(kind) if isinstance(kind, str) else None
-        if d is not None and d.random:
-            return True
-        if kind == "sum" and isinstance(item, Mapping) and is_random(item.get("terms")):
-            return True
-    return False
+    return any(_draws(item) or _random_sum(item) for item in config or ())
 
 
 def expected_reward(config: Any) -> Any:
@@ -260,15 +267,12 @@ def expected_reward(config: Any) -> Any:
         return config
     out = []
     for item in config:
-        kind = item.get("kind") if isinstance(item, Mapping) else item
-        d = REWARDS.get(kind) if isinstance(kind, str) else None
-        if d is not None and d.random:
+        if _draws(item):
             continue
-        if kind == "sum" and isinstance(item, Mapping) and is_random(item.get("terms")):
-            terms = list(item["terms"])
-            weights = item.get("weights") or [1.0] * len(terms)
-            kept = [(expected_reward([t])[0], w) for t, w in zip(terms, weights)
-                    if not is_random([t]) or expected_reward([t])]
+        if _random_sum(item):
+            weights = item.get("weights") or [1.0] * len(item["terms"])
+            kept = [(expected_reward([t]), w) for t, w in zip(item["terms"], weights)]
+            kept = [(t[0], w) for t, w in kept if t]
             if not kept:
                 continue
             item = {**item, "terms": [t for t, _ in kept]}
