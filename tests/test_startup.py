@@ -75,7 +75,33 @@ BAD = [
     ("check", DEFAULT, ["train.num_envs=100000000", "train.chunk_size=100000"]),
     ("train", DEFAULT, ["train.num_envs=100000000", "train.chunk_size=100000"]),
     ("check", "configs/bench_b.yaml", ["market.sellers[0].count=5000"]),
+    # YAML that never ends (a recursive alias) or explodes (an alias bomb), and top-level
+    # sections of the wrong type (before: a hang, or an AttributeError traceback from
+    # the engine choice): a config file each, PROBES below
+    *((command, f"probe:{name}", []) for name in ("recursive_alias", "alias_bomb",
+                                                 "learners_list", "learners_number",
+                                                 "train_list", "market_number")
+      for command in ("check", "train")),
+    ("check", DEFAULT, ["train.num_iterations=&loop [*loop]"]),
+    ("train", DEFAULT, ["learners=[1, 2, 3]"]),
 ]
+
+_BASE = yaml.safe_load((CONFIGS / "budget_monopoly.yaml").read_text())
+# billion laughs: 9 levels of 9 aliases each (9^9 values), in a valid config's free text
+BOMB = "[" + ", ".join(["&a [" + ", ".join(["lol"] * 9) + "]"] + [
+    f"&{b} [{', '.join(['*' + a] * 9)}]" for a, b in zip("abcdefgh", "bcdefghi")]) + "]"
+# (file text, what its one line names: the field, or the file's line and column, and the
+# value); "probe:NAME" in BAD is the file
+PROBES = {
+    "recursive_alias": ("market: {sellers: [{name: s}]}\ntrain:\n  num_iterations: &loop "
+                        "[*loop]\n", "line 3, column 26: got 'a recursive alias *loop"),
+    "alias_bomb": (yaml.safe_dump(_BASE, sort_keys=False) + f"description: {BOMB}\n",
+                   "got 'YAML whose aliases expand to more than 10,000 nodes'"),
+    "learners_list": (yaml.safe_dump({**_BASE, "learners": [1, 2, 3]}), "learners: got [1, 2, 3]"),
+    "learners_number": (yaml.safe_dump({**_BASE, "learners": 3}), "learners: got 3"),
+    "train_list": (yaml.safe_dump({**_BASE, "train": [1]}), "train: got [1]"),
+    "market_number": (yaml.safe_dump({**_BASE, "market": 5}), "market: got 5"),
+}
 
 SCRIPT = r"""
 import contextlib, io, json, sys
@@ -130,17 +156,28 @@ print(json.dumps(result))
 
 
 @pytest.fixture(scope="module")
-def compared():
+def probes(tmp_path_factory) -> dict[str, str]:
+    """Each of PROBES written to a file: ``{"probe:NAME": its path}``."""
+    folder = tmp_path_factory.mktemp("probes")
+    for name, (text, _) in PROBES.items():
+        (folder / f"{name}.yaml").write_text(text)
+    return {f"probe:{name}": str(folder / f"{name}.yaml") for name in PROBES}
+
+
+@pytest.fixture(scope="module")
+def compared(probes):
     """The quick checks and the full validation of every case of BAD, in a fresh process
     (tests here register kinds of their own in this one)."""
     configs = sorted(f"configs/{p.name}" for p in CONFIGS.glob("*.yaml"))
-    out = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(BAD), json.dumps(configs)],
+    cases = [(command, probes.get(path, path), over) for command, path, over in BAD]
+    out = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(cases), json.dumps(configs)],
                          cwd=ROOT, check=False, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.splitlines()[-1])
 
 
-@pytest.mark.parametrize("i", range(len(BAD)), ids=[" ".join(c[2]) + f" ({c[0]})" for c in BAD])
+@pytest.mark.parametrize("i", range(len(BAD)), ids=[" ".join(c[2] or [c[1]]) + f" ({c[0]})"
+                                                    for c in BAD])
 def test_the_quick_checks_raise_the_full_validations_message(compared, i):
     status, message, said = compared["quick"][i]
     code, stderr, stdout = compared["full"][i]
@@ -148,6 +185,76 @@ def test_the_quick_checks_raise_the_full_validations_message(compared, i):
     assert status == "error", (BAD[i], status)   # the quick checks found it
     assert stderr == f"config error: {message}\n"
     assert said == stdout   # train's engine line, where the full path prints it first
+
+
+@pytest.mark.parametrize("name", PROBES)
+def test_a_never_ending_yaml_or_a_section_of_the_wrong_type_is_one_line_at_once(
+        probes, name, tmp_path):
+    """The commands themselves on each probe file, in a fresh process: one line naming the
+    field (or the file, line and column) and the value, exit code 2, within 10 s.
+    Before: a recursive alias spun at full CPU until killed (check and
+    train), ``learners: [1, 2, 3]`` or ``learners: 3`` printed a 22-line AttributeError
+    traceback from the engine choice, ``market: 5`` printed train's engine line first."""
+    path = probes[f"probe:{name}"]
+    for argv in (["-m", "jaxmarket.check", path],
+                 ["-m", "jaxmarket.train", path, "--run-dir", str(tmp_path / "run")]):
+        out = subprocess.run([sys.executable, *argv], cwd=ROOT, check=False,
+                             capture_output=True, text=True, timeout=10)
+        assert out.returncode == 2, (argv, out.stderr[-2000:])
+        assert out.stdout == "" and out.stderr.count("\n") == 1, (argv, out.stdout, out.stderr)
+        assert out.stderr.startswith("config error: ") and PROBES[name][1] in out.stderr, \
+            out.stderr
+        if name in ("recursive_alias", "alias_bomb"):
+            assert out.stderr.startswith(f"config error: {path}, line "), out.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_same_section_in_a_run_directory_is_one_line_on_resume(probes, tmp_path):
+    """``--resume`` reads the run's own config.yaml through the same loader and checks."""
+    for name in ("recursive_alias", "learners_list"):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "config.yaml").write_text(PROBES[name][0])
+        out = subprocess.run([sys.executable, "-m", "jaxmarket.train", "--resume", str(run)],
+                             cwd=ROOT, check=False, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr[-2000:]
+        assert PROBES[name][1] in out.stderr
+
+
+def test_anchors_aliases_and_merge_keys_load_as_before(tmp_path):
+    """The bounded loader reads what ``yaml.safe_load`` reads: anchors, aliases (to
+    scalars, lists, mappings, nested), merge keys, and aliases repeating nearly as many
+    values as the bound allows (9,133 of 10,000)."""
+    from jaxmarket.config.loader import MAX_EXPANDED_NODES, safe_load
+    text = (CONFIGS / "logit_duopoly.yaml").read_text() + """
+description: &text a duopoly
+name: *text
+pbt: {}
+"""
+    shared = """
+x: &seller {name: s, count: 2, cost: &cost [0.1, 0.2]}
+y: [*seller, {<<: *seller, name: t, cost: *cost}, *cost]
+deep: [&l1 [1, 2, 3, 4, 5, 6, 7, 8, 9], &l2 [*l1, *l1, *l1, *l1, *l1, *l1, *l1, *l1, *l1],
+       &l3 [*l2, *l2, *l2, *l2, *l2, *l2, *l2, *l2, *l2],
+       [*l3, *l3, *l3, *l3, *l3, *l3, *l3, *l3, *l3], *l3]
+"""
+    assert MAX_EXPANDED_NODES == 10_000
+    for body in (text, shared):
+        assert safe_load(body, "x") == yaml.safe_load(body)
+    path = tmp_path / "anchored.yaml"
+    path.write_text(text)
+    loaded = load_config(path)
+    assert loaded == yaml.safe_load(text)
+    assert loaded["name"] == loaded["description"] == "a duopoly"
+    assert {k: v for k, v in loaded.items() if k not in ("name", "description", "pbt")} == \
+        load_config(CONFIGS / "logit_duopoly.yaml")
+    # a shipped config whose repeated seller group YAML writes as an anchor and aliases
+    base = load_config(CONFIGS / "multi_product.yaml")
+    group = base["market"]["sellers"][0]
+    three = {**base, "market": {**base["market"], "sellers": [group, group, group]}}
+    path.write_text(yaml.safe_dump(three, sort_keys=False))
+    assert "&id001" in path.read_text() and "*id001" in path.read_text()
+    assert load_config(path) == yaml.safe_load(path.read_text()) == three
 
 
 def test_the_quick_checks_never_refuse_a_shipped_config(compared):

@@ -209,16 +209,19 @@ def test_results_from_cell_summaries_by_hand(tmp_path):
     """sweep.csv, summary.json and the one-axis line from hand-written cell summaries (no
     training): a grid over the scenario's seed gets its own column next to the seed index."""
     from jaxmarket.cli.sweep import validate, write_results
+    from jaxmarket.train.publish import Publication
     sweep = make_sweep(CONFIG, ["seed=[3, 7]"], seeds=3, overrides=TINY)
     cells = validate(sweep)
     per_seed = [{"mean_price": [[1.0], [2.0], [4.0]], "mean_reward": [0.5, 0.25, 0.0],
                  "mean_traffic": [[1.0], [0.0], [0.5]]},
                 {"mean_price": [[3.0], [3.0], [3.0]], "mean_reward": [1.0, 2.0, 6.0],
                  "mean_traffic": [[0.0], [0.0], [0.0]]}]
-    for cell, seller in zip(cells, per_seed):
+    for cell, seller in zip(cells, per_seed):   # each a published result, as a run's
         (tmp_path / "cells" / str(cell.index)).mkdir(parents=True)
-        (tmp_path / "cells" / str(cell.index) / "summary.json").write_text(json.dumps(
+        pub = Publication(tmp_path / "cells" / str(cell.index), "loop", 20)
+        pub.text("summary.json", json.dumps(
             {"final": {}, "iterations": 20, "stopped": None, "per_seed": {"seller": seller}}))
+        pub.publish()
     summary = write_results(sweep, cells, tmp_path, "final/seller/mean_reward")
     rows = read_csv(tmp_path / "sweep.csv")
     assert list(rows[0])[:3] == ["cell", "seed", "grid:seed"]

@@ -49,6 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxmarket.analysis.strategies import expects_strategies, read_strategies, strategies_path
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.loader import load_config
 from jaxmarket.learners.controller import group_learner_spec
@@ -155,19 +156,27 @@ def _nanmean(x: np.ndarray) -> float | None:
 # ------------------------------------------------------------------ sources
 
 def strategies_from_npz(directory: str | Path) -> Strategies:
-    """``DIR/strategies.npz`` of a session-engine run (:mod:`jaxmarket.sessions.run`)."""
-    path = Path(directory)
-    path = path / STRATEGIES_FILE if path.is_dir() else path
-    with np.load(path) as d:
-        memory = int(d["memory"])
-        last = np.asarray(d["last"], np.int64)
-        if memory != 1 and last.shape[1] != memory * d["greedy"].shape[1]:
-            raise ValueError(f"{path}: last has {last.shape[1]} digits, not memory x agents")
-        return Strategies(greedy=np.asarray(d["greedy"], np.int64), last=last,
-                          grid=np.asarray(d["grid"], np.float64), memory=memory,
-                          profit_table=np.asarray(d["profit_table"], np.float64),
-                          converged=np.asarray(d["converged"], bool) if "converged" in d
-                          else None, source=str(path))
+    """``DIR/strategies.npz`` of a session-engine run (:mod:`jaxmarket.sessions.run`),
+    read and checked by :func:`jaxmarket.analysis.strategies.read_strategies` (a
+    RunDirError, one line, on a damaged file or one that is not the run's). A ConfigError
+    where its strategies are not over the last ``memory`` price profiles (the run's
+    observation is not the price history). With one outcome table per random period
+    outcome there is no one-shot profit table: deviate to a price."""
+    path = strategies_path(directory)
+    d = read_strategies(path)
+    n, m, memory = d["greedy"].shape[1], d["grid"].shape[0], int(d["memory"])
+    states = d["greedy"].shape[2]
+    if states != m ** (memory * n):
+        raise ConfigError("market.sellers[0].observation", f"{path}: {states} states",
+                          f"the price history, [{{kind: history, k: 1}}] (impulse_response "
+                          f"replays strategies whose state is the last price profile; "
+                          f"these are over {states} states, not {m}^{memory * n})")
+    table = d["profit_table"]
+    return Strategies(greedy=d["greedy"].astype(np.int64), last=d["last"].astype(np.int64),
+                      grid=d["grid"].astype(np.float64), memory=memory,
+                      profit_table=table.astype(np.float64) if table.ndim == 2 else None,
+                      converged=d["converged"] if "converged" in d else None,
+                      source=str(path))
 
 
 def _group(plan: RunPlan, group: str | None) -> str:
@@ -309,8 +318,7 @@ def strategies_from_run(run: Any, group: str | None = None) -> Strategies:
 def load_strategies(run: Any, group: str | None = None) -> Strategies:
     if isinstance(run, Strategies):
         return run
-    if isinstance(run, (str, Path)) and (Path(run) / STRATEGIES_FILE).is_file() or \
-            isinstance(run, (str, Path)) and str(run).endswith(".npz"):
+    if isinstance(run, (str, Path)) and expects_strategies(run):
         return strategies_from_npz(run)
     return strategies_from_run(run, group)
 

@@ -16,6 +16,7 @@ import numpy as np
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.loader import load_config
 from jaxmarket.market.spec import resolve_market
+from jaxmarket.train.publish import verify
 from jaxmarket.train.rundir import SESSIONS_FILE
 from jaxmarket.train.tracking import ParquetRows, read_metrics
 
@@ -93,6 +94,7 @@ def run_data(run_dir: str | Path) -> RunData:
     run_dir = Path(run_dir)
     if not (run_dir / "metrics.csv").is_file():
         raise ConfigError("RUN_DIR", str(run_dir), "a run directory holding metrics.csv")
+    verify(run_dir, growing=True)   # a live run's rows may grow; the published ones hold
     header, data = read_metrics(run_dir / "metrics.csv")
     seeds_header = seeds_data = None
     seeds = run_dir / "seeds.csv"
@@ -287,6 +289,7 @@ def plot_sessions(run_dir: str | Path) -> Path:
     profit gain (Delta of the greedy cycle) and of their convergence periods."""
     import matplotlib.pyplot as plt
     import pandas as pd
+    verify(run_dir)   # every file of the published result, not only sessions.csv
     rows = pd.read_csv(Path(run_dir) / SESSIONS_FILE)
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.5))
     if rows["profit_gain"].notna().any():

@@ -23,6 +23,7 @@ from jaxmarket.config.loader import load_config
 from jaxmarket.train.loop import Runner, chain
 from jaxmarket.train.plan import RunPlan, resolve
 from jaxmarket.train.provenance import read_run_record
+from jaxmarket.train.publish import verify
 from jaxmarket.train.trainer import Trainer
 from jaxmarket.train.rundir import SESSIONS_FILE, RunDirError, changed_keys
 from jaxmarket.train.slots import SlotView
@@ -202,12 +203,15 @@ class Run:
 
 def load_run(run_dir: str | Path) -> Run:
     """Read the run in ``run_dir`` (config.yaml is required; the rest is read when
-    asked for). A ConfigError names the directory when it holds no run."""
+    asked for). A ConfigError names the directory when it holds no run; a RunDirError
+    names the file that is not part of the run's published result
+    (:func:`jaxmarket.train.publish.verify`)."""
     path = Path(run_dir)
     if not (path / "config.yaml").is_file():
         raise ConfigError("run directory", str(path), "a directory holding a run's config.yaml "
                           "(python -m jaxmarket.train CONFIG --run-dir DIR writes one)")
     config = load_config(path / "config.yaml")
+    verify(path)   # the files are one published result, or the run has none yet
     summary_path = path / "summary.json"
     summary = None
     if summary_path.is_file():

@@ -17,10 +17,10 @@ import json
 from pathlib import Path
 
 import jax
-import yaml
 
 from jaxmarket.cli import parser as make_parser
 from jaxmarket.config.errors import ConfigError
+from jaxmarket.config.loader import safe_load
 from jaxmarket.offline.algos import device_data, make_algo, sample_batch
 from jaxmarket.offline.files import storage_errno, storage_error
 from jaxmarket.offline.fit import fit, write_fit_config
@@ -85,7 +85,7 @@ def parse_hyper(items: list[str]) -> dict:
         if "=" not in item:
             raise ConfigError("hyperparameters", item, "KEY=VALUE settings, e.g. gamma=0.9")
         k, v = item.split("=", 1)
-        hyper[k.strip()] = yaml.safe_load(v)
+        hyper[k.strip()] = safe_load(v, f"hyperparameters {k.strip()}", marks=False)
     return hyper
 
 

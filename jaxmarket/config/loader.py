@@ -49,9 +49,7 @@ def apply_override(config: dict, override: str) -> dict:
         raise ConfigError("overrides", override, "KEY=VALUE with a dotted KEY, e.g. market.num_products=4")
     path, text = override.split("=", 1)
     try:
-        if text.strip():
-            check_expansion(yaml.compose(text), path.strip())
-        value = yaml.safe_load(text) if text.strip() else None
+        value = safe_load(text, path.strip(), marks=False) if text.strip() else None
     except (yaml.YAMLError, RecursionError):
         value = text
     except ConfigError:
@@ -99,35 +97,71 @@ def yaml_error(path: Path, err: yaml.YAMLError) -> ConfigError:
 # a scenario file is a few kilobytes; anything past this is not one (and would only make
 # the parser slow): refused before it is read
 MAX_CONFIG_BYTES = 1 << 20
-#: the most YAML nodes (scalars, lists, mappings) a document may hold once its aliases
-#: are expanded: a config is a few thousand; "billion laughs" nests aliases to 9^9
-MAX_EXPANDED_NODES = 1_000_000
+#: the most YAML nodes (scalars, lists, mappings) a document may reach through its
+#: aliases, each alias counting every node it repeats: a config is a few thousand nodes,
+#: its anchors repeat a few groups; "billion laughs" nests aliases to 9^9
+MAX_EXPANDED_NODES = 10_000
 
 
-def check_expansion(root: Any, where: str) -> None:
-    """A :class:`ConfigError` when the YAML node graph ``root`` (``yaml.compose``: aliases
-    are shared nodes, nothing expanded) would hold more than ``MAX_EXPANDED_NODES``
-    nodes once its aliases are expanded; counted on the graph, each shared node once."""
-    sizes: dict[int, int] = {}
-    stack = [(root, False)] if root is not None else []
-    while stack:   # post-order over the graph, a node's size once its children's are
-        node, ready = stack.pop()
-        if id(node) in sizes:
-            continue
-        children = ([c for pair in node.value for c in pair]
-                    if isinstance(node, yaml.MappingNode) else
-                    list(node.value) if isinstance(node, yaml.SequenceNode) else [])
-        if not ready:
-            stack.append((node, True))
-            stack.extend((c, False) for c in children if id(c) not in sizes)
-            continue
-        sizes[id(node)] = min(1 + sum(sizes.get(id(c), 1) for c in children),
-                              MAX_EXPANDED_NODES + 1)
-    total = sizes.get(id(root), 0)
-    if total > MAX_EXPANDED_NODES:
-        raise ConfigError(where, "YAML whose aliases expand to more than "
-                          f"{MAX_EXPANDED_NODES:,} nodes", "a config of at most "
-                          f"{MAX_EXPANDED_NODES:,} values once aliases are expanded")
+class ConfigLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` for a user's config: an alias inside the node it names (a
+    recursive alias, ``x: &a [*a]``) and aliases that repeat more than
+    ``MAX_EXPANDED_NODES`` nodes in all are a :class:`ConfigError` naming ``where`` (a
+    file, with the line and column; or an override's key), raised while the document is
+    composed: nothing is expanded or constructed. Use :func:`safe_load`."""
+
+    def __init__(self, stream: str, where: str, marks: bool = True):
+        super().__init__(stream)
+        self.config_where, self.config_marks = where, marks
+        self.config_open: set[str] = set()     # the anchors of the nodes being composed
+        self.config_sizes: dict[int, int] = {}  # a collection's size, its aliases expanded
+        self.config_aliased = 0                 # the nodes reached through aliases so far
+
+    def config_refuse(self, mark: Any, value: str, allowed: str) -> ConfigError:
+        where = (f"{self.config_where}, line {mark.line + 1}, column {mark.column + 1}"
+                 if self.config_marks and mark is not None else self.config_where)
+        return ConfigError(where, value, allowed)
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            if event.anchor in self.config_open:
+                raise self.config_refuse(
+                    event.start_mark, f"a recursive alias *{event.anchor} (inside the node "
+                    f"&{event.anchor} it names)", "aliases to nodes that end before the alias "
+                    "(no node may contain itself)")
+            node = super().compose_node(parent, index)
+            self.config_aliased += self.config_sizes.get(id(node), 1)
+            if self.config_aliased > MAX_EXPANDED_NODES:
+                raise self.config_refuse(
+                    event.start_mark, "YAML whose aliases expand to more than "
+                    f"{MAX_EXPANDED_NODES:,} nodes", "a config whose aliases repeat at most "
+                    f"{MAX_EXPANDED_NODES:,} values in all")
+            return node
+        anchor = getattr(event, "anchor", None)
+        if anchor is not None:
+            self.config_open.add(anchor)
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self.config_open.discard(anchor)
+        if isinstance(node, yaml.CollectionNode):
+            children = (c for pair in node.value for c in pair) \
+                if isinstance(node, yaml.MappingNode) else node.value
+            self.config_sizes[id(node)] = 1 + sum(self.config_sizes.get(id(c), 1)
+                                                  for c in children)
+        return node
+
+
+def safe_load(text: str, where: str, marks: bool = True) -> Any:
+    """``yaml.safe_load(text)`` through :class:`ConfigLoader`: a recursive alias or an
+    alias bomb is a :class:`ConfigError` naming ``where`` (``marks``: with the line and
+    column); YAML errors are ``yaml.YAMLError`` as ``yaml.safe_load``'s."""
+    loader = ConfigLoader(text, where, marks)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
 
 
 def read_yaml(path: Path) -> Any:
@@ -147,8 +181,7 @@ def read_yaml(path: Path) -> Any:
     if "\x00" in text:
         raise ConfigError(str(path), "a NUL byte", "a UTF-8 text file (YAML)")
     try:
-        check_expansion(yaml.compose(text), str(path))
-        return yaml.safe_load(text) or {}
+        return safe_load(text, str(path)) or {}
     except yaml.YAMLError as err:
         raise yaml_error(path, err) from None
     except RecursionError:
@@ -217,4 +250,27 @@ def load_config(source: str | Path | Mapping[str, Any], overrides: Sequence[str]
             raise ConfigError(str(key), config[key], "top-level keys are " + ", ".join(TOP_LEVEL))
     if "market" not in config:
         raise ConfigError("market", "<missing>", "a market: section (this field is required)")
+    check_sections(config)
     return config
+
+
+#: the top-level sections that are mappings, in the order the validation reads them, and
+#: what each allows (the full validation's own words); None is an empty section, except
+#: for market
+SECTIONS = {
+    "train": "a mapping of settings",
+    "market": "a mapping with num_products, consumers, sellers, distributor",
+    "learners": "a mapping from agent group name to learner config",
+    "pbt": "a mapping of settings",
+}
+
+
+def check_sections(config: Mapping[str, Any]) -> None:
+    """A :class:`ConfigError` naming the first top-level section of ``config`` that is
+    not a mapping (``learners: [1, 2, 3]``, ``train: [1]``, ``market: 5``): checked as
+    the config is loaded, before anything (the engine choice first) reads a section."""
+    for key, allowed in SECTIONS.items():
+        value = config.get(key)
+        if key in config and not isinstance(value, Mapping) and (value is not None
+                                                                 or key == "market"):
+            raise ConfigError(key, value, allowed)

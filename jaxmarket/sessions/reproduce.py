@@ -79,6 +79,7 @@ from jaxmarket.config.loader import SHIPPED_CONFIGS, load_config, read_yaml
 from jaxmarket.sessions import run as session_run
 from jaxmarket.sessions.engine import bootstrap_ci
 from jaxmarket.train.config import resolve_train
+from jaxmarket.train.publish import read_summary, verify
 from jaxmarket.train.run import start_run
 
 #: the shipped design files
@@ -450,6 +451,7 @@ def reproduce(design: Design, run_dir: str | Path | None = None,
     summary = session_run.start(config, plan, run_dir, command=command or train_command,
                                 progress_every=progress_every)
     wall = time.perf_counter() - started
+    verify(run_dir)
     frame = pd.read_csv(Path(run_dir) / session_run.SESSIONS_FILE)
     frame.attrs["summary"] = summary   # the benchmarks of action_gain
     values = per_session(frame, design.measure)
@@ -500,7 +502,7 @@ def _reproduce_loop(design: Design, config: dict, run_dir: str, command: str,
     started = time.perf_counter()
     start_run(config, [], run_dir, command=command, progress_every=progress_every)
     wall = time.perf_counter() - started
-    summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    summary = read_summary(run_dir)
     values = per_seed(summary, design.measure)
     shares = [c["share_converged"] for c in (summary.get("convergence") or {}).values()]
     T = tcfg.rollout_length

@@ -39,6 +39,7 @@ import dataclasses
 import io
 import json
 import math
+import os
 import platform
 import shlex
 import socket
@@ -62,20 +63,25 @@ from jaxmarket.train.config import resolve_train
 from jaxmarket.train.memory import MemoryEstimate, check_memory
 from jaxmarket.train.plan import RunPlan, check_work_budget, resolve
 from jaxmarket.train.provenance import RUN_RECORD, git_commit
+from jaxmarket.train.publish import Publication
 from jaxmarket.train.run import check_resume_overrides as _check_overrides
-from jaxmarket.train.run import require_new_dir, restart_in_place
+from jaxmarket.train.run import changes_note, earlier_changes, require_new_dir, restart_in_place
 from jaxmarket.train.rundir import (
     SESSIONS_FILE,
     STRATEGIES_FILE,
     StorageError,
     check_config_record,
+    config_changes,
+    config_text,
     describe_os_error,
     has_checkpoint,
     lock_dir,
     read_run_config,
     resume_storage_error,
     start_storage_error,
+    started_config,
     storage_cause,
+    unhonoured,
     write_config_record,
 )
 
@@ -340,10 +346,11 @@ class SessionRun:
                 summary["outcome_benchmarks"] = {group: inf}
                 summary["profit_gain_outcomes"] = {group: float(informed.mean())}
                 summary["profit_gain_outcomes_ci95"] = {group: eng.bootstrap_ci(informed)}
-        _atomic_text(self.run_dir / SESSIONS_FILE,
-                     sessions_csv(result, delta, played, informed))
-        write_strategies(self.run_dir / STRATEGIES_FILE, result, bench)
-        _atomic_text(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+        pub = Publication(self.run_dir, "sessions", result.periods)
+        pub.text(SESSIONS_FILE, sessions_csv(result, delta, played, informed))
+        write_strategies(pub.path(STRATEGIES_FILE), result, bench)
+        pub.text("summary.json", json.dumps(summary, indent=2) + "\n")
+        pub.publish()
         return summary
 
 
@@ -395,15 +402,16 @@ def write_strategies(path: Path, result: eng.SessionResult, bench: dict) -> None
     m = game.grid.size
     last = np.asarray(result.sessions.index, np.int32) if memory else \
         np.zeros((rows.shape[0], 0), np.int32)
-    tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez_compressed(
-        tmp, q=rows[..., :m], greedy=rows[..., m].astype(np.int32), last=last,
-        converged=np.asarray(state.converged, bool),
-        grid=np.asarray(game.grid.prices, np.float64),
-        profit_table=np.asarray(game.reward, np.float64), memory=memory,
-        p_nash=_nan(bench.get("nash_price")), p_monopoly=_nan(bench.get("joint_price")),
-        pi_nash=_nan(bench.get("nash_profit")), pi_monopoly=_nan(bench.get("joint_profit")))
-    tmp.replace(path)
+    with path.open("wb") as f:   # numpy adds no suffix to an open file
+        np.savez_compressed(
+            f, q=rows[..., :m], greedy=rows[..., m].astype(np.int32), last=last,
+            converged=np.asarray(state.converged, bool),
+            grid=np.asarray(game.grid.prices, np.float64),
+            profit_table=np.asarray(game.reward, np.float64), memory=memory,
+            p_nash=_nan(bench.get("nash_price")), p_monopoly=_nan(bench.get("joint_price")),
+            pi_nash=_nan(bench.get("nash_profit")), pi_monopoly=_nan(bench.get("joint_profit")))
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _nan(x) -> float:
@@ -464,16 +472,26 @@ def resume(run_dir: str | Path, config: dict, plan: RunPlan, overrides: list[str
     try:
         check_config_record(run_dir, read_run_config(run_dir), RESUME_OVERRIDES, allow_changes,
                             required=has_checkpoint(run_dir))
+        changes = config_changes(started_config(run_dir), config, RESUME_OVERRIDES, 0)
         run = SessionRun(config, plan, run_dir)
         if progress_every is not None:
             run.progress_every = progress_every
+        if changes and not run.checkpoints.fits(_plain(run.initial()[0])):
+            raise unhonoured(changes, run_dir)
         sessions, done = run.restore()
+        for c in changes:
+            c["from_period"] = done
         if run.settings.periods < done:
             raise ConfigError("train.num_iterations", run.settings.periods,
                               f"an integer >= {done} (the run's last checkpoint)")
         try:
-            if overrides:
-                _atomic_text(run_dir / "config.yaml", yaml.safe_dump(config, sort_keys=False))
+            previous = json.loads((run_dir / RUN_RECORD).read_text()).get("segments", [])
+        except (OSError, ValueError, AttributeError):
+            previous = []
+        try:
+            if overrides or changes:
+                _atomic_text(run_dir / "config.yaml",
+                             config_text(config, earlier_changes(previous) + changes))
             write_config_record(run_dir, config)
         except OSError as err:
             if storage_cause(err) is None:
@@ -482,11 +500,10 @@ def resume(run_dir: str | Path, config: dict, plan: RunPlan, overrides: list[str
         print(f"resuming {run_dir} from period {done}" if done else
               f"no checkpoint in {run_dir}: starting it from period 0")
         print(_engine_line(run))
-        try:
-            previous = json.loads((run_dir / RUN_RECORD).read_text()).get("segments", [])
-        except (OSError, ValueError, AttributeError):
-            previous = []
-        segments = list(previous) + [run.record(command, done)]
+        if changes:
+            print(changes_note(changes, run.runner.finished(sessions, done)))
+        segments = list(previous) + [{**run.record(command, done),
+                                      **({"config_changes": changes} if changes else {})}]
         summary = run.train(sessions, done, segments)
     finally:
         lock.release()

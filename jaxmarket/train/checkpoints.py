@@ -7,6 +7,7 @@ older one is tried."""
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import sys
 from collections.abc import Callable
@@ -33,7 +34,31 @@ def _orbax_echo(exc: BaseException | None, obj: object = None) -> bool:
     text = str(exc)
     return ((isinstance(exc, RuntimeError) and text == "Event loop is closed")
             or (isinstance(exc, ImportError) and "Python is likely shutting down" in text)
-            or "orbax" in repr(obj) or "async_serialize" in repr(obj))
+            or "orbax" in repr(obj) or "async_serialize" in repr(obj)
+            or _closed_orbax_coroutine(exc, obj))
+
+
+_ORBAX_SOURCE = f"{os.sep}orbax{os.sep}"
+
+
+def _closed_orbax_coroutine(exc: BaseException | None, obj: object) -> bool:
+    """One of orbax's own coroutines, closed while it waited, raised on its way out: a
+    restore that fails on one array (a checkpoint of another shape) leaves the reads of
+    the others suspended on orbax's closed event loop; the garbage collector closes them,
+    and orbax's reader (``_read_array_index_and_device_put``) turns the GeneratorExit into
+    ``Exception: Encountered error while reading array index ...``, which Python echoes
+    as "Exception ignored in: <coroutine object ...>" with a TensorStore spec (some 60
+    lines for each array). The object is a bare coroutine (its repr names the function, not
+    orbax) and the exception orbax's wrapper, so only the coroutine's code tells."""
+    code = getattr(obj, "cr_code", None)
+    if code is None or _ORBAX_SOURCE not in code.co_filename:
+        return False
+    seen = 0
+    while exc is not None and seen < 8:   # closing it threw GeneratorExit in: the cause
+        if isinstance(exc, GeneratorExit):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 class _QuietOrbaxEcho(logging.Filter):
@@ -142,6 +167,29 @@ class Checkpoints:
             f"restored (iteration {bad[0][0]}: {bad[0][1]}" + "".join(
                 f"; iteration {s}: {why}" for s, why in bad[1:]) + "); start the run again: python -m "
             f"jaxmarket.train {self.run_dir / 'config.yaml'} --run-dir NEW_DIR")
+
+    def fits(self, target: Any) -> bool:
+        """Whether some committed checkpoint holds ``target``'s arrays (the same names and
+        shapes, read from orbax's metadata: nothing is restored); True without any, or
+        where the metadata cannot be read (restoring then names the damage)."""
+        steps = self.steps()
+        if not steps:
+            return True
+        want = {k: tuple(x.shape) for k, x in saveable(target).items()}
+        reader = ocp.CheckpointManager(self.path.absolute(),
+                                       item_handlers=ocp.StandardCheckpointHandler())
+        try:
+            for step in steps:
+                try:
+                    meta = reader.item_metadata(step)
+                    got = {k: tuple(meta[k].shape) for k in meta}
+                except Exception:   # damaged metadata: restore() reports it
+                    return True
+                if got == want:
+                    return True
+            return False
+        finally:
+            reader.close()
 
     def drop(self, steps: list[int]) -> None:
         """Remove the checkpoints of ``steps`` (damaged ones)."""

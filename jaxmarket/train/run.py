@@ -16,7 +16,6 @@ from typing import Any
 
 import jax
 import numpy as np
-import yaml
 
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.loader import load_config
@@ -30,6 +29,8 @@ from jaxmarket.train.rundir import (
     RunDirError,
     check_config_record,
     clear_failed_start,
+    config_changes,
+    config_text,
     cut_rows,
     failed_start,
     has_checkpoint,
@@ -39,17 +40,33 @@ from jaxmarket.train.rundir import (
     resume_storage_error,
     scan_rows,
     start_storage_error,
+    started_config,
     storage_cause,
+    unhonoured,
     write_config_record,
 )
 from jaxmarket.train.tracking import CsvMetrics, ParquetRows
 from jaxmarket.train.trainer import Trainer
 
 
-def _write_config(run_dir: Path, config: dict) -> None:
+def _write_config(run_dir: Path, config: dict, changes: list[dict] = ()) -> None:
     tmp = run_dir / "config.yaml.tmp"
-    tmp.write_text(yaml.safe_dump(config, sort_keys=False))
+    tmp.write_text(config_text(config, list(changes)))
     tmp.replace(run_dir / "config.yaml")
+
+
+def changes_note(changes: list[dict], finished: bool) -> str:
+    """The resume's note on the settings ``--allow-config-change`` let it change."""
+    return "note: " + "; ".join(
+        f"{c['key']} is {c['to']!r} from period {c['from_period']} on ({c['from']!r} before)"
+        for c in changes) + (" (the run had finished: no period is played under it)"
+                             if finished else "") + "; recorded in config.yaml and run.json"
+
+
+def earlier_changes(segments: list[dict]) -> list[dict]:
+    """The config changes recorded by earlier segments of ``run.json``, oldest first."""
+    return [c for seg in segments if isinstance(seg, dict)
+            for c in seg.get("config_changes") or []]
 
 
 def require_new_dir(run_dir: str | Path, resume: str, restartable: bool = False) -> Path:
@@ -211,6 +228,7 @@ def _resume_locked(run_dir: Path, tracker: str, mongo_url: str | None, overrides
         print(f"note: config.yaml changed {', '.join(changed)} since the run started "
               "(settings --resume may change, or accepted by --allow-config-change)")
     config = load_config(run_dir / "config.yaml", overrides)
+    changes = config_changes(started_config(run_dir), config, RESUME_OVERRIDES, 0)
     _agree(config, str(run_dir), devices=devices, resume=True)
     trainer = Trainer(resolve(config), run_dir, devices)
     previous = read_run_record(run_dir) if trainer.primary else None
@@ -220,9 +238,13 @@ def _resume_locked(run_dir: Path, tracker: str, mongo_url: str | None, overrides
                                             (previous or {}).get("segments", [])])
     if trainer.primary:
         trainer.checkpoints.clear_unfinished()
+    if changes and not trainer.checkpoints.fits(trainer.placement.abstract):
+        raise unhonoured(changes, run_dir)   # named before the rows are blamed
     scans = _check_row_files(trainer, every) if trainer.primary else []
     _synchronised("rows-checked")
     runner, start = trainer.restore(print if trainer.primary else lambda line: None)
+    for c in changes:
+        c["from_period"] = start
     if trainer.tcfg.num_iterations < start:
         raise ConfigError("train.num_iterations", trainer.tcfg.num_iterations,
                           f"an integer >= {start} (the run's last checkpoint)")
@@ -235,10 +257,11 @@ def _resume_locked(run_dir: Path, tracker: str, mongo_url: str | None, overrides
             _check_parquet_rows(trainer.seed_metrics, start, trainer.tcfg.num_seeds, run_dir,
                                 every)
     _synchronised("restored")
+    earlier = earlier_changes((previous or {}).get("segments", []))
     if trainer.primary:
         try:
-            if overrides:
-                _write_config(run_dir, config)
+            if overrides or changes:
+                _write_config(run_dir, config, earlier + changes)
             write_config_record(run_dir, config)   # the config it continues with
         except OSError as err:
             if storage_cause(err) is None:
@@ -248,8 +271,12 @@ def _resume_locked(run_dir: Path, tracker: str, mongo_url: str | None, overrides
                f"no checkpoint in {run_dir}: starting it from iteration 0")
               + _placement_note(trainer))
     segments = []
+    if changes and trainer.primary:
+        print(changes_note(changes, start >= trainer.tcfg.num_iterations))
     if trainer.primary:
-        segments = (previous or {}).get("segments", []) + [run_record(trainer, command, start)]
+        segments = (previous or {}).get("segments", []) + [
+            {**run_record(trainer, command, start),
+             **({"config_changes": changes} if changes else {})}]
         try:
             write_record(run_dir, segments)
         except OSError:

@@ -273,9 +273,10 @@ def clear_failed_start(run_dir: Path) -> list[str]:
 def read_run_config(run_dir: Path) -> dict:
     """``run_dir/config.yaml`` as a mapping; a ConfigError naming the file when it is not
     readable UTF-8 YAML holding one."""
+    from jaxmarket.config.loader import check_sections, safe_load   # bounded aliases
     path = run_dir / "config.yaml"
     try:
-        config = yaml.safe_load(path.read_bytes().decode("utf-8"))
+        config = safe_load(path.read_bytes().decode("utf-8"), str(path))
     except UnicodeDecodeError as err:
         raise ConfigError(str(path), f"undecodable bytes at offset {err.start}",
                           "the run's config.yaml as UTF-8 YAML text (restore it)") from None
@@ -285,6 +286,7 @@ def read_run_config(run_dir: Path) -> dict:
     if not isinstance(config, dict):
         raise ConfigError(str(path), config, "the run's config.yaml: a YAML mapping "
                           "(restore it)")
+    check_sections(config)   # before the engine choice reads a section
     return config
 
 
@@ -399,6 +401,73 @@ def check_config_record(run_dir: Path, config: dict, extendable: tuple[str, ...]
             f"{resume} --allow-config-change {' '.join(fixed)}, or start a new run with it: "
             f"python -m jaxmarket.train {run_dir / 'config.yaml'} --run-dir NEW_DIR")
     return changed
+
+
+def started_config(run_dir: Path) -> dict | None:
+    """The config the run's last segment started with (``.config.started.yaml``; None
+    when missing or damaged: :func:`check_config_record` has judged that already)."""
+    try:
+        record = yaml.safe_load((Path(run_dir) / CONFIG_RECORD).read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    config = record.get("config") if isinstance(record, dict) else None
+    return config if isinstance(config, dict) else None
+
+
+_STEP = re.compile(r"\.?([^.\[\]]+)|\[(\d+)\]")
+
+
+def value_at(config: Any, key: str) -> Any:
+    """The value at a dotted path of :func:`changed_keys` (``market.sellers[0].count``);
+    None where the path does not exist."""
+    node = config
+    for name, index in _STEP.findall(key):
+        try:
+            node = node[int(index)] if index else node[name]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return node
+
+
+def config_changes(before: dict | None, after: dict, extendable: tuple[str, ...],
+                   period: int) -> list[dict]:
+    """The settings a resume changes that are not ``extendable`` (accepted by
+    ``--allow-config-change``): ``key``, ``from``, ``to`` and ``from_period`` (the first
+    period played under the new value: the checkpoint's)."""
+    if before is None:
+        return []
+    after = yaml.safe_load(yaml.safe_dump(after, sort_keys=False))   # as read back
+    return [{"key": k, "from": value_at(before, k), "to": value_at(after, k),
+             "from_period": int(period)}
+            for k in changed_keys(before, after) if not _matches(k, extendable)]
+
+
+def config_text(config: dict, changes: list[dict]) -> str:
+    """``config.yaml``: the config, headed by one comment line per setting a resume
+    changed (``changes``: every segment's :func:`config_changes`, oldest first), saying
+    from which period on it was in force (run.json ``segments[i].config_changes``)."""
+    head = "".join(
+        f"# {c['key']}: {json.dumps(c['to'])} from period {c['from_period']} on "
+        f"({json.dumps(c['from'])} before; --allow-config-change, run.json "
+        "segments[].config_changes)\n" for c in changes)
+    return head + yaml.safe_dump(config, sort_keys=False)
+
+
+def unhonoured(changes: list[dict], run_dir: Path) -> ConfigError:
+    """The checkpoints do not restore under the changed settings: a change a resume
+    cannot honour (it changes the shape of what was trained: the session or seed count,
+    the markets, the grid), refused naming the keys, not blamed on the checkpoints
+    (which are kept and restore under the run's own config)."""
+    keys = ", ".join(c["key"] for c in changes)
+    one = len(changes) == 1
+    got = changes[0]["to"] if one else [c["to"] for c in changes]
+    was = changes[0]["from"] if one else [c["from"] for c in changes]
+    return ConfigError(keys, got,
+                       f"{json.dumps(was)}, as the run has it: a resume cannot honour this "
+                       "change (it changes the shape of what the run's checkpoints hold, so "
+                       "none restores under it; they are kept); put config.yaml back as it "
+                       "was, or start a new run with it: python -m jaxmarket.train "
+                       f"{run_dir / 'config.yaml'} --run-dir NEW_DIR")
 
 
 # ------------------------------------------------------------------ metrics rows

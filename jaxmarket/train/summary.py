@@ -27,6 +27,7 @@ from jaxmarket.train.components.auction import auction_summary
 from jaxmarket.train.devices import to_host
 from jaxmarket.learners.equilibrium import (benchmarks, equilibrium, exact, profit_gain,
                                          summary_profit_gain)
+from jaxmarket.train.publish import Publication
 from jaxmarket.train.tracking import count_rows, read_last_rows, read_metrics, read_seed_rows
 
 # the 95% percentile-bootstrap intervals over seeds: resamples and the generator's seed
@@ -267,7 +268,8 @@ def write_summary(run_dir: Path, env: MarketEnv, stopped: str | None, iterations
     joint optimum (jaxmarket.learners.equilibrium), ``benchmarks[group]`` (the pi_N, pi_M
     used and how they were computed) and ``per_seed[group]["profit_gain"]``, where both
     exist. ``nonfinite_actions``: :func:`nonfinite_summary`, only where the run saw any.
-    ``engine``: ``"loop"``."""
+    ``engine``: ``"loop"``. Published with the row files it was computed from
+    (:mod:`jaxmarket.train.publish`)."""
     path = run_dir / "metrics.csv"
     rows = count_rows(path)
     n_tail = max(1, int(np.ceil(0.1 * rows)))
@@ -308,7 +310,18 @@ def write_summary(run_dir: Path, env: MarketEnv, stopped: str | None, iterations
             summary["profit_gain_skipped"] = ("random periods (the static game averages 256 "
                                               "keys per profile): set train.profit_gain: true")
     summary.update(nonfinite_summary(run_dir))
-    tmp = run_dir / "summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2))
-    tmp.replace(run_dir / "summary.json")
+    out = Publication(run_dir, "loop", iterations)
+    out.text("summary.json", json.dumps(summary, indent=2))
+    out.log(*published_logs(run_dir))
+    out.publish()
     return summary
+
+
+def published_logs(run_dir: Path) -> list[str]:
+    """The row files a loop result is computed from (``published.json`` logs): every
+    ``*.csv`` of the run directory (``metrics.csv``, ``seeds.csv``, the components'
+    rows) and the parts of ``seeds.parquet/``."""
+    run_dir = Path(run_dir)
+    names = sorted(p.name for p in run_dir.glob("*.csv"))
+    return names + sorted(str(p.relative_to(run_dir))
+                          for p in (run_dir / "seeds.parquet").glob("part-*.parquet"))

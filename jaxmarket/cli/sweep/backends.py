@@ -4,7 +4,6 @@ cell is read back, an interrupted one resumed from its last checkpoint)."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
@@ -17,6 +16,7 @@ from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.loader import load_config
 from jaxmarket.sessions import run as session_run
 from jaxmarket.train.plan import RunPlan
+from jaxmarket.train.publish import published, read_summary
 from jaxmarket.train.run import resume_run, start_run
 
 
@@ -42,8 +42,8 @@ def run_cell(scenario: dict, overrides: list[str], cell_dir: str,
     file). ``plan``: the cell's resolved plan when the caller has it (a local sweep), so
     the cell is not resolved a second time."""
     path = Path(cell_dir)
-    if (path / "summary.json").is_file():
-        return json.loads((path / "summary.json").read_text())
+    if published(path):   # else resumed: a half-published result is published again
+        return read_summary(path)
     config = load_config(scenario, overrides)
     engine, _, session_plan = session_run.choose_engine(config)
     if engine == "sessions":   # as python -m jaxmarket.train runs it: the session engine

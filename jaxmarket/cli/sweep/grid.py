@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import yaml
 
 from jaxmarket.config.errors import ConfigError
-from jaxmarket.config.loader import _split_path, load_config
+from jaxmarket.config.loader import _split_path, load_config, safe_load
 
 _NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
@@ -66,8 +66,8 @@ def parse_axis(item: str) -> Axis:
     except ConfigError:
         raise ConfigError(where, key, "a dotted path like market.sellers[0].count") from None
     try:
-        values = yaml.safe_load(text) if text else None
-    except yaml.YAMLError:
+        values = safe_load(text, where, marks=False) if text else None
+    except (yaml.YAMLError, RecursionError):
         raise ConfigError(where, text, "a YAML list of values, e.g. [0.1, 0.5]") from None
     if not isinstance(values, list) or not values:
         raise ConfigError(where, values if text else text,

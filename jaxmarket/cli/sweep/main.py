@@ -11,7 +11,7 @@ first one runs. At the end DIR holds sweep.csv (one row per cell and seed: the g
 values and the final metrics final/<group>/<metric> of that seed), summary.json (per
 cell: mean and sd over seeds) and sweep.png (a heatmap of the mean of --metric over the
 first two axes, or a line with a band over seeds for one axis).
---resume DIR runs the cells that have no summary.json (an interrupted cell continues from
+--resume DIR runs the cells that have no published result (an interrupted cell continues from
 its last checkpoint) and rewrites the three files. Compiled programs go to JAX's
 persistent compilation cache in DIR/jax_cache (--compile-cache), so cells that differ
 only in data (the seed, a market parameter such as a budget or a temperature, a
@@ -33,6 +33,8 @@ from jaxmarket.cli.sweep.results import write_results
 from jaxmarket.cli.sweep.validation import check_metric, validate
 from jaxmarket.cli.train import DEFAULT_CONFIG, split_positional
 from jaxmarket.config.errors import ConfigError
+from jaxmarket.config.loader import safe_load
+from jaxmarket.train.publish import published
 from jaxmarket.train.run import require_new_dir
 from jaxmarket.train.rundir import lock_dir
 
@@ -54,7 +56,8 @@ def run_sweep(sweep: Sweep | None, run_dir: str | Path | None, resume: bool = Fa
         run_dir = Path(run_dir)
         if not (run_dir / SWEEP_FILE).is_file():
             raise ConfigError("--resume", str(run_dir), f"a sweep directory holding {SWEEP_FILE}")
-        sweep = Sweep.from_yaml(yaml.safe_load((run_dir / SWEEP_FILE).read_text()))
+        sweep = Sweep.from_yaml(safe_load((run_dir / SWEEP_FILE).read_text(),
+                                          str(run_dir / SWEEP_FILE)))
     else:
         if run_dir is None:
             run_dir = f"runs/sweep-{Path(sweep.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -67,7 +70,7 @@ def run_sweep(sweep: Sweep | None, run_dir: str | Path | None, resume: bool = Fa
         if not resume:   # another sweep may have started it since the check above
             require_new_dir(run_dir, "that sweep: python -m jaxmarket.sweep --resume")
         todo = [c for c in cells
-                if not (run_dir / "cells" / str(c.index) / "summary.json").is_file()]
+                if not published(run_dir / "cells" / str(c.index))]
         (run_dir / "cells").mkdir(parents=True, exist_ok=True)
         if not resume:
             (run_dir / SWEEP_FILE).write_text(yaml.safe_dump(sweep.to_yaml(), sort_keys=False))

@@ -15,6 +15,7 @@ import numpy as np
 from jaxmarket.analysis.plots import sweep_figure
 from jaxmarket.cli.sweep.grid import Sweep, yaml_text
 from jaxmarket.cli.sweep.validation import FINAL, Cell
+from jaxmarket.train.publish import read_summary
 
 
 def collect(cells: list[Cell], run_dir: Path) -> tuple[list[str], list[dict], dict]:
@@ -24,7 +25,7 @@ def collect(cells: list[Cell], run_dir: Path) -> tuple[list[str], list[dict], di
     metric_cols = dict.fromkeys(c for cell in cells for c in cell.columns())
     rows, summaries = [], []
     for cell in cells:
-        s = json.loads((run_dir / "cells" / str(cell.index) / "summary.json").read_text())
+        s = read_summary(run_dir / "cells" / str(cell.index))
         per_seed = s["per_seed"]
         table: dict[str, list[float]] = {}
         for g in cell.groups:
