@@ -206,3 +206,91 @@ def test_check_cli_prints_the_equilibria_as_its_last_json_line(duopoly, capsys):
     assert check_main(["configs/logit_duopoly.yaml", "--equilibrium"]) == 0
     text = capsys.readouterr().out
     assert "equilibrium of sellers" in text and "nash: actions" in text
+
+
+def test_check_with_equilibrium_keeps_the_engine_and_its_memory_line(capsys):
+    # Bug caught (issue 43): --equilibrium dropped the engine: line and printed the loop's
+    # memory estimate for a session-engine design.
+    assert check_main(["configs/calvano.yaml"]) == 0
+    plain = capsys.readouterr().out.strip().splitlines()
+    assert plain[-2] == "engine: sessions"
+    assert check_main(["configs/calvano.yaml", "--equilibrium"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[:len(plain)] == plain   # the same scenario, engine and memory lines
+    assert lines[len(plain)].startswith("equilibrium of sellers")
+
+
+def _bertrand_grid_equilibria(grid: np.ndarray, cost: float) -> list[float]:
+    """Symmetric pure equilibria of the unit-demand Bertrand duopoly on ``grid`` (ties
+    split the buyer; the cheaper seller sells one unit): numpy over every profile."""
+    p0, p1 = np.meshgrid(grid, grid, indexing="ij")
+    win0 = np.where(p0 < p1, 1.0, np.where(p0 == p1, 0.5, 0.0))
+    profit = np.stack([win0 * (p0 - cost), (1 - win0) * (p1 - cost)], -1)
+    stable = (profit[..., 0] >= profit[..., 0].max(0, keepdims=True) - 1e-9) \
+        & (profit[..., 1] >= profit[..., 1].max(1, keepdims=True) - 1e-9)
+    return [float(grid[i]) for i, j in np.argwhere(stable) if i == j]
+
+
+def test_a_benchmark_that_is_no_equilibrium_is_refused_and_the_grid_games_used():
+    # Bug caught (issue 43): Asker et al.'s continuous "Nash" p = 5.005 with rewards
+    # [0, 3.005] (Bertrand undercutting: the iteration stops on no equilibrium) was
+    # reported converged and every session was scored against it (Delta = -0.576).
+    from jaxmarket.learners.equilibrium import benchmarks
+    eq = jaxmarket.equilibrium("configs/asker2022_sync.yaml")["sellers"]
+    c = eq["continuous"]
+    assert not c["converged"] and not c["nash_verified"] and c["joint_verified"]
+    dev = c["nash_deviation"]
+    seller = dev["agent"]
+    rival = 1 - seller
+    assert np.ravel(c["nash"])[rival] > 2.0   # the rival earns above cost ...
+    assert dev["to"] < np.ravel(c["nash"])[rival]   # ... so undercutting it pays
+    assert dev["gain"] == pytest.approx(dev["to"] - 2.0 - c["nash_reward"][seller], rel=1e-3)
+    grid = np.linspace(0.01, 10.0, 100)
+    b = benchmarks(eq)
+    equilibria = _bertrand_grid_equilibria(grid, 2.0)   # a pure equilibrium of the grid
+    assert min(abs(p - b["nash_price"]) for p in equilibria) < 1e-5
+    assert b["nash_profit"] == pytest.approx((b["nash_price"] - 2.0) / 2, rel=1e-5)
+    assert b["joint_profit"] == pytest.approx((10.0 - 2.0) / 2, rel=1e-6)
+    assert "the grid game's own actions" in b["method"] and "agent" in b["method"]
+    # a smooth game's continuous benchmark verifies and is kept
+    calvano = jaxmarket.equilibrium("configs/calvano.yaml")["sellers"]
+    assert calvano["continuous"]["nash_verified"] and calvano["continuous"]["joint_verified"]
+    assert "continuous actions" in benchmarks(calvano)["method"]
+
+
+def test_no_verified_benchmark_leaves_delta_undefined_and_says_why():
+    # Bug caught: a profit gain measured against a point where an agent gains by moving.
+    from jaxmarket.learners.equilibrium import benchmarks
+    eq = {"nash": [[5.0], [5.0]], "joint": [[10.0], [10.0]], "nash_reward": [0.0, 3.0],
+          "joint_reward": [4.0, 4.0], "nash_verified": False, "joint_verified": True,
+          "nash_deviation": {"agent": 0, "cell": 0, "from": 5.0, "to": 4.99, "gain": 2.99}}
+    b = benchmarks(eq)
+    assert b["nash_profit"] is None and "no pure equilibrium found" in b["undefined"]
+    assert "agent 0 gains 2.99" in b["undefined"]
+    assert profit_gain({"mean_reward": 2.0}, eq) is None
+    ok = {**eq, "nash_verified": True}
+    del ok["nash_deviation"]
+    assert profit_gain({"mean_reward": 2.0}, ok) == pytest.approx((2.0 - 1.5) / (4.0 - 1.5))
+
+
+def test_each_firm_its_own_group_gets_the_games_benchmarks():
+    # Bug caught (issue 43): with each firm its own seller group, each group's "joint
+    # optimum" held the other group fixed, so pi_M - pi_N was 3e-5 and Delta 4178.9.
+    from jaxmarket.config.loader import load_config
+    config = load_config("configs/logit_duopoly.yaml")
+    seller = config["market"]["sellers"][0]
+    config["market"]["sellers"] = [{**seller, "name": "a", "count": 1},
+                                   {**seller, "name": "b", "count": 1}]
+    config["learners"] = {"a": config["learners"]["sellers"], "b": config["learners"]["sellers"]}
+    eq = jaxmarket.equilibrium(resolve(config, validate_only=True))
+    for g in ("a", "b"):
+        assert eq[g]["converged"] and eq[g]["nash_verified"] and eq[g]["joint_verified"]
+        np.testing.assert_allclose(eq[g]["nash"], economics.nash_price(2), atol=PRICE_TOL)
+        np.testing.assert_allclose(eq[g]["joint"], economics.joint_monopoly_price(2),
+                                   atol=PRICE_TOL)
+    pi_n = float(economics.logit_profits(np.full(2, economics.nash_price(2)))[0])
+    pi_m = float(economics.logit_profits(np.full(2, economics.joint_monopoly_price(2)))[0])
+    halfway = 0.5 * (pi_n + pi_m)
+    summary = {"final": {g: {"mean_reward": halfway} for g in ("a", "b")}}
+    gains = summary_profit_gain(None, summary, equilibria=eq)
+    assert gains == pytest.approx({"a": 0.5, "b": 0.5}, abs=1e-3)

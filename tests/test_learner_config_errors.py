@@ -48,12 +48,12 @@ CASES = {
         "learners.sellers.kind", "q_learning", "num_products=2"),
     "q_learning, no observation for memory 1": (
         config({"kind": "q_learning"}, seller=NO_OBSERVATION),
-        "learners.sellers.memory", 1, "obs_dim=0"),
+        "learners.sellers.memory", 1, "observes nothing"),
     # the others a learner's factory raises on a market
     "q_learning, memory 2 on a one-period history": (
         config({"kind": "q_learning", "memory": 2, "grid_size": 3},
                seller={"observation": [{"kind": "history", "k": 1}, {"kind": "own_price"}]}),
-        "learners.sellers.memory", 2, "obs_dim=3"),
+        "learners.sellers.memory", 2, "or 1, the periods the group's observation holds"),
     "q_learning, grid outside the action bounds": (
         config({"kind": "q_learning", "grid": [0.1, 1.0, 1.5]}),
         "learners.sellers.grid", [0.1, 1.0, 1.5], "[0.5, 2]"),
@@ -139,6 +139,9 @@ def test_minibatch_bound_is_checked_before_the_probe_is_traced():
 @pytest.mark.parametrize("override, needle", [
     ("market.num_products=2", "learners.sellers.kind: got 'q_learning'"),
     ("market.sellers[0].observation=[]", "learners.sellers.memory: got 1"),
+    # issue 43: memory 2 over an observation of one period ran as memory 1, silently
+    ("learners.sellers.memory=2", "learners.sellers.memory: got 2; allowed: 0 (stateless) "
+     "or 1, the periods the group's observation holds"),
 ])
 def test_check_prints_one_config_error_line(override, needle, capsys, tmp_path):
     """``python -m jaxmarket.check`` on the issue's two configs: exit 2 and one line."""

@@ -68,3 +68,73 @@ def test_auto_computes_it_where_a_period_is_deterministic():
     auto leaves it out and says how to ask for it; the logit duopoly's is not."""
     assert deterministic(resolve("configs/logit_duopoly.yaml"))
     assert not deterministic(resolve("configs/multi_product.yaml"))
+
+
+# --------------------------------------------- firms that differ: per firm and industry
+
+COSTS = (1.0, 1.25)
+CALVANO_LOW, CALVANO_HIGH = 1.427725, 1.970185   # configs/calvano.yaml's grid interval
+
+
+def profit(i: int, p: np.ndarray) -> float:
+    """Firm i's logit profit (Calvano's economy: quality 2, mu 0.25, outside good 0)."""
+    return (p[i] - COSTS[i]) * share(p[i], p[1 - i])
+
+
+def asymmetric_benchmarks() -> tuple[np.ndarray, ...]:
+    """Each firm's Nash and joint-optimum profits and prices over the grid's interval
+    (scipy, float64): best responses iterated to a fixed point; the sum maximised in the
+    box."""
+    from scipy.optimize import minimize
+    p = np.array([1.5, 1.6])
+    for _ in range(200):
+        for i in (0, 1):
+            p[i] = minimize_scalar(
+                lambda x, i=i: -profit(i, np.where(np.arange(2) == i, x, p)),
+                bounds=(CALVANO_LOW, CALVANO_HIGH), method="bounded",
+                options={"xatol": 1e-12}).x
+    joint = minimize(lambda q: -(profit(0, q) + profit(1, q)), np.array([1.8, 1.9]),
+                     bounds=[(CALVANO_LOW, CALVANO_HIGH)] * 2).x
+    return (np.array([profit(i, p) for i in (0, 1)]),
+            np.array([profit(i, joint) for i in (0, 1)]), p, joint)
+
+
+def test_firms_that_differ_get_their_own_benchmarks_and_delta(tmp_path):
+    # Bugs caught (issue 43): only the mean of the firms' benchmarks was reported, and no
+    # Delta_i; the industry Delta and the mean of the Delta_i are different figures.
+    from jaxmarket.cli import run_cli
+    from jaxmarket.cli.train import main as train_main
+    import pandas as pd
+    d = tmp_path / "asym"
+    assert run_cli(train_main, ["configs/calvano.yaml", "--run-dir", str(d),
+                                "train.num_seeds=6", "train.num_iterations=3000",
+                                "train.chunk_size=1000",
+                                "market.sellers[0].cost=[[1.0], [1.25]]"]) == 0
+    s = json.loads((d / "summary.json").read_text())
+    b = s["benchmarks"]["sellers"]
+    pi_n, pi_m, p_n, p_m = asymmetric_benchmarks()
+    np.testing.assert_allclose(b["nash_prices"], p_n, atol=2e-4)
+    np.testing.assert_allclose(b["nash_profits"], pi_n, rtol=1e-4)
+    np.testing.assert_allclose(b["joint_profits"], pi_m, rtol=1e-4)
+    assert p_m[1] == pytest.approx(CALVANO_HIGH, abs=1e-6)   # the box binds here ...
+    assert "the joint price of agent 1 is the high bound" in b["at_bounds"]   # ... and says so
+    rows = pd.read_csv(d / "sessions.csv")
+    cycle = rows[["cycle_profit_0", "cycle_profit_1"]].to_numpy()
+    firms = (cycle - pi_n) / (pi_m - pi_n)                           # [S, 2] Delta_i
+    industry = (cycle.mean(1) - pi_n.mean()) / (pi_m.mean() - pi_n.mean())
+    np.testing.assert_allclose(s["profit_gain_firms"]["sellers"], firms.mean(0), rtol=1e-3)
+    assert s["profit_gain_firm_mean"]["sellers"] == pytest.approx(firms.mean(), rel=1e-3)
+    assert s["profit_gain"]["sellers"] == pytest.approx(industry.mean(), rel=1e-3)
+    assert abs(industry.mean() - firms.mean()) > 1e-3   # two figures, named apart
+    for lo_hi, mean in zip(s["profit_gain_firms_ci95"]["sellers"],
+                           s["profit_gain_firms"]["sellers"]):
+        assert lo_hi[0] <= mean <= lo_hi[1]
+
+
+def test_a_firm_without_a_gain_over_nash_has_no_delta_i_and_says_why():
+    from jaxmarket.sessions.engine import firm_profit_gains
+    reward = np.array([[0.3, 0.2], [0.25, 0.1]])
+    gains, why = firm_profit_gains(reward, [0.2, 0.1], [0.4, 0.1])
+    np.testing.assert_allclose(gains[:, 0], [(0.3 - 0.2) / 0.2, (0.25 - 0.2) / 0.2])
+    assert np.isnan(gains[:, 1]).all() and why[0] is None
+    assert why[1].startswith("firm 1: pi_M (0.1) does not exceed pi_N (0.1)")

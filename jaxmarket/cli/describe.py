@@ -126,42 +126,38 @@ def describe_equilibrium(result: dict) -> list[str]:
     return lines or ["equilibrium: no learning group (every group follows a fixed policy)"]
 
 
-def print_equilibrium(config: dict, as_json: bool) -> int:
-    """``--equilibrium``: the scenario, then its equilibria (``as_json``: only the
-    equilibria, as one JSON line)."""
-    if "learners" not in config:
+def run(args, config: dict) -> int:
+    """The check of a loaded ``config`` for the parsed command line ``args``: the
+    scenario, the engine ``train.engine`` resolves to and the memory line of that engine
+    (the session engine's own estimate for a sessions design); ``--equilibrium`` then
+    adds the static game's equilibria (``--json``: only those, as one JSON line)."""
+    if args.equilibrium and "learners" not in config:
         raise ConfigError("learners", "<missing>", "a learners: section: --equilibrium solves "
                           "the game of the learning groups' action sets")
-    plan = resolve(config, validate_only=True)
-    with compilation_cache(cache_dir(None)):
-        result = equilibrium(plan)
-    if as_json:
-        print(json.dumps(result))
-        return 0
-    print(describe(config, plan))
-    print("\n".join(describe_equilibrium(result)))
-    return 0
-
-
-def run(args, config: dict) -> int:
-    """The check of a loaded ``config`` for the parsed command line ``args``."""
-    if args.equilibrium:
-        return print_equilibrium(config, args.json)
     plan, engine, reason = None, "loop", None
     if "learners" in config:
         engine, reason, plan = session_run.choose_engine(config)
         if engine == "sessions":   # the session engine's plan and memory estimate
             plan = dataclasses.replace(plan, memory=session_run.memory(make_game(plan),
                                                                       plan.train))
-    if args.json:
+    if args.json and not args.equilibrium:
         if "learners" not in config:
             print(describe(config))
             return 0
         plan = plan or resolve(config, validate_only=True)
         print(json.dumps({**plan.memory.as_dict(), "engine": engine}, indent=1))
         return 0
+    if "learners" in config:
+        plan = plan or resolve(config, validate_only=True)
     lines = describe(config, plan).split("\n")
     if "learners" in config:   # before the memory line, which stays the last
         lines.insert(len(lines) - 1, f"engine: {engine}" + (f" ({reason})" if reason else ""))
+    if args.equilibrium:
+        with compilation_cache(cache_dir(None)):
+            result = equilibrium(plan)
+        if args.json:
+            print(json.dumps(result))
+            return 0
+        lines += describe_equilibrium(result)
     print("\n".join(lines))
     return 0

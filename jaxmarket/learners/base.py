@@ -73,6 +73,10 @@ class LearnerSpec:
     # an error), or None when all are: a tabular learner may then snap them to its
     # action grid
     obs_scale: str | None = field(default=None, compare=False)
+    # How many periods the observation spans: the largest k of its history components,
+    # else 1 (an observation of the current period) or 0 (none); None: not known (a
+    # spec built by hand). A tabular learner's memory must be this many periods
+    obs_periods: int | None = field(default=None, compare=False)
 
     @property
     def agents_per_market(self) -> int:

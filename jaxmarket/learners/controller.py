@@ -12,7 +12,7 @@ from typing import Any, Mapping
 import jax
 import numpy as np
 
-from jaxmarket.combinators.observations import off_action_scale
+from jaxmarket.combinators.observations import history_length, off_action_scale
 from jaxmarket.combinators.rewards import is_random
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.fields import check_mapping, lookup_kind
@@ -41,7 +41,9 @@ def group_learner_spec(env: MarketEnv, params: MarketParams, group: str,
                        payoff=one_shot_payoff(env, params, group),
                        turns=group_turns(env.spec, group),
                        payoff_caveat=payoff_caveat(env.spec, group),
-                       obs_scale=off_action_scale(thaw(g.observation) or (), g.action))
+                       obs_scale=off_action_scale(thaw(g.observation) or (), g.action),
+                       obs_periods=history_length(thaw(g.observation) or ())
+                       or (1 if obs_dim else 0))
 
 
 def move_order(spec: MarketSpec) -> str:

@@ -107,24 +107,75 @@ def _random_group(plan: Any) -> bool:
     return any(_definition(plan, g).random_policy for g in plan.groups)
 
 
+def _deviation_text(dev: Mapping[str, Any]) -> str:
+    return (f"agent {dev['agent']} gains {dev['gain']:.4g} by moving from {dev['from']:.8g} "
+            f"to {dev['to']:.8g}")
+
+
+def reference(eq: Mapping[str, Any]) -> tuple[Mapping[str, Any], str | None, str | None]:
+    """The solution of one group of :func:`equilibrium` a profit gain is measured
+    against: ``(solution, where, undefined)``. A grid group's ``continuous`` solution
+    (Calvano et al.'s benchmarks) where it verifies, else the grid game's own, with
+    ``where`` saying why; ``undefined``: why no benchmark can be used (the chosen
+    solution's Nash or joint optimum is not one: no agent may gain by a unilateral move,
+    :func:`jaxmarket.market.equilibrium.solve`), else None."""
+    cont = eq.get("continuous")
+    where = None
+    if cont is not None:
+        bad = [cont[f"{w}_deviation"] for w in ("nash", "joint")
+               if f"{w}_deviation" in cont]
+        if not bad:
+            return cont, None, None
+        where = ("the grid game's own actions: over the grid's interval the solver found no "
+                 f"equilibrium ({_deviation_text(bad[0])} at the point it stopped on)")
+    if not eq.get("nash_verified", True) or not eq.get("joint_verified", True):
+        dev = eq.get("nash_deviation") or eq.get("joint_deviation")
+        return eq, where, f"no pure equilibrium found ({_deviation_text(dev)})"
+    if cont is not None and not eq.get("nash_converged", True):
+        return eq, where, "the grid game has no pure Nash equilibrium"
+    return eq, where, None
+
+
 def benchmarks(eq: Mapping[str, Any]) -> dict[str, Any]:
     """``{nash_profit, joint_profit, nash_price, joint_price, method}`` of one group of
-    :func:`equilibrium` (the continuous benchmarks of a grid group): the pi_N and pi_M
-    a profit gain is measured against, and how they were computed."""
-    where = "continuous" in eq
-    cont = eq.get("continuous", eq)
+    :func:`equilibrium` (the continuous benchmarks of a grid group, where they are an
+    equilibrium: :func:`reference`): the pi_N and pi_M a profit gain is measured
+    against (means over the group's agents) and how they were computed, each firm's own
+    (``nash_profits``, ``joint_profits``, ``nash_prices``, ``joint_prices``: lists over
+    the agents, the first product's price); ``undefined`` (the profits None) where no
+    benchmark can be used; ``at_bounds`` where a benchmark price is a bound of the
+    actions (the bounds bind: it is the bounded game's, not the free game's)."""
+    cont, fallback, undefined = reference(eq)
+    where = "continuous" in eq and fallback is None
 
     def mean(v: Any) -> float | None:
         return None if v is None else float(np.mean(np.asarray(v, np.float64)))
 
-    return {"nash_profit": mean(cont.get("nash_reward")),
-            "joint_profit": mean(cont.get("joint_reward")),
-            "nash_price": mean(cont.get("nash")), "joint_price": mean(cont.get("joint")),
-            "method": "static Nash equilibrium and joint optimum of one period of the "
-                      "market's reward (jaxmarket.equilibrium), "
-                      + ("continuous actions over the grid's interval" if where else
-                         "the group's own actions") + "; expectation: "
-                      + str(eq.get("expectation", "deterministic period"))}
+    def each(v: Any) -> list[float] | None:   # per firm (the first product's price)
+        return None if v is None else [float(x) for x in
+                                       np.asarray(v, np.float64).reshape(len(v), -1)[:, 0]]
+
+    out = {"nash_profit": mean(cont.get("nash_reward")),
+           "joint_profit": mean(cont.get("joint_reward")),
+           "nash_price": mean(cont.get("nash")), "joint_price": mean(cont.get("joint")),
+           "nash_profits": each(cont.get("nash_reward")),
+           "joint_profits": each(cont.get("joint_reward")),
+           "nash_prices": each(cont.get("nash")), "joint_prices": each(cont.get("joint")),
+           "method": "static Nash equilibrium and joint optimum of one period of the "
+                     "market's reward (jaxmarket.equilibrium), "
+                     + ("continuous actions over the grid's interval" if where else
+                        fallback or "the group's own actions") + "; expectation: "
+                     + str(eq.get("expectation", "deterministic period"))}
+    if undefined is not None:
+        out.update(nash_profit=None, joint_profit=None, nash_profits=None, joint_profits=None,
+                   undefined=undefined)
+    if cont.get("at_bounds"):   # the bounds bind: the bounded game's benchmark, said so
+        out["at_bounds"] = "; ".join(
+            f"the {e['solution']} price of agent {e['agent']} is the {e['bound']} bound "
+            f"{e['value']:.6g} of its " + ("interval" if where else "action set")
+            for e in cont["at_bounds"]) + (" (the benchmark of the bounded game: the free "
+                                           "game's lies beyond)")
+    return out
 
 
 def outcome_benchmarks(plan: Any, *, search: Search = DEFAULT_SEARCH
@@ -183,11 +234,14 @@ def profit_gain(final: Mapping[str, Any], eq: Mapping[str, Any]) -> float | list
     summary's ``final[group]``; a list, as in ``per_seed[group]``, gives a list),
     ``pi_N``/``pi_M`` the mean over agents of ``eq["nash_reward"]``/``eq["joint_reward"]``
     (one group of :func:`equilibrium`). None where a value is missing or not finite, or
-    where ``pi_M`` equals ``pi_N`` (to 1e-6 relative: a team reward, a monopolist). A
-    group on a grid is measured against ``eq["continuous"]`` (the interval the grid
-    spans), as Calvano et al. measure against the continuous static Nash and monopoly
-    profits."""
-    eq = eq.get("continuous", eq)
+    where ``pi_M`` equals ``pi_N`` (to 1e-6 relative: a team reward, a monopolist), or
+    where no benchmark is an equilibrium (:func:`reference`). A group on a grid is
+    measured against ``eq["continuous"]`` (the interval the grid spans), as Calvano et al.
+    measure against the continuous static Nash and monopoly profits, where that is an
+    equilibrium; else against the grid game's own."""
+    eq, _, undefined = reference(eq)
+    if undefined is not None:
+        return None
     pi_n, pi_m = _per_agent_mean(eq.get("nash_reward")), _per_agent_mean(eq.get("joint_reward"))
     reward = final.get("mean_reward") if isinstance(final, Mapping) else None
     if pi_n is None or pi_m is None or reward is None:
@@ -220,6 +274,6 @@ def summary_profit_gain(plan: Any, summary: Mapping[str, Any],
     return out
 
 
-__all__ = ["action_set", "benchmarks", "deterministic",
+__all__ = ["action_set", "benchmarks", "deterministic", "reference",
            "equilibrium", "exact", "fixed_actions",
            "learning_groups", "outcome_benchmarks", "profit_gain", "summary_profit_gain"]

@@ -256,8 +256,14 @@ def grid_bounds(hyper: Mapping[str, Any], spec: LearnerSpec) -> tuple[float, flo
         raise _error("kind", "q_learning", f"a learner for one product per seller; this "
                      f"group has num_products={spec.num_products}")
     memory = hyper["memory"]
+    periods = spec.obs_periods
     if memory == 0:
         num_digits = 0   # stateless: the observation is ignored
+    elif periods is not None and memory != periods:
+        held = (f"or {periods}, the periods the group's observation holds (its state is the "
+                "whole observation)" if periods else "(the group observes nothing)")
+        raise _error("memory", memory, f"0 (stateless) {held}; a memory of {memory} "
+                     f"period(s) needs the observation [{{kind: history, k: {memory}}}]")
     elif spec.obs_dim <= 0 or spec.obs_dim % memory != 0:
         raise _error("memory", memory, f"observations of the last memory={memory} price "
                      f"profiles of all sellers (obs_dim = memory * num_sellers); got "

@@ -30,11 +30,21 @@ Two solutions per player group (:func:`solve`):
   ``max_sweeps``. Several products of one agent are optimised product by product.
 * ``joint`` -- the group's joint optimum: its agents maximise the **sum of the group's
   rewards** as one player, every other player agent best-responding (with one player
-  group: the maximum of the group's summed reward). From the Nash point, a symmetric
+  group: the maximum of the group's summed reward). Where two or more player groups are
+  sellers, every seller group's ``joint`` is the industry's: all sellers maximise the sum
+  of all sellers' rewards (:func:`cartels`), so the benchmark is the game's whatever the
+  grouping of the firms into groups (each firm its own learner). From the Nash point, a symmetric
   search first (one value per product for all the group's agents, clipped to each
   agent's bounds), then coordinate ascent cell by cell on the sum (asymmetric sellers,
   budgets, several products), a cell moving only where the sum rises beyond float32
   rounding (:data:`JOINT_MARGIN`).
+
+A solution of the iteration is checked before it is used (``nash_verified``,
+``joint_verified``): every cell's best response to the others, a fresh search over its
+whole set, may raise its objective by at most :data:`VERIFY_RTOL` relative. Where one
+gains more (a discontinuous payoff such as Bertrand undercutting, where the iteration
+stops on a point that is no equilibrium), ``converged`` is False and
+``nash_deviation``/``joint_deviation`` name the agent, the value it moves to and its gain.
 
 Grids (every player cell on a grid, at most ``max_table`` joint profiles) are solved
 exactly on the table of every profile's rewards: every pure equilibrium (no agent gains
@@ -78,6 +88,9 @@ DEFAULT_SAMPLES = 256
 JOINT_MARGIN = 2.0 ** -22
 #: converged: no best response raises its objective by more than this, relative
 GAIN_RTOL = 2.0 ** -22
+#: verified: no cell's best response (a fresh search over its whole set, the others held)
+#: raises its objective by more than this, relative to the larger of the two values
+VERIFY_RTOL = 1e-4
 #: most pure equilibria listed (``num_pure_equilibria`` counts them all)
 MAX_LISTED = 1000
 #: relative tolerance of "no agent gains" on a table of float32 rewards
@@ -427,10 +440,31 @@ def _own_weights(game: Game) -> np.ndarray:
     return w
 
 
-def _cartel_weights(game: Game, group: int) -> np.ndarray:
-    """Cells of ``group``: the group's summed reward; every other cell its own agent's."""
+def cartels(game: Game) -> dict[Any, tuple[int, ...]]:
+    """The coalitions whose joint optimum is solved: each player group (key: its index)
+    and, where two or more player groups are sellers, the industry (key ``"industry"``:
+    every seller group together, maximising the sum of all sellers' rewards), whose
+    optimum is every seller group's ``joint`` (the game's benchmark, whatever the
+    grouping of the sellers into groups)."""
+    out: dict[Any, tuple[int, ...]] = {gi: (gi,) for gi in range(len(game.groups))}
+    sellers = tuple(gi for gi, g in enumerate(game.groups)
+                    if game.structure.env.spec.group(g).side == "seller")
+    if len(sellers) > 1:
+        out["industry"] = sellers
+    return out
+
+
+def joint_of(game: Game, gi: int) -> Any:
+    """The key of :func:`cartels` whose optimum is group ``gi``'s ``joint``."""
+    members = cartels(game)
+    return "industry" if gi in members.get("industry", ()) else gi
+
+
+def _cartel_weights(game: Game, groups: tuple[int, ...]) -> np.ndarray:
+    """Cells of the ``groups``: their summed reward; every other cell its own agent's."""
     w = _own_weights(game)
-    w[game.cell_group == group] = (game.agent_group == group).astype(np.float32)
+    inside = np.isin(game.agent_group, groups).astype(np.float32)
+    w[np.isin(game.cell_group, groups)] = inside
     return w
 
 
@@ -442,17 +476,37 @@ def _iterate(game: Game, search: Search) -> dict[str, Any]:
     out = {"nash": nash, "nash_reward": nash_r, "nash_sweeps": sweeps,
            "nash_converged": converged, "nash_gain": gain, "joint": {}}
     product = np.concatenate([np.tile(np.arange(P), n) for n, P in game.structure.shapes])
-    for gi in range(len(game.groups)):
-        w = _cartel_weights(game, gi)
-        # symmetric: one value per product for the whole group (a cell's row of the mask)
-        blocks = cells | ((game.cell_group[:, None] == gi) & (game.cell_group[None] == gi)
-                          & (product[:, None] == product[None]))
+    for key, members in cartels(game).items():
+        w = _cartel_weights(game, members)
+        inside = np.isin(game.cell_group, members)
+        # symmetric: one value per product for the whole cartel (a cell's row of the mask)
+        blocks = cells | (inside[:, None] & inside[None] & (product[:, None] == product[None]))
         xs, rs, s1, _, _ = _iteration(game, search, nash, nash_r, blocks, w)
         # then cell by cell, only where the sum rises beyond float32 rounding (a ridge
         # of equal sums, a flat top, stays where the symmetric search left it)
         xj, rj, s2, ok, _ = _iteration(game, search, xs, rs, cells, w, margin=JOINT_MARGIN)
-        out["joint"][gi] = (xj, rj, s1 + s2, ok)
+        out["joint"][key] = (xj, rj, s1 + s2, ok)
     return out
+
+
+def _deviation(game: Game, search: Search, x, r, weights) -> dict[str, Any] | None:
+    """A check of a solution ``x`` (rewards ``r``) before it is used: each cell's best
+    response to the others (a fresh search over the cell's whole set, objective
+    ``weights[c] . rewards``). None where no cell gains more than :data:`VERIFY_RTOL`
+    relative; else the largest gain, ``{"agent", "cell", "to", "gain"}`` (the best
+    response iteration stopped on a point that is not a solution: a discontinuous
+    payoff, a cycle)."""
+    worst = None
+    cells = np.eye(len(game.low), dtype=bool)
+    for c, (mask, w) in enumerate(zip(cells, weights)):   # the cells of one game
+        v, o, _ = _best_response(game, search, x, mask, w)
+        now = float(np.asarray(r) @ w)
+        gain = o - now
+        if gain > VERIFY_RTOL * max(abs(now), abs(o), 1e-12) and (
+                worst is None or gain > worst["gain"]):
+            worst = {"agent": int(game.cell_agent[c]), "cell": c, "to": v,
+                     "from": float(x[c]), "gain": float(gain)}
+    return worst
 
 
 # ------------------------------------------------------------------------- the table
@@ -490,20 +544,20 @@ def _table_solve(game: Game, search: Search) -> dict[str, Any]:
            "nash_converged": bool(nash_mask[index]), "nash_gain": 0.0, "joint": {},
            "pure_equilibria": [value(e) for e in equilibria[:MAX_LISTED]],
            "num_pure_equilibria": len(equilibria)}
-    for gi in range(len(game.groups)):
-        members = np.flatnonzero(game.agent_group == gi)
+    for key, groups in cartels(game).items():
+        members = np.flatnonzero(np.isin(game.agent_group, groups))
         total = table[..., members].sum(-1)
-        cartel = _stable(table, tuple(np.flatnonzero(game.cell_group == gi)), total)
-        others = [stable_agent[a] for a in range(A) if game.agent_group[a] != gi]
+        cartel = _stable(table, tuple(np.flatnonzero(np.isin(game.cell_group, groups))), total)
+        others = [stable_agent[a] for a in range(A) if game.agent_group[a] not in groups]
         ok = np.logical_and.reduce([cartel] + others)
         if ok.any():   # the best total; ties: the most even split of it
             top = np.where(ok, total, -np.inf)
             tied = top >= top.max() - TABLE_RTOL * max(1.0, abs(top.max()))
             spread = np.ptp(table[..., members], axis=-1)
             best = np.unravel_index(np.argmin(np.where(tied, spread, np.inf)), total.shape)
-            out["joint"][gi] = (value(best), table[best], 0, True)
+            out["joint"][key] = (value(best), table[best], 0, True)
         else:
-            out["joint"][gi] = (value(index), table[index], 0, False)
+            out["joint"][key] = (value(index), table[index], 0, False)
     return out
 
 
@@ -537,14 +591,17 @@ def solve(env: MarketEnv, params: MarketParams, action_sets: Mapping[str, Action
     period is deterministic, else :data:`DEFAULT_SAMPLES`).
 
     Returns per group: ``nash`` and ``joint`` (``[n][P]`` lists), ``nash_reward`` and
-    ``joint_reward`` (``[n]``: each agent's reward there), ``converged`` (both), and
+    ``joint_reward`` (``[n]``: each agent's reward there), ``converged`` (both found and
+    verified), ``nash_verified``, ``joint_verified`` (with ``nash_deviation``,
+    ``joint_deviation`` where not: module docstring), ``at_bounds`` (only where a solution
+    puts an agent on a bound of its set: :func:`_at_bounds`), and
     ``nash_converged``, ``joint_converged``, ``nash_sweeps``, ``joint_sweeps``,
     ``nash_gain`` (the largest improvement a cell found in the last sweep), ``samples``,
     ``action_set`` (``"grid"`` or ``"box"``); on a tabulated grid also
     ``pure_equilibria`` (every pure equilibrium, ``[K][n][P]``: this group's part of
     each; the first :data:`MAX_LISTED`) and ``num_pure_equilibria``. Where a group is
     on a grid and ``continuous``, ``continuous`` holds the same solution (``nash``,
-    ``joint``, their rewards, ``converged``) of the game in which every grid is replaced
+    ``joint``, their rewards, ``converged``, the checks) of the game in which every grid is replaced
     by the interval it spans: the continuous benchmarks of the literature (Calvano et
     al.'s ``p_N``, ``p_M``)."""
     exact = outcomes(static_game(env))
@@ -557,7 +614,9 @@ def solve(env: MarketEnv, params: MarketParams, action_sets: Mapping[str, Action
         for g, s in action_sets.items():
             if s.discrete:
                 out[g]["continuous"] = {k: box[g][k] for k in (
-                    "nash", "joint", "nash_reward", "joint_reward", "converged")}
+                    "nash", "joint", "nash_reward", "joint_reward", "converged",
+                    "nash_verified", "joint_verified", "nash_deviation", "joint_deviation",
+                    "at_bounds") if k in box[g]}
     expectation = ("exact: the probability-weighted mean over the "
                    f"{len(exact)} outcomes of the distributor's draw"
                    if exact is not None and len(exact) > 1 else "deterministic period"
@@ -569,6 +628,24 @@ def solve(env: MarketEnv, params: MarketParams, action_sets: Mapping[str, Action
     return out
 
 
+def _at_bounds(game: Game, gi: int, solutions: Mapping[str, np.ndarray]) -> list[dict]:
+    """The cells of group ``gi`` that a solution puts on a bound of their set (a box's
+    edge, a grid's first or last value): there the bounds bind, and the solution is the
+    bounded game's, not the free one's. ``[{"solution", "agent", "bound", "value"}]``."""
+    cells = np.flatnonzero(game.cell_group == gi)
+    first = int(np.flatnonzero(game.agent_group == gi)[0])
+    span = np.maximum(game.high - game.low, 1e-30)
+    out = []
+    for what, x in solutions.items():
+        x = np.asarray(x, np.float64)
+        for c in cells:   # the group's cells: a handful of agents x products
+            for bound, edge in (("low", game.low[c]), ("high", game.high[c])):
+                if abs(x[c] - edge) <= 1e-6 * span[c]:
+                    out.append({"solution": what, "agent": int(game.cell_agent[c]) - first,
+                                "bound": bound, "value": float(edge)})
+    return out
+
+
 def _solve(game: Game, search: Search) -> dict[str, dict[str, Any]]:
     profiles = np.prod([len(np.unique(game.grid[c])) for c in range(len(game.low))],
                        dtype=np.float64)
@@ -576,16 +653,31 @@ def _solve(game: Game, search: Search) -> dict[str, dict[str, Any]]:
     found = _table_solve(game, search) if tabulate else _iterate(game, search)
     nash_r = game.split_agents(found["nash_reward"])
     nash = game.split(found["nash"])
+    # a table's solutions are exact (every profile compared); an iteration's are checked
+    nash_dev = None if tabulate else _deviation(game, search, found["nash"],
+                                                found["nash_reward"], _own_weights(game))
     out = {}
+    members = cartels(game)
     for gi, g in enumerate(game.groups):
-        xj, rj, sweeps, ok = found["joint"][gi]
+        key = joint_of(game, gi)
+        xj, rj, sweeps, ok = found["joint"][key]
+        joint_dev = None if tabulate else _deviation(game, search, xj, rj,
+                                                     _cartel_weights(game, members[key]))
         res = {"nash": nash[g].tolist(), "joint": game.split(xj)[g].tolist(),
-               "converged": bool(found["nash_converged"] and ok),
+               "converged": bool(found["nash_converged"] and ok and nash_dev is None
+                                 and joint_dev is None),
                "nash_reward": nash_r[g].tolist(),
                "joint_reward": game.split_agents(rj)[g].tolist(),
                "nash_converged": found["nash_converged"], "joint_converged": ok,
                "nash_sweeps": found["nash_sweeps"], "joint_sweeps": sweeps,
-               "nash_gain": found["nash_gain"]}
+               "nash_gain": found["nash_gain"],
+               "nash_verified": nash_dev is None, "joint_verified": joint_dev is None}
+        for what, dev in (("nash", nash_dev), ("joint", joint_dev)):
+            if dev is not None:
+                res[f"{what}_deviation"] = dev
+        edges = _at_bounds(game, gi, {"nash": found["nash"], "joint": xj})
+        if edges:
+            res["at_bounds"] = edges
         if "pure_equilibria" in found:
             res["pure_equilibria"] = [game.split(e)[g].tolist() for e in found["pure_equilibria"]]
             res["num_pure_equilibria"] = found["num_pure_equilibria"]

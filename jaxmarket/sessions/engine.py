@@ -475,6 +475,21 @@ def profit_gain(reward: np.ndarray, nash: float, joint: float) -> np.ndarray:
     return (np.asarray(reward, np.float64).mean(axis=-1) - nash) / (joint - nash)
 
 
+def firm_profit_gains(reward: np.ndarray, nash: list[float], joint: list[float]
+                      ) -> tuple[np.ndarray, list[str | None]]:
+    """Each firm's own ``Delta_i = (pi_i - pi_i^N) / (pi_i^M - pi_i^N)`` per session
+    ``[S, n]`` (``reward [S, n]``, the firms' benchmark profits ``nash``, ``joint``), NaN
+    where ``pi_i^M`` does not exceed ``pi_i^N`` (to 1e-6 relative), with the reason per
+    firm (None where defined). The industry Delta (:func:`profit_gain`: means over firms
+    first) differs from the mean of the ``Delta_i`` when the firms differ."""
+    pi_n, pi_m = np.asarray(nash, np.float64), np.asarray(joint, np.float64)
+    ok = pi_m - pi_n > 1e-6 * np.maximum(1.0, np.maximum(np.abs(pi_n), np.abs(pi_m)))
+    gains = (np.asarray(reward, np.float64) - pi_n) / np.where(ok, pi_m - pi_n, 1.0)
+    why = [None if good else f"firm {i}: pi_M ({m:.6g}) does not exceed pi_N ({n:.6g})"
+           for i, (good, n, m) in enumerate(zip(ok, pi_n, pi_m))]
+    return np.where(ok, gains, np.nan), why
+
+
 def bootstrap_ci(values: np.ndarray, statistic: str = "mean", resamples: int = 2000,
                  seed: int = 0) -> list[float]:
     """95% percentile bootstrap interval of the mean or median of ``values``
@@ -491,5 +506,6 @@ def bootstrap_ci(values: np.ndarray, statistic: str = "mean", resamples: int = 2
 
 
 __all__ = ["BACKENDS", "STOPS", "Runner", "SessionResult", "Sessions", "Settings",
-           "bootstrap_ci", "choose_backend", "greedy_cycle", "init_sessions", "ladder",
+           "bootstrap_ci", "choose_backend", "firm_profit_gains", "greedy_cycle",
+           "init_sessions", "ladder",
            "profit_gain", "run", "run_sessions", "xla_chunk"]

@@ -324,8 +324,10 @@ class SessionRun:
             summary["profit_gain_ci95"] = {group: eng.bootstrap_ci(delta)}
             summary["per_session"]["profit_gain"] = _dist(delta)
             summary["per_seed"][group]["profit_gain"] = [float(d) for d in delta]
+            summary.update(firm_gains(result.cycle_reward, bench, group))
         else:
-            summary["profit_gain_skipped"] = "pi_M equals pi_N (or no static benchmark)"
+            summary["profit_gain_skipped"] = bench.get(
+                "undefined", "pi_M equals pi_N (or no static benchmark)")
         if played is not None:
             summary["played_profit_gain"] = {group: float(played.mean())}
             summary["played_profit_gain_ci95"] = {group: eng.bootstrap_ci(played)}
@@ -352,6 +354,29 @@ class SessionRun:
         pub.text("summary.json", json.dumps(summary, indent=2) + "\n")
         pub.publish()
         return summary
+
+
+def firm_gains(reward: np.ndarray, bench: dict, group: str) -> dict:
+    """The profit gain per firm beside the industry's ``profit_gain`` (the authors' code's
+    headline: means over firms first): ``profit_gain_firms[group]`` (each firm's
+    ``Delta_i``, the mean over sessions; None where undefined), its ``_ci95``, and
+    ``profit_gain_firm_mean[group]`` (the mean over firms of the ``Delta_i`` per
+    session, then over sessions) with its ``_ci95``; ``profit_gain_firms_undefined``
+    says why for a firm without one."""
+    gains, why = eng.firm_profit_gains(reward, bench["nash_profits"], bench["joint_profits"])
+    defined = [w is None for w in why]
+    out: dict[str, Any] = {
+        "profit_gain_firms": {group: [float(gains[:, i].mean()) if ok else None
+                                      for i, ok in enumerate(defined)]},
+        "profit_gain_firms_ci95": {group: [eng.bootstrap_ci(gains[:, i]) if ok else None
+                                           for i, ok in enumerate(defined)]}}
+    if all(defined):
+        per_session = gains.mean(axis=1)
+        out["profit_gain_firm_mean"] = {group: float(per_session.mean())}
+        out["profit_gain_firm_mean_ci95"] = {group: eng.bootstrap_ci(per_session)}
+    else:
+        out["profit_gain_firms_undefined"] = {group: [w for w in why if w is not None]}
+    return out
 
 
 def _dist(values: np.ndarray) -> dict:

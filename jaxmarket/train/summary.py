@@ -216,15 +216,20 @@ def _convergence(final: dict) -> dict:
 
 def _profit_gains(plan: Any, summary: dict) -> dict:
     """``profit_gain`` (and each seed's, in ``per_seed``) of every group with both a static
-    Nash and a joint optimum."""
+    Nash and a joint optimum; ``profit_gain_undefined[group]``: why a group has none
+    where its benchmarks are no equilibrium."""
     eq = equilibrium(plan)
     gains = summary_profit_gain(plan, summary, eq)
     for g, seeds in (summary.get("per_seed") or {}).items():
         if g in gains:
             seeds["profit_gain"] = profit_gain(seeds, eq[g])
+    # a group whose benchmark is no equilibrium: said, not measured against it
+    undefined = {g: why for g in eq if g not in gains
+                 and (why := benchmarks(eq[g]).get("undefined")) is not None}
+    out = {"profit_gain_undefined": undefined} if undefined else {}
     if not gains:
-        return {}
-    return {"profit_gain": gains, "benchmarks": {g: benchmarks(eq[g]) for g in gains}}
+        return out
+    return {"profit_gain": gains, "benchmarks": {g: benchmarks(eq[g]) for g in gains}, **out}
 
 
 def nonfinite_summary(run_dir: Path) -> dict:
