@@ -417,6 +417,33 @@ def test_an_abandoned_orbax_read_closed_by_the_garbage_collector_is_not_echoed()
     assert "_read_array_index_and_device_put" not in quiet and "TensorStore" not in quiet
 
 
+NEVER_STARTED = """
+import gc, sys
+from orbax.checkpoint._src.serialization import serialization
+from jaxmarket.train import checkpoints
+if sys.argv[1] == "quiet":
+    checkpoints._quiet_orbax_echo()
+async def ours():
+    return None
+pending = [serialization._read_shard(None, new_shard_shape=None, dtype=None,
+                                     requested_domain=None, restricted_domain=None), ours()]
+del pending   # never awaited: collected as a failed restore's loop leaves them
+gc.collect()
+"""
+
+
+def test_an_orbax_read_never_started_is_not_warned_about():
+    # Bug caught: the other-shape fallback's stderr held "RuntimeWarning: coroutine
+    # '_read_array_index_and_device_put' was never awaited" (reads the closed loop never
+    # started); a coroutine of ours still warns.
+    runs = {mode: subprocess.run([sys.executable, "-c", NEVER_STARTED, mode], cwd=ROOT,
+                                 capture_output=True, text=True, timeout=300)
+            for mode in ("loud", "quiet")}
+    loud, quiet = runs["loud"].stderr, runs["quiet"].stderr
+    assert "coroutine '_read_shard' was never awaited" in loud and "'ours'" in loud
+    assert "_read_shard" not in quiet and "coroutine 'ours' was never awaited" in quiet
+
+
 def test_storage_cause_reads_tensorstore_messages():
     err = ValueError(ORBAX_ENOSPC.format(d="/x"))
     cause = rundir.storage_cause(err)

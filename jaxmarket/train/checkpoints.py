@@ -10,6 +10,7 @@ import logging
 import os
 import shutil
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,10 @@ def _orbax_echo(exc: BaseException | None, obj: object = None) -> bool:
 
 
 _ORBAX_SOURCE = f"{os.sep}orbax{os.sep}"
+#: orbax's reading coroutines (orbax/checkpoint/_src/serialization): those a failed
+#: restore abandons
+_ORBAX_READERS = ("_read_shard", "_read_array_index_and_device_put", "_read_and_create_array",
+                  "async_deserialize", "_deserialize_arrays", "_deserialize_shardings")
 
 
 def _closed_orbax_coroutine(exc: BaseException | None, obj: object) -> bool:
@@ -86,6 +91,9 @@ def _quiet_orbax_echo() -> None:
             previous(unraisable)
 
     sys.unraisablehook = hook
+    # the same reads, never started when the loop closed: a warning at their collection
+    warnings.filterwarnings("ignore", category=RuntimeWarning, message="coroutine "
+                            f"'({'|'.join(_ORBAX_READERS)})' was never awaited")
     quiet = _QuietOrbaxEcho()
     for name in ("asyncio", "absl"):
         logging.getLogger(name).addFilter(quiet)
