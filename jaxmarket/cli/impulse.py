@@ -1,13 +1,16 @@
 """python -m jaxmarket.impulse RUN [--agent I]
 [--deviation best_response|best_response_lowest|nash|PRICE]
-[--periods T] [--group G] [--json]: the impulse response of a trained run's greedy
+[--periods T] [--group G] [--json] [--check]: the impulse response of a trained run's greedy
 Q-learning strategies to a one-period deviation by agent I (Calvano et al. 2020),
 averaged over each session's limit cycle and over the sessions (seeds x markets). RUN is
 a run directory (its last checkpoint is restored) or a directory written by
 a session-engine run (its strategies.npz). Prints the mean prices per period beside the
 undeviated cycle, the share of sessions that punish, the punishment length and the
 periods until play is back on the cycle; --json prints the whole result as one JSON line
-last (jaxmarket.analysis.impulse_response)."""
+last (jaxmarket.analysis.impulse_response). --check prints instead the equilibrium check
+of a session-engine run's strategies (best replies on path and in all states, the shares
+of sessions in Nash equilibrium on path and subgame perfect, the Q-gaps:
+jaxmarket.sessions.diagnostics), as its summary.json holds it."""
 
 from __future__ import annotations
 
@@ -47,6 +50,27 @@ def table(result: ImpulseResponse) -> str:
     return "\n".join(lines)
 
 
+def check_table(found: dict) -> str:
+    """The equilibrium check as text: the shares of sessions, then per firm."""
+    def ci(st, i=None):
+        lo, hi = st["ci95"] if i is None else st["ci95"][i]
+        return f"[{lo:.3f}, {hi:.3f}]"
+
+    lines = [f"sessions in Nash equilibrium on path  {found['nash_on_path']['mean']:.3f}  "
+             f"95% CI {ci(found['nash_on_path'])}",
+             f"sessions subgame perfect             {found['subgame_perfect']['mean']:.3f}  "
+             f"95% CI {ci(found['subgame_perfect'])}",
+             f"{'firm':>4} {'BR on path':>11} {'BR all':>8} {'Q-gap path':>11} "
+             f"{'Q-gap all':>10} {'Q error':>8}"]
+    keys = ("best_reply_on_path", "best_reply_all_states", "q_gap_on_path",
+            "q_gap_all_states", "q_error")
+    for i in range(len(found["best_reply_on_path"]["mean"])):
+        v = [found[k]["mean"][i] for k in keys]
+        lines.append(f"{i:>4d} {v[0]:>11.3f} {v[1]:>8.3f} {v[2]:>11.4f} {v[3]:>10.4f} "
+                     f"{v[4]:>8.4f}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> int:
     parser = make_parser("python -m jaxmarket.impulse", __doc__)
     parser.add_argument("run", help="run directory (either engine)")
@@ -58,7 +82,16 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--group", default=None,
                         help="the q_learning or discrete-head ppo group (default: the only one)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON last")
+    parser.add_argument("--check", action="store_true",
+                        help="the equilibrium check of a session-engine run's strategies")
     args = parser.parse_args(argv)
+    if args.check:
+        from jaxmarket.analysis.equilibrium_check import equilibrium_check
+        found = equilibrium_check(args.run)
+        print(check_table(found))
+        if args.json:
+            print(json.dumps(found))
+        return 0
     result = impulse_response(args.run, agent=args.agent, deviation=args.deviation,
                               periods=args.periods, group=args.group)
     print(table(result))

@@ -56,6 +56,8 @@ import yaml
 from jaxmarket.config.errors import ConfigError, Interrupted
 from jaxmarket.learners.equilibrium import benchmarks, equilibrium, outcome_benchmarks
 from jaxmarket.sessions import engine as eng
+from jaxmarket.learners.qlearning import obs_grid_of
+from jaxmarket.sessions.diagnostics import Diagnostics, diagnose
 from jaxmarket.sessions.game import SessionGame, check_game, make_game
 from jaxmarket.sessions.memory import estimate as estimate_memory
 from jaxmarket.train.checkpoints import Checkpoints
@@ -348,12 +350,64 @@ class SessionRun:
                 summary["outcome_benchmarks"] = {group: inf}
                 summary["profit_gain_outcomes"] = {group: float(informed.mean())}
                 summary["profit_gain_outcomes_ci95"] = {group: eng.bootstrap_ci(informed)}
+        rows = np.asarray(result.sessions.learner.rows, np.float64)
+        m = self.game.grid.size
+        diag = diagnostics(self.game, rows[..., m], rows[..., :m],
+                           np.asarray(result.sessions.index))
+        if isinstance(diag, str):
+            summary["equilibrium_check_skipped"] = diag
+            diag = None
+        else:
+            summary["equilibrium_check"] = check_summary(diag)
         pub = Publication(self.run_dir, "sessions", result.periods)
-        pub.text(SESSIONS_FILE, sessions_csv(result, delta, played, informed))
+        pub.text(SESSIONS_FILE, sessions_csv(result, delta, played, informed, diag))
         write_strategies(pub.path(STRATEGIES_FILE), result, bench)
         pub.text("summary.json", json.dumps(summary, indent=2) + "\n")
         pub.publish()
         return summary
+
+
+def diagnostics(game: SessionGame, greedy: np.ndarray, q: np.ndarray,
+                index: np.ndarray | None) -> Diagnostics | str:
+    """The authors' diagnostics (:mod:`jaxmarket.sessions.diagnostics`: best replies,
+    equilibrium on path, subgame perfection, the Q-gaps) of every session's greedy
+    strategies ``greedy [S, n, Z]`` and learned tables ``q [S, n, Z, m]``, the limit
+    cycle followed from the profile ``index [S, n]`` in force (None or empty: memory 0,
+    whose strategies ignore it), or why they are not computed."""
+    if game.turns is not None:
+        return "sellers move in turns (the check is of simultaneous moves)"
+    if game.probs is not None:
+        return "random period outcomes (the check is of a deterministic period)"
+    greedy = np.asarray(greedy)
+    if greedy.shape[1] != game.sellers:
+        return "sellers share a Q table"
+    state = np.asarray(obs_grid_of(game.settings).state_index(game.obs), np.int64)
+    S = greedy.shape[0]
+    start = (np.zeros(S, np.int64) if index is None or np.size(index) == 0 else
+             np.asarray(game.row(np.asarray(index, np.int32)), np.int64))
+    return diagnose(np.asarray(game.reward, np.float64), state, greedy.astype(np.int64),
+                    game.grid.size, game.settings.discount, start, q)
+
+
+def check_summary(d: Diagnostics) -> dict:
+    """summary.json's ``equilibrium_check``: the shares of sessions whose profile is a
+    Nash equilibrium on path and subgame perfect, per firm the mean share of states where
+    it best-replies (on path, all), its Q-gap to the maximum (on path, all) and its
+    learned-Q error, each with its 95% bootstrap CI over sessions."""
+    def stat(values: np.ndarray) -> dict:
+        v = np.asarray(values, np.float64)
+        if v.ndim == 1:
+            return {"mean": float(v.mean()), "ci95": eng.bootstrap_ci(v)}
+        return {"mean": [float(x) for x in v.mean(0)],
+                "ci95": [eng.bootstrap_ci(v[:, i]) for i in range(v.shape[1])]}
+
+    return {"nash_on_path": stat(d.nash_on_path), "subgame_perfect": stat(d.spe),
+            "best_reply_on_path": stat(d.br_path), "best_reply_all_states": stat(d.br_all),
+            "q_gap_on_path": stat(d.gap_path), "q_gap_all_states": stat(d.gap_all),
+            "q_error": stat(d.q_error),
+            "method": "one-shot deviations against the true Q of each session's greedy "
+                      "profile, states = the last price profile (jaxmarket.sessions."
+                      "diagnostics)"}
 
 
 def firm_gains(reward: np.ndarray, bench: dict, group: str) -> dict:
@@ -387,9 +441,13 @@ def _dist(values: np.ndarray) -> dict:
             "p75": float(q[3]), "p95": float(q[4]), "max": float(v.max())}
 
 
-def sessions_csv(result: eng.SessionResult, delta, played, informed=None) -> str:
+def sessions_csv(result: eng.SessionResult, delta, played, informed=None,
+                 diag: Diagnostics | None = None) -> str:
     """One row per session (module docstring); ``informed``: Delta against the outcomes'
-    own benchmarks (a random period's ``profit_gain_outcomes`` column)."""
+    own benchmarks (a random period's ``profit_gain_outcomes`` column); ``diag``: the
+    equilibrium check's columns (``nash_on_path``, ``subgame_perfect``, per firm
+    ``best_reply_on_path_i``, ``best_reply_all_i``, ``q_gap_on_path_i``, ``q_gap_all_i``,
+    ``q_error_i``)."""
     n = result.game.sellers
     header = (["session", "converged", "convergence_period", "cycle_length"]
               + [f"cycle_price_{i}" for i in range(n)] + [f"cycle_profit_{i}" for i in range(n)]
@@ -397,7 +455,10 @@ def sessions_csv(result: eng.SessionResult, delta, played, informed=None) -> str
               + ["profit_gain"]
               + ([f"played_profit_{i}" for i in range(n)] if result.tail_complete else [])
               + (["played_profit_gain"] if played is not None else [])
-              + (["profit_gain_outcomes"] if informed is not None else []))
+              + (["profit_gain_outcomes"] if informed is not None else [])
+              + (["nash_on_path", "subgame_perfect"] + [
+                  f"{name}_{i}" for name in DIAG_COLUMNS for i in range(n)]
+                 if diag is not None else []))
     out = io.StringIO()
     w = csv.writer(out, lineterminator="\n")
     w.writerow(header)
@@ -414,8 +475,16 @@ def sessions_csv(result: eng.SessionResult, delta, played, informed=None) -> str
             row += [repr(float(played[s]))]
         if informed is not None:
             row += [repr(float(informed[s]))]
+        if diag is not None:
+            row += [int(diag.nash_on_path[s]), int(diag.spe[s])]
+            row += [repr(float(x)) for f in DIAG_COLUMNS.values() for x in getattr(diag, f)[s]]
         w.writerow(row)
     return out.getvalue()
+
+
+#: sessions.csv's per-firm columns of the equilibrium check -> the Diagnostics field
+DIAG_COLUMNS = {"best_reply_on_path": "br_path", "best_reply_all": "br_all",
+                "q_gap_on_path": "gap_path", "q_gap_all": "gap_all", "q_error": "q_error"}
 
 
 def write_strategies(path: Path, result: eng.SessionResult, bench: dict) -> None:
@@ -554,5 +623,5 @@ def finish_message(summary: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["RESUME_OVERRIDES", "SessionRun", "choose_engine", "finish_message", "resume",
-           "session_plan", "sessions_csv", "start"]
+__all__ = ["RESUME_OVERRIDES", "SessionRun", "check_summary", "choose_engine", "diagnostics",
+           "finish_message", "resume", "session_plan", "sessions_csv", "start"]

@@ -1,0 +1,160 @@
+"""The authors' diagnostics of learned strategies (Calvano et al. 2020's replication code):
+is a session's greedy strategy profile an equilibrium of the repeated game, and how far
+is each firm from its best reply.
+
+The game a session plays (:mod:`jaxmarket.sessions.game`, simultaneous moves, one
+outcome per period): the system's state is the last price profile ``j`` (``J = m^n``
+of them; a firm's own state ``state[j, i]`` is what it observes of ``j``: the profile
+itself under ``history k: 1``, one state under memory 0), firm ``i`` plays
+``sigma_i(j) = greedy[i, state[j, i]]`` and the next state is the profile played,
+``next(j) = sum_i sigma_i(j) m^(n-1-i)``; ``R[j, i]`` is firm ``i``'s profit of
+profile ``j``. Everything below is exact (float64), computed from these tables for every
+session at once.
+
+* **Value of the profile**, ``V_i(j) = sum_{t>=0} delta^t R[next^{t+1}(j), i]`` (the
+  path from ``j`` is deterministic and ends in a cycle), summed by doubling: with
+  ``A_0 = R[next(.)]`` and ``N_0 = next``, ``A_{k+1} = A_k + delta^{2^k} A_k o N_k`` and
+  ``N_{k+1} = N_k o N_k``, so ``A_k`` holds the first ``2^k`` terms.
+* **True Q of the profile**: firm ``i`` plays ``a`` once in state ``j``, then everyone
+  follows the profile, ``Q_i(j, a) = R[p, i] + delta V_i(p)`` with ``p`` the profile of
+  ``a`` and the others' ``sigma_k(j)``.
+* **Best reply**: ``sigma_i(j)`` is a best reply in ``j`` when ``Q_i(j, sigma_i(j)) >=
+  max_a Q_i(j, a)`` (to :data:`TOL` relative). By the one-shot deviation principle the
+  profile is a **subgame perfect equilibrium** iff every firm best-replies in every
+  state, and a **Nash equilibrium on path** iff every firm best-replies in every state of
+  the limit cycle (the greedy play from the session's last profile).
+* **Q-gap to the maximum** (the authors' ``QGapToMaximum``): ``(max_a Q_i(j, a) -
+  Q_i(j, sigma_i(j))) / |max_a Q_i(j, a)|``, the share of the best value a firm forgoes by
+  following its strategy, averaged over states (all, or the cycle's).
+* **Learned-Q error**: ``sum_{j,a} |Qhat_i(state[j, i], a) - Q_i(j, a)| / sum_{j,a}
+  |Q_i(j, a)|``, how far firm ``i``'s learned table is from the true Q of the profile it
+  learned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+#: a strategy's value counts as the maximum within this, relative
+TOL = 1e-9
+
+
+@dataclass(frozen=True)
+class Diagnostics:
+    """Per session (and firm): the shares of states where each firm best-replies
+    (``br_all``, ``br_path`` ``[S, n]``), whether the profile is a Nash equilibrium on
+    path and subgame perfect (``nash_on_path``, ``spe`` ``[S]``), the Q-gap to the maximum
+    (``gap_all``, ``gap_path`` ``[S, n]``) and the learned-Q error (``q_error`` ``[S, n]``,
+    NaN without learned tables), and the limit cycle's states (``on_path`` ``[S, J]``)."""
+
+    br_all: np.ndarray
+    br_path: np.ndarray
+    nash_on_path: np.ndarray
+    spe: np.ndarray
+    gap_all: np.ndarray
+    gap_path: np.ndarray
+    q_error: np.ndarray
+    on_path: np.ndarray
+
+
+def profile_values(reward: np.ndarray, nxt: np.ndarray, delta: float) -> np.ndarray:
+    """``V [S, J, n]``: each firm's discounted profit from each state following the
+    profile, ``reward [J, n]``, ``nxt [S, J]`` the next state (module docstring)."""
+    R = np.asarray(reward, np.float64)
+    acc = R[nxt]                                              # [S, J, n]: A_0
+    hop = nxt.copy()                                          # N_0
+    rows = np.arange(nxt.shape[0])[:, None]
+    weight = float(delta)
+    while weight > 0.0 and weight > 1e-300:                   # delta^(2^k): 2^k terms held
+        acc = acc + weight * acc[rows, hop]
+        hop = hop[rows, hop]
+        weight = weight * weight
+    return acc
+
+
+def true_q(reward: np.ndarray, actions: np.ndarray, values: np.ndarray, m: int,
+           delta: float) -> np.ndarray:
+    """``Q [S, J, n, m]``: firm ``i`` plays ``a`` once in state ``j``, the others their
+    ``actions [S, J, n]``, then everyone the profile (``values``: :func:`profile_values`)."""
+    S, J, n = actions.shape
+    radix = m ** np.arange(n - 1, -1, -1)                     # [n]
+    others = (actions * radix).sum(-1)[..., None] - actions * radix   # [S, J, n]
+    prof = others[..., None] + np.arange(m) * radix[:, None]  # [S, J, n, m]
+    own = np.arange(n)[:, None]
+    R = np.asarray(reward, np.float64)
+    rows = np.arange(S)[:, None, None, None]
+    return R[prof, own] + delta * values[rows, prof, own]
+
+
+def limit_cycle(nxt: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """``[S, J]`` the states of the cycle the path from ``start [S]`` ends in (after ``J``
+    steps every path is on its cycle; ``J`` more mark it)."""
+    S, J = nxt.shape
+    rows = np.arange(S)
+    x = np.asarray(start, np.int64)
+    for _ in range(J):   # steps of the path (time), every session at once
+        x = nxt[rows, x]
+    marks = np.zeros((S, J), bool)
+    for _ in range(J):
+        marks[rows, x] = True
+        x = nxt[rows, x]
+    return marks
+
+
+#: most entries of the ``[sessions, J, n, m]`` true-Q table held at once (float64)
+MAX_ENTRIES = 1 << 24
+
+
+def diagnose(reward: np.ndarray, state: np.ndarray, greedy: np.ndarray, m: int,
+             delta: float, start: np.ndarray, q: np.ndarray | None = None) -> Diagnostics:
+    """The diagnostics of every session (module docstring): ``reward [J, n]``, ``state
+    [J, n]`` (each firm's own state after each profile), ``greedy [S, n, Z]`` (action
+    indices), ``start [S]`` (the profile the limit cycle is followed from), ``q [S, n, Z,
+    m]`` the learned tables (None: no learned-Q error). Sessions go in blocks of at most
+    :data:`MAX_ENTRIES` true-Q entries (the memory bound of a 100-price grid)."""
+    S = np.asarray(greedy).shape[0]
+    J, n = np.asarray(reward).shape
+    block = max(1, MAX_ENTRIES // (J * n * m))
+    parts = [_diagnose(reward, state, greedy[b:b + block], m, delta, start[b:b + block],
+                       None if q is None else q[b:b + block])
+             for b in range(0, S, block)]   # blocks of sessions, each vectorised
+    return Diagnostics(*(np.concatenate([getattr(p, f) for p in parts])
+                         for f in Diagnostics.__dataclass_fields__))
+
+
+def _diagnose(reward: np.ndarray, state: np.ndarray, greedy: np.ndarray, m: int,
+              delta: float, start: np.ndarray, q: np.ndarray | None) -> Diagnostics:
+    greedy = np.asarray(greedy, np.int64)
+    S, n, _ = greedy.shape
+    J = np.asarray(reward).shape[0]
+    firms = np.arange(n)
+    actions = greedy[:, firms, np.asarray(state, np.int64)]   # [S, J, n]
+    radix = m ** np.arange(n - 1, -1, -1)
+    nxt = (actions * radix).sum(-1)                           # [S, J]
+    values = profile_values(reward, nxt, delta)
+    Q = true_q(reward, actions, values, m, delta)             # [S, J, n, m]
+    best = Q.max(-1)                                          # [S, J, n]
+    played = np.take_along_axis(Q, actions[..., None], -1)[..., 0]
+    scale = np.maximum(np.abs(best), 1e-300)
+    br = played >= best - TOL * np.maximum(np.abs(best), 1.0)  # [S, J, n]
+    path = limit_cycle(nxt, start)                            # [S, J]
+    on = path[..., None]
+    count = path.sum(-1)[:, None]
+    gap = (best - played) / scale
+    if q is None:
+        error = np.full((S, n), np.nan)
+    else:
+        learned = np.asarray(q, np.float64)[np.arange(S)[:, None, None], firms,
+                                            np.asarray(state, np.int64)]   # [S, J, n, m]
+        error = np.abs(learned - Q).sum((1, 3)) / np.maximum(np.abs(Q).sum((1, 3)), 1e-300)
+    return Diagnostics(
+        br_all=br.mean(1), br_path=(br & on).sum(1) / count,
+        nash_on_path=(br | ~on).all((1, 2)), spe=br.all((1, 2)),
+        gap_all=gap.mean(1), gap_path=(gap * on).sum(1) / count,
+        q_error=error, on_path=path)
+
+
+__all__ = ["MAX_ENTRIES", "TOL", "Diagnostics", "diagnose", "limit_cycle", "profile_values",
+           "true_q"]
