@@ -256,6 +256,8 @@ def test_a_benchmark_that_is_no_equilibrium_is_refused_and_the_grid_games_used()
     calvano = jaxmarket.equilibrium("configs/calvano.yaml")["sellers"]
     assert calvano["continuous"]["nash_verified"] and calvano["continuous"]["joint_verified"]
     assert "continuous actions" in benchmarks(calvano)["method"]
+    # the interval's solution is the free game's too (no price of it binds): kept as it is
+    assert "bounded" not in calvano and "prices" not in calvano["continuous"]
 
 
 def test_no_verified_benchmark_leaves_delta_undefined_and_says_why():

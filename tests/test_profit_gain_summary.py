@@ -81,20 +81,19 @@ def profit(i: int, p: np.ndarray) -> float:
     return (p[i] - COSTS[i]) * share(p[i], p[1 - i])
 
 
-def asymmetric_benchmarks() -> tuple[np.ndarray, ...]:
-    """Each firm's Nash and joint-optimum profits and prices over the grid's interval
-    (scipy, float64): best responses iterated to a fixed point; the sum maximised in the
-    box."""
+def asymmetric_benchmarks(low: float = 0.0, high: float = 10.0) -> tuple[np.ndarray, ...]:
+    """Each firm's Nash and joint-optimum profits and prices with prices in ``[low,
+    high]`` (default: free; scipy, float64): best responses iterated to a fixed point;
+    the sum maximised in the box."""
     from scipy.optimize import minimize
     p = np.array([1.5, 1.6])
     for _ in range(200):
         for i in (0, 1):
             p[i] = minimize_scalar(
                 lambda x, i=i: -profit(i, np.where(np.arange(2) == i, x, p)),
-                bounds=(CALVANO_LOW, CALVANO_HIGH), method="bounded",
-                options={"xatol": 1e-12}).x
+                bounds=(low, high), method="bounded", options={"xatol": 1e-12}).x
     joint = minimize(lambda q: -(profit(0, q) + profit(1, q)), np.array([1.8, 1.9]),
-                     bounds=[(CALVANO_LOW, CALVANO_HIGH)] * 2).x
+                     bounds=[(low, high)] * 2, tol=1e-14).x
     return (np.array([profit(i, p) for i in (0, 1)]),
             np.array([profit(i, joint) for i in (0, 1)]), p, joint)
 
@@ -112,12 +111,19 @@ def test_firms_that_differ_get_their_own_benchmarks_and_delta(tmp_path):
                                 "market.sellers[0].cost=[[1.0], [1.25]]"]) == 0
     s = json.loads((d / "summary.json").read_text())
     b = s["benchmarks"]["sellers"]
+    # Calvano et al.'s benchmarks are the static game's with prices free ...
     pi_n, pi_m, p_n, p_m = asymmetric_benchmarks()
     np.testing.assert_allclose(b["nash_prices"], p_n, atol=2e-4)
+    np.testing.assert_allclose(b["joint_prices"], p_m, atol=2e-3)
     np.testing.assert_allclose(b["nash_profits"], pi_n, rtol=1e-4)
     np.testing.assert_allclose(b["joint_profits"], pi_m, rtol=1e-4)
-    assert p_m[1] == pytest.approx(CALVANO_HIGH, abs=1e-6)   # the box binds here ...
-    assert "the joint price of agent 1 is the high bound" in b["at_bounds"]   # ... and says so
+    # ... firm 1's joint price lies beyond the grid, said so, the grid's kept beside them
+    assert p_m[1] > CALVANO_HIGH and "prices free" in b["method"]
+    assert b["outside_grid"].startswith("the free joint price of agent 1 lies beyond the "
+                                        "grid's highest price 1.97")
+    _, pi_m_grid, _, p_m_grid = asymmetric_benchmarks(CALVANO_LOW, CALVANO_HIGH)
+    np.testing.assert_allclose(b["bounded"]["joint_prices"], p_m_grid, atol=2e-3)
+    assert b["bounded"]["joint_profit"] == pytest.approx(pi_m_grid.mean(), rel=1e-4)
     rows = pd.read_csv(d / "sessions.csv")
     cycle = rows[["cycle_profit_0", "cycle_profit_1"]].to_numpy()
     firms = (cycle - pi_n) / (pi_m - pi_n)                           # [S, 2] Delta_i

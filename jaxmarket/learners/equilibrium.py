@@ -107,6 +107,10 @@ def _random_group(plan: Any) -> bool:
     return any(_definition(plan, g).random_policy for g in plan.groups)
 
 
+FREE = ("continuous prices free (the grid's interval binds: the benchmarks over it are "
+        "under bounded)")
+
+
 def _deviation_text(dev: Mapping[str, Any]) -> str:
     return (f"agent {dev['agent']} gains {dev['gain']:.4g} by moving from {dev['from']:.8g} "
             f"to {dev['to']:.8g}")
@@ -126,7 +130,7 @@ def reference(eq: Mapping[str, Any]) -> tuple[Mapping[str, Any], str | None, str
                if f"{w}_deviation" in cont]
         if not bad:
             return cont, None, None
-        where = ("the grid game's own actions: over the grid's interval the solver found no "
+        where = ("the grid game's own actions: over continuous prices the solver found no "
                  f"equilibrium ({_deviation_text(bad[0])} at the point it stopped on)")
     if not eq.get("nash_verified", True) or not eq.get("joint_verified", True):
         dev = eq.get("nash_deviation") or eq.get("joint_deviation")
@@ -144,7 +148,11 @@ def benchmarks(eq: Mapping[str, Any]) -> dict[str, Any]:
     (``nash_profits``, ``joint_profits``, ``nash_prices``, ``joint_prices``: lists over
     the agents, the first product's price); ``undefined`` (the profits None) where no
     benchmark can be used; ``at_bounds`` where a benchmark price is a bound of the
-    actions (the bounds bind: it is the bounded game's, not the free game's)."""
+    actions (the bounds bind: it is the bounded game's, not the free game's). A grid
+    group's continuous benchmarks are the free game's (prices free of the grid's
+    interval, :func:`jaxmarket.market.equilibrium.free_game`); where the interval binds,
+    ``bounded`` holds the interval's and ``outside_grid`` says which price lies beyond
+    the grid."""
     cont, fallback, undefined = reference(eq)
     where = "continuous" in eq and fallback is None
 
@@ -163,12 +171,25 @@ def benchmarks(eq: Mapping[str, Any]) -> dict[str, Any]:
            "nash_prices": each(cont.get("nash")), "joint_prices": each(cont.get("joint")),
            "method": "static Nash equilibrium and joint optimum of one period of the "
                      "market's reward (jaxmarket.equilibrium), "
-                     + ("continuous actions over the grid's interval" if where else
+                     + ((FREE if cont.get("prices") == "free" else
+                         "continuous actions over the grid's interval") if where else
                         fallback or "the group's own actions") + "; expectation: "
                      + str(eq.get("expectation", "deterministic period"))}
     if undefined is not None:
         out.update(nash_profit=None, joint_profit=None, nash_profits=None, joint_profits=None,
                    undefined=undefined)
+    bounded = eq.get("bounded") if where else None
+    if bounded is not None:   # the grid's interval binds: its benchmarks beside, named so
+        out["bounded"] = {"nash_profit": mean(bounded.get("nash_reward")),
+                          "joint_profit": mean(bounded.get("joint_reward")),
+                          "nash_prices": each(bounded.get("nash")),
+                          "joint_prices": each(bounded.get("joint")),
+                          "method": "the same game over the grid's interval"}
+        if bounded.get("at_bounds"):
+            out["outside_grid"] = "; ".join(
+                f"the free {e['solution']} price of agent {e['agent']} lies beyond the "
+                f"grid's {'lowest' if e['bound'] == 'low' else 'highest'} price "
+                f"{e['value']:.6g}" for e in bounded["at_bounds"])
     if cont.get("at_bounds"):   # the bounds bind: the bounded game's benchmark, said so
         out["at_bounds"] = "; ".join(
             f"the {e['solution']} price of agent {e['agent']} is the {e['bound']} bound "

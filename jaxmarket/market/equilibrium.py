@@ -610,13 +610,21 @@ def solve(env: MarketEnv, params: MarketParams, action_sets: Mapping[str, Action
     out = _solve(make_game(env, params, action_sets, fixed, samples), search)
     if continuous and any(s.discrete for s in action_sets.values()):
         boxes = {g: ActionSet(s.low, s.high) for g, s in action_sets.items()}
-        box = _solve(make_game(env, params, boxes, fixed, samples), search)
+        free_params, free_sets = free_game(env, params, action_sets)
+        free = make_game(env, free_params, free_sets, fixed, samples)
+        box = _solve(make_game(env, params, boxes, fixed, samples), search, free=free)
+        # the interval's solution where it is the free game's too; else the free game's,
+        # the interval's kept beside it as "bounded"
+        held = all(not box[g].get("free_deviation") for g in action_sets)
+        solved = box if held else _solve(free, search)
+        keys = ("nash", "joint", "nash_reward", "joint_reward", "converged", "nash_verified",
+                "joint_verified", "nash_deviation", "joint_deviation", "at_bounds")
         for g, s in action_sets.items():
             if s.discrete:
-                out[g]["continuous"] = {k: box[g][k] for k in (
-                    "nash", "joint", "nash_reward", "joint_reward", "converged",
-                    "nash_verified", "joint_verified", "nash_deviation", "joint_deviation",
-                    "at_bounds") if k in box[g]}
+                out[g]["continuous"] = {k: solved[g][k] for k in keys if k in solved[g]}
+                if not held:
+                    out[g]["continuous"]["prices"] = "free"
+                    out[g]["bounded"] = {k: box[g][k] for k in keys if k in box[g]}
     expectation = ("exact: the probability-weighted mean over the "
                    f"{len(exact)} outcomes of the distributor's draw"
                    if exact is not None and len(exact) > 1 else "deterministic period"
@@ -646,7 +654,33 @@ def _at_bounds(game: Game, gi: int, solutions: Mapping[str, np.ndarray]) -> list
     return out
 
 
-def _solve(game: Game, search: Search) -> dict[str, dict[str, Any]]:
+#: the free game of a grid group searches [0, high + FREE_WIDTH (high - low)]
+FREE_WIDTH = 4.0
+
+
+def free_game(env: MarketEnv, params: MarketParams, action_sets: Mapping[str, ActionSet]
+              ) -> tuple[MarketParams, dict[str, ActionSet]]:
+    """The game with the prices of every seller group on a grid free (Calvano et al.'s
+    ``p_N``, ``p_M`` are the static game's, not the grid's): the market's bounds of those
+    groups widened to ``[0, high + FREE_WIDTH (high - low)]`` (``high``, ``low``: the
+    grid's interval), and that box as their action sets; every other group as it is."""
+    sellers = dict(params.sellers)
+    sets: dict[str, ActionSet] = {}
+    for g, s in action_sets.items():
+        if not s.discrete or env.spec.group(g).side != "seller":
+            sets[g] = ActionSet(s.low, s.high)
+            continue
+        low = np.zeros_like(s.low)
+        high = (s.high + FREE_WIDTH * (s.high - s.low)).astype(np.float32)
+        sellers[g] = sellers[g].replace(low=jnp.asarray(low), high=jnp.asarray(high))
+        sets[g] = ActionSet(low, high)
+    return params.replace(sellers=sellers), sets
+
+
+def _solve(game: Game, search: Search, free: Game | None = None) -> dict[str, dict[str, Any]]:
+    """The solutions of ``game`` (:func:`solve`'s keys); ``free``: the same game with
+    wider bounds, where each solution is checked again (``free_deviation``: a profitable
+    move outside ``game``'s bounds, or None)."""
     profiles = np.prod([len(np.unique(game.grid[c])) for c in range(len(game.low))],
                        dtype=np.float64)
     tabulate = bool(np.all(game.is_grid)) and profiles <= search.max_table
@@ -675,6 +709,11 @@ def _solve(game: Game, search: Search) -> dict[str, dict[str, Any]]:
         for what, dev in (("nash", nash_dev), ("joint", joint_dev)):
             if dev is not None:
                 res[f"{what}_deviation"] = dev
+        if free is not None:   # the same cells, wider sets: the same payoffs inside
+            res["free_deviation"] = (
+                _deviation(free, search, found["nash"], found["nash_reward"],
+                           _own_weights(free))
+                or _deviation(free, search, xj, rj, _cartel_weights(free, members[key])))
         edges = _at_bounds(game, gi, {"nash": found["nash"], "joint": xj})
         if edges:
             res["at_bounds"] = edges
