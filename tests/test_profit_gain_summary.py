@@ -115,8 +115,9 @@ def test_firms_that_differ_get_their_own_benchmarks_and_delta(tmp_path):
     pi_n, pi_m, p_n, p_m = asymmetric_benchmarks()
     np.testing.assert_allclose(b["nash_prices"], p_n, atol=2e-4)
     np.testing.assert_allclose(b["joint_prices"], p_m, atol=2e-3)
-    np.testing.assert_allclose(b["nash_profits"], pi_n, rtol=1e-4)
-    np.testing.assert_allclose(b["joint_profits"], pi_m, rtol=1e-4)
+    # (float32 prices sit on a ~1e-4 plateau: a rival's profit moves with them by ~1e-4)
+    np.testing.assert_allclose(b["nash_profits"], pi_n, rtol=5e-4)
+    np.testing.assert_allclose(b["joint_profits"], pi_m, rtol=5e-4)
     # ... firm 1's joint price lies beyond the grid, said so, the grid's kept beside them
     assert p_m[1] > CALVANO_HIGH and "prices free" in b["method"]
     assert b["outside_grid"].startswith("the free joint price of agent 1 lies beyond the "
@@ -126,11 +127,13 @@ def test_firms_that_differ_get_their_own_benchmarks_and_delta(tmp_path):
     assert b["bounded"]["joint_profit"] == pytest.approx(pi_m_grid.mean(), rel=1e-4)
     rows = pd.read_csv(d / "sessions.csv")
     cycle = rows[["cycle_profit_0", "cycle_profit_1"]].to_numpy()
-    firms = (cycle - pi_n) / (pi_m - pi_n)                           # [S, 2] Delta_i
-    industry = (cycle.mean(1) - pi_n.mean()) / (pi_m.mean() - pi_n.mean())
-    np.testing.assert_allclose(s["profit_gain_firms"]["sellers"], firms.mean(0), rtol=1e-3)
-    assert s["profit_gain_firm_mean"]["sellers"] == pytest.approx(firms.mean(), rel=1e-3)
-    assert s["profit_gain"]["sellers"] == pytest.approx(industry.mean(), rel=1e-3)
+    # the gains against the run's benchmarks (checked against scipy's above)
+    bn, bm = np.array(b["nash_profits"]), np.array(b["joint_profits"])
+    firms = (cycle - bn) / (bm - bn)                                 # [S, 2] Delta_i
+    industry = (cycle.mean(1) - bn.mean()) / (bm.mean() - bn.mean())
+    np.testing.assert_allclose(s["profit_gain_firms"]["sellers"], firms.mean(0), rtol=1e-9)
+    assert s["profit_gain_firm_mean"]["sellers"] == pytest.approx(firms.mean(), rel=1e-9)
+    assert s["profit_gain"]["sellers"] == pytest.approx(industry.mean(), rel=1e-6)
     assert abs(industry.mean() - firms.mean()) > 1e-3   # two figures, named apart
     for lo_hi, mean in zip(s["profit_gain_firms_ci95"]["sellers"],
                            s["profit_gain_firms"]["sellers"]):
