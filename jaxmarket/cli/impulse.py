@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 
+from jaxmarket.analysis.equilibrium_check import equilibrium_check
 from jaxmarket.analysis.impulse import DEVIATIONS, ImpulseResponse, impulse_response
 from jaxmarket.cli import parser as make_parser
 
@@ -86,7 +87,6 @@ def main(argv: list[str]) -> int:
                         help="the equilibrium check of a session-engine run's strategies")
     args = parser.parse_args(argv)
     if args.check:
-        from jaxmarket.analysis.equilibrium_check import equilibrium_check
         found = equilibrium_check(args.run)
         print(check_table(found))
         if args.json:

@@ -23,6 +23,7 @@ from typing import Any, Iterator
 import yaml
 
 from jaxmarket.config.errors import ConfigError
+from jaxmarket.config.loader import check_sections, safe_load
 
 LOCK_NAME = ".lock"                 # inside a run, sweep or offline run directory
 CONFIG_RECORD = ".config.started.yaml"   # the resolved config the run is bound to
@@ -273,7 +274,6 @@ def clear_failed_start(run_dir: Path) -> list[str]:
 def read_run_config(run_dir: Path) -> dict:
     """``run_dir/config.yaml`` as a mapping; a ConfigError naming the file when it is not
     readable UTF-8 YAML holding one."""
-    from jaxmarket.config.loader import check_sections, safe_load   # bounded aliases
     path = run_dir / "config.yaml"
     try:
         config = safe_load(path.read_bytes().decode("utf-8"), str(path))
