@@ -296,3 +296,16 @@ def test_each_firm_its_own_group_gets_the_games_benchmarks():
     summary = {"final": {g: {"mean_reward": halfway} for g in ("a", "b")}}
     gains = summary_profit_gain(None, summary, equilibria=eq)
     assert gains == pytest.approx({"a": 0.5, "b": 0.5}, abs=1e-3)
+
+
+def test_a_free_game_without_an_interior_optimum_keeps_the_grids_interval():
+    # Bug caught: with prices free, the linear duopoly's cartel prices one firm out (its
+    # price raises the rival's demand without bound), so the free "joint optimum" is the
+    # searched box's edge; Hansen et al.'s benchmarks are the symmetric closed forms.
+    from jaxmarket.learners.equilibrium import benchmarks
+    a, b, g = 0.48, 0.9, 0.6   # configs/hansen2021.yaml
+    bench = benchmarks(jaxmarket.equilibrium("configs/hansen2021.yaml")["firms"])
+    # FOCs at a common price: a - 2 b p + g p = 0 (Nash); d/dp p (a - (b - g) p) = 0
+    assert bench["nash_price"] == pytest.approx(a / (2 * b - g), abs=PRICE_TOL)
+    assert bench["joint_price"] == pytest.approx(a / (2 * (b - g)), abs=PRICE_TOL)
+    assert "no interior optimum" in bench["free_unbounded"] and "bounded" not in bench

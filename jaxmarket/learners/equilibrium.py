@@ -152,7 +152,8 @@ def benchmarks(eq: Mapping[str, Any]) -> dict[str, Any]:
     group's continuous benchmarks are the free game's (prices free of the grid's
     interval, :func:`jaxmarket.market.equilibrium.free_game`); where the interval binds,
     ``bounded`` holds the interval's and ``outside_grid`` says which price lies beyond
-    the grid."""
+    the grid; ``free_unbounded`` where the free game has no interior solution (the
+    interval's are used)."""
     cont, fallback, undefined = reference(eq)
     where = "continuous" in eq and fallback is None
 
@@ -178,6 +179,8 @@ def benchmarks(eq: Mapping[str, Any]) -> dict[str, Any]:
     if undefined is not None:
         out.update(nash_profit=None, joint_profit=None, nash_profits=None, joint_profits=None,
                    undefined=undefined)
+    if where and cont.get("free_unbounded"):
+        out["free_unbounded"] = cont["free_unbounded"]
     bounded = eq.get("bounded") if where else None
     if bounded is not None:   # the grid's interval binds: its benchmarks beside, named so
         out["bounded"] = {"nash_profit": mean(bounded.get("nash_reward")),

@@ -617,11 +617,22 @@ def solve(env: MarketEnv, params: MarketParams, action_sets: Mapping[str, Action
         # the interval's kept beside it as "bounded"
         held = all(not box[g].get("free_deviation") for g in action_sets)
         solved = box if held else _solve(free, search)
+        # a free solution on the edge of the wide box has no interior optimum (a linear
+        # demand's cartel prices one firm out without bound): the interval's is used
+        edge = None if held else next((e for g in action_sets
+                                       for e in solved[g].get("at_bounds", ())), None)
+        if edge is not None:
+            solved, held = box, True
         keys = ("nash", "joint", "nash_reward", "joint_reward", "converged", "nash_verified",
                 "joint_verified", "nash_deviation", "joint_deviation", "at_bounds")
         for g, s in action_sets.items():
             if s.discrete:
                 out[g]["continuous"] = {k: solved[g][k] for k in keys if k in solved[g]}
+                if edge is not None:
+                    out[g]["continuous"]["free_unbounded"] = (
+                        f"with prices free the {edge['solution']} price of agent "
+                        f"{edge['agent']} goes to the edge {edge['value']:.6g} of the "
+                        "searched prices (no interior optimum): the grid's interval is used")
                 if not held:
                     out[g]["continuous"]["prices"] = "free"
                     out[g]["bounded"] = {k: box[g][k] for k in keys if k in box[g]}
