@@ -618,7 +618,7 @@ def finish_message(summary: dict) -> str:
                  + (f" (mean period {period:,.0f})" if period is not None else "")
                  + f"; {summary['periods']:,d} periods")
     lines += [f"files in {d}/: summary.json, sessions.csv (one row per session), "
-              "strategies.npz, run.json, checkpoints/",
+              "strategies.npz, published.json, run.json, checkpoints/",
               f"next: python -m jaxmarket.impulse {d}"]
     return "\n".join(lines)
 

@@ -368,6 +368,7 @@ def finish_message(summary: dict) -> str:
         " iterations (10%) and over seeds (the progress bar showed only the last iteration)",
         f"  metrics.csv    {rows}, means over seeds; {seeds}: each seed",
         "  run.json       how the run was made: versions, commit, command, host, devices, times",
+        "  published.json the result's identity (iteration, config, checksums): readers check it",
         "  checkpoints/   the last two; continue or extend with: python -m jaxmarket.train "
         f"--resume {d} train.num_iterations=N",
         f"next: python -m jaxmarket.plot {d}",
