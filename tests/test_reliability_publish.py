@@ -45,6 +45,18 @@ def crash_at(monkeypatch, step: str) -> None:
     monkeypatch.setattr(publish, "_HOOK", hook)
 
 
+def _extension_stopped_at(step: str, base: Path, tmp_path: Path, monkeypatch,
+                          extend: str) -> Path:
+    """A copy of ``base`` whose resume ``extend`` stopped at ``step`` of its publication."""
+    d = tmp_path / "run"
+    shutil.copytree(base, d)
+    crash_at(monkeypatch, step)
+    with pytest.raises(Crash):
+        train("--resume", str(d), extend)
+    monkeypatch.undo()
+    return d
+
+
 def train(*args: str) -> int:
     return run_cli(train_main, list(args))
 
@@ -178,12 +190,7 @@ def test_an_extension_stopped_while_publishing_is_refused_then_repaired(
     # resume left the old summary beside the new sessions.csv and strategies.npz, read
     # without a warning by load_run and impulse.
     base, longer = sessions_runs
-    d = tmp_path / "run"
-    shutil.copytree(base, d)
-    crash_at(monkeypatch, step)
-    with pytest.raises(Crash):
-        train("--resume", str(d), "train.num_iterations=3000")
-    monkeypatch.undo()
+    d = _extension_stopped_at(step, base, tmp_path, monkeypatch, "train.num_iterations=3000")
     _refused_everywhere(d)
     assert train("--resume", str(d)) == 0
     _same_result(d, longer)
@@ -267,12 +274,7 @@ def loop_runs(tmp_path_factory):
 def test_a_loop_extension_stopped_while_publishing_is_refused_then_repaired(
         loop_runs, tmp_path, monkeypatch, step):
     base, longer = loop_runs
-    d = tmp_path / "run"
-    shutil.copytree(base, d)
-    crash_at(monkeypatch, step)
-    with pytest.raises(Crash):
-        train("--resume", str(d), "train.num_iterations=60")
-    monkeypatch.undo()
+    d = _extension_stopped_at(step, base, tmp_path, monkeypatch, "train.num_iterations=60")
     for read in (jaxmarket.load_run, read_summary, lambda p: jaxmarket.compare([p])):
         with pytest.raises(RunDirError, match=rf"--resume {d}$"):
             read(d)
