@@ -3,7 +3,8 @@
 * :mod:`jaxmarket.analysis.runs`: a run directory back in Python (``load_run``,
   ``compare``, a run's final policy);
 * :mod:`jaxmarket.analysis.impulse`: impulse responses of learned pricing strategies to a
-  one-period deviation (``impulse_response``);
+  one-period deviation (``impulse_response``; to every grid price:
+  ``impulse_response_all``);
 * :mod:`jaxmarket.analysis.plots`: the plotting library behind ``python -m jaxmarket.plot``;
 * :mod:`jaxmarket.analysis.equilibrium`: ``jaxmarket.equilibrium(config)``, a scenario's
   static equilibria.
@@ -15,7 +16,8 @@ from __future__ import annotations
 
 import importlib
 
-_IMPULSE = ("ImpulseResponse", "Strategies", "impulse_response", "limit_cycles",
+_IMPULSE = ("AllPricesResponse", "ImpulseResponse", "Strategies", "impulse_response",
+            "impulse_response_all", "limit_cycles",
             "load_strategies", "strategies_from_npz", "strategies_from_run",
             "strategies_from_runner")
 

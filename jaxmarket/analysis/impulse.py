@@ -31,6 +31,32 @@ the published replication code of Calvano et al. computes for their Figure 4, wh
 that best-response dynamics reach from the lowest prices) or a price (the nearest grid
 price).
 
+Every price (:func:`impulse_response_all`, ``python -m jaxmarket.impulse RUN --deviation
+all``): the response to a deviation to each of the grid's ``m`` prices ``a`` in turn,
+all replayed at once (a row per session, cycle point and price). With ``z`` a point of
+the cycle, ``sigma(z)`` the profile the strategies play there, ``p_a`` the same profile
+with the deviator's price replaced by ``a``, ``pi_i`` the deviator's one-shot profit (the
+profit table), ``next(z, p)`` the state after ``p`` is played in ``z`` and ``delta`` the
+learners' discount factor::
+
+    one_period_gain(z, a) = pi_i(p_a) - pi_i(sigma(z))
+    V_i(y)                = sum_{t>=0} delta^t pi_i(sigma(y_t)),  y_0 = y,
+                            y_{t+1} = next(y_t, sigma(y_t))
+    discounted_gain(z, a) = sum_{t>=0} delta^t (pi_i(response_t) - pi_i(cycle_t))
+                          = one_period_gain(z, a)
+                            + delta (V_i(next(z, p_a)) - V_i(next(z, sigma(z))))
+
+exact over the infinite horizon (the play from any state ends in a cycle; ``V`` is summed
+by doubling, :func:`jaxmarket.sessions.diagnostics.profile_values`); it is ``Q_i(z, a) -
+Q_i(z, sigma_i(z))`` of the true Q of :mod:`jaxmarket.sessions.diagnostics`. The
+deviation to ``a`` **pays** in a session when ``discounted_gain(z, a) > TOL max(|Q_i(z,
+sigma_i(z))|, 1)`` at some point ``z`` of its cycle; by the one-shot deviation principle
+the deviator best-replies all along its cycle (the diagnostics' ``br_path`` is 1) exactly
+when no price pays, and with an equilibrium on path ``discounted_gain <= 0`` for every
+price. Each session's figures are means over its cycle's points (``pays``: any point),
+then the result's are the means over sessions, with a 95% bootstrap interval
+(:func:`jaxmarket.sessions.engine.bootstrap_ci`).
+
 Sources: a run directory of a ``q_learning`` group, or of a ``ppo`` group with
 ``action_head: discrete`` (its grid: ``num_actions`` prices spanning the market's
 low..high), whose observation is its market's price history
@@ -56,7 +82,9 @@ from jaxmarket.learners.controller import group_learner_spec
 from jaxmarket.learners.ppo import greedy_index, network_for
 from jaxmarket.learners.qlearning import make_grid
 from jaxmarket.train.plan import RunPlan, resolve
-from jaxmarket.train.rundir import STRATEGIES_FILE
+from jaxmarket.sessions.diagnostics import TOL, profile_values
+from jaxmarket.sessions.run import session_plan
+from jaxmarket.train.rundir import STRATEGIES_FILE, read_run_config
 from jaxmarket.train.trainer import Trainer
 
 TOLERANCE = 1e-9
@@ -74,7 +102,9 @@ class Strategies:
     ``Z = m^(memory n)``. ``last [N, memory n]``: the digits play continues from.
     ``profit_table [m^n, n]`` (optional: needed for ``best_response``, ``nash`` and the
     profits): every agent's one-shot profit of each price profile, row = its mixed-radix
-    number."""
+    number. ``discount`` (optional: the default of :func:`impulse_response_all`): the
+    learners' discount factor, from the run's config where the strategies come from a
+    run."""
 
     greedy: np.ndarray
     last: np.ndarray
@@ -83,6 +113,7 @@ class Strategies:
     profit_table: np.ndarray | None = None
     converged: np.ndarray | None = None
     source: str = "strategies"
+    discount: float | None = None
 
     @property
     def sessions(self) -> int:
@@ -148,6 +179,81 @@ class ImpulseResponse:
         return out
 
 
+#: the per-session figures of :class:`AllPricesResponse` given a 95% bootstrap interval
+CI_FIGURES = ("one_period_gain", "discounted_gain", "pays", "punishes", "punishment_length")
+
+
+@dataclass(frozen=True)
+class AllPricesResponse:
+    """:func:`impulse_response_all`'s result. Axis ``m`` is the deviation price (the grid,
+    ``grid[k]``); ``[N, m]`` arrays are per session (each the mean over its cycle's
+    points; ``pays``: at any point), ``price`` and ``profit`` ``[m, T, n]`` the means over
+    sessions, ``ci95`` maps each of :data:`CI_FIGURES` to its ``[m, 2]`` 95% bootstrap
+    interval over sessions of the mean (of the share, for ``pays`` and ``punishes``)."""
+
+    agent: int
+    grid: np.ndarray                 # [m] the deviation prices
+    discount: float
+    price: np.ndarray                # [m, T, n]
+    counterfactual: np.ndarray       # [T, n]
+    pre_deviation: np.ndarray        # [n] the cycle's mean prices
+    profit: np.ndarray               # [m, T, n]
+    counterfactual_profit: np.ndarray  # [T, n]
+    one_period_gain: np.ndarray      # [N, m]
+    discounted_gain: np.ndarray      # [N, m]
+    pays: np.ndarray                 # [N, m] bool
+    punishes: np.ndarray             # [N, m] bool
+    punishment_length: np.ndarray    # [N, m]
+    return_periods: np.ndarray       # [N, m] nan: no point returns
+    returned: np.ndarray             # [N, m] share of the cycle's points that return
+    cycle_length: np.ndarray         # [N]
+    ci95: dict
+    converged: np.ndarray | None = None
+    source: str = ""
+
+    def mean(self, figure: str) -> np.ndarray:
+        """``[m]`` the mean over sessions of a per-session figure (``return_periods``: over
+        the sessions where some point returns, nan where none does)."""
+        x = np.asarray(getattr(self, figure), np.float64)
+        if figure == "return_periods":
+            counted = np.isfinite(x).sum(0)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                return np.where(counted > 0, np.nansum(x, 0) / counted, np.nan)
+        return x.mean(0)
+
+    def as_dict(self) -> dict:
+        """JSON-ready: per deviation price the means and intervals, the mean paths and
+        the per-session ``[N][m]`` gains and punishments."""
+        def j(x):
+            if x is None:
+                return None
+            x = np.asarray(x, np.float64)
+            return np.where(np.isfinite(x), x, np.nan).tolist()
+
+        def nan_none(values):
+            return [None if np.isnan(v) else float(v) for v in values]
+
+        figures = ("one_period_gain", "discounted_gain", "punishment_length", "returned")
+        out = {"agent": self.agent, "deviation": "all", "source": self.source,
+               "discount": self.discount, "sessions": int(self.cycle_length.shape[0]),
+               "periods": int(self.price.shape[1]), "grid": j(self.grid),
+               **{f"mean_{f}": j(self.mean(f)) for f in figures},
+               "share_pays": j(self.mean("pays")), "share_punish": j(self.mean("punishes")),
+               "mean_return_periods": nan_none(self.mean("return_periods")),
+               "ci95": {k: j(v) for k, v in self.ci95.items()},
+               "price": j(self.price), "counterfactual": j(self.counterfactual),
+               "pre_deviation": j(self.pre_deviation), "profit": j(self.profit),
+               "counterfactual_profit": j(self.counterfactual_profit),
+               "one_period_gain": j(self.one_period_gain),
+               "discounted_gain": j(self.discounted_gain), "pays": self.pays.tolist(),
+               "punishes": self.punishes.tolist(),
+               "punishment_length": j(self.punishment_length),
+               "cycle_length": self.cycle_length.tolist()}
+        if self.converged is not None:
+            out["converged"] = self.converged.tolist()
+        return out
+
+
 def _nanmean(x: np.ndarray) -> float | None:
     x = np.asarray(x, np.float64)
     return float(np.nanmean(x)) if np.isfinite(x).any() else None
@@ -176,7 +282,23 @@ def strategies_from_npz(directory: str | Path) -> Strategies:
                       grid=d["grid"].astype(np.float64), memory=memory,
                       profit_table=table.astype(np.float64) if table.ndim == 2 else None,
                       converged=d["converged"] if "converged" in d else None,
-                      source=str(path))
+                      source=str(path), discount=_npz_discount(path))
+
+
+def _discount_of(kind: str, hyper: dict) -> float:
+    """A replayable group's discount factor: q_learning's ``discount``, ppo's ``gamma``."""
+    return float(hyper["gamma"] if kind == "ppo" else hyper["discount"])
+
+
+def _npz_discount(path: Path) -> float | None:
+    """The discount of the run whose ``strategies.npz`` ``path`` is (its ``config.yaml``
+    beside it); None for a file on its own."""
+    run = path.parent
+    if path.name != STRATEGIES_FILE or not (run / "config.yaml").is_file():
+        return None
+    plan = session_plan(read_run_config(run))
+    g = _group(plan, None)
+    return _discount_of(plan.learner_settings[g][0], plan.learner_settings[g][1])
 
 
 def _group(plan: RunPlan, group: str | None) -> str:
@@ -269,7 +391,8 @@ def strategies_from_runner(plan: RunPlan, runner: Any, group: str | None = None)
         last = np.argmin(np.abs(obs[..., None] - grid), axis=-1)
     return Strategies(greedy=greedy, last=last, grid=grid, memory=int(hyper["memory"]),
                       profit_table=_profit_table(base.payoff, grid, n), converged=converged,
-                      source=f"group {g}")
+                      source=f"group {g}",
+                      discount=_discount_of(plan.learner_settings[g][0], hyper))
 
 
 def _ppo_greedy(hyper: dict, base: Any, state: Any, memory: int, S: int,
@@ -417,54 +540,29 @@ def impulse_response(run: Any, agent: int = 0, deviation: str | float = "best_re
         raise ConfigError("deviation", deviation, "a price: these strategies have no "
                           "profit table")
     if isinstance(deviation, str) and deviation not in DEVIATIONS:
-        raise ConfigError("deviation", deviation, ", ".join(DEVIATIONS) + " or a price")
-    length, path = limit_cycles(game)
-    # every (session, cycle position) pair, session-major
-    session = np.repeat(np.arange(N), length)
-    position = np.concatenate([np.arange(k) for k in length])
-    stacked = np.stack(path)                                               # [L, N, D]
-    digits = stacked[np.minimum(position, len(path) - 1), session]
-    on_cycle = np.zeros((N, s.greedy.shape[-1]), bool)
-    on_cycle[session, game.state(digits)] = True
-    fixed = reference = None
+        raise ConfigError("deviation", deviation, ", ".join(DEVIATIONS) + " or a price "
+                          "(every price: impulse_response_all)")
+    session, position, digits, length, on_cycle = _cycle_points(game)
+    reference = None
     if deviation == "best_response_lowest":
         # the rivals' greedy prices in the state numbered by the cycle position
         reference = game.act(session, game.digits_of(np.minimum(position,
                                                                 s.greedy.shape[-1] - 1)))
     if deviation == "nash":
-        fixed = int(game.nash()[agent])
+        forced = np.full(len(session), int(game.nash()[agent]))
     elif not isinstance(deviation, str):
-        fixed = int(np.argmin(np.abs(s.grid - float(deviation))))
-    dev, cf = digits.copy(), digits.copy()
-    B = len(session)
-    p_dev, p_cf = np.zeros((B, periods, n)), np.zeros((B, periods, n))
-    a_dev, a_cf = np.zeros((B, periods, n), np.int64), np.zeros((B, periods, n), np.int64)
-    back = np.full(B, np.nan)
-    for t in range(periods):   # periods: a loop over time, vectorised over the pairs
-        a = game.act(session, dev)
-        if t == 0:
-            a[:, agent] = (fixed if fixed is not None else
-                           game.best_response(agent, a if reference is None else reference))
-        a_dev[:, t], a_cf[:, t] = a, game.act(session, cf)
-        dev, cf = game.advance(dev, a), game.advance(cf, a_cf[:, t])
-        home = np.isnan(back) & on_cycle[session, game.state(dev)]
-        back[home] = t
+        forced = np.full(len(session), int(np.argmin(np.abs(s.grid - float(deviation)))))
+    else:
+        forced = game.best_response(agent, game.act(session, digits) if reference is None
+                                    else reference)
+    a_dev, a_cf, back = _replay(game, session, digits, agent, forced, periods, on_cycle)
     p_dev, p_cf = s.grid[a_dev], s.grid[a_cf]
-    rivals = [i for i in range(n) if i != agent]
-    drop = (p_dev[:, :, rivals] - p_cf[:, :, rivals]).mean(-1)            # [B, T]
-    below = drop < -TOLERANCE
-    run_len = np.cumprod(below[:, 1:], axis=1).sum(1).astype(np.float64)
+    drop, run_len = _punishment(p_dev, p_cf, agent)
 
     def per_session(x: np.ndarray) -> np.ndarray:   # mean over each session's points
-        total = np.zeros((N,) + x.shape[1:])
-        np.add.at(total, session, x)
-        return total / length.reshape((N,) + (1,) * (x.ndim - 1))
+        return _per_session(x, session, length)
 
-    returned = ~np.isnan(back)
-    count = np.bincount(session, returned.astype(np.float64), minlength=N)
-    sum_back = np.bincount(session, np.where(returned, back, 0.0), minlength=N)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return_periods = np.where(count > 0, sum_back / count, np.nan)
+    return_periods, returned = _return(back, session, length)
     session_price = per_session(p_dev)
     session_pre = per_session(p_cf[:, 0])
     profit = cf_profit = None
@@ -477,11 +575,184 @@ def impulse_response(run: Any, agent: int = 0, deviation: str | float = "best_re
         price=session_price.mean(0), counterfactual=per_session(p_cf).mean(0),
         pre_deviation=session_pre.mean(0), session_price=session_price,
         punishes=per_session(drop[:, 1]) < -TOLERANCE, punishment_length=per_session(run_len),
-        return_periods=return_periods, returned=count / length, cycle_length=length,
+        return_periods=return_periods, returned=returned, cycle_length=length,
         profit=profit, counterfactual_profit=cf_profit, converged=s.converged,
         session_pre_deviation=session_pre, source=s.source)
 
 
-__all__ = ["DEVIATIONS", "ImpulseResponse", "Strategies", "impulse_response", "limit_cycles",
-           "load_strategies", "strategies_from_npz", "strategies_from_run",
+def _cycle_points(game: _Game) -> tuple[np.ndarray, ...]:
+    """Every (session, cycle position) pair, session-major: ``(session [B], position
+    [B], digits [B, D] (the state at that point), length [N], on_cycle [N, Z])``."""
+    s = game.s
+    length, path = limit_cycles(game)
+    session = np.repeat(np.arange(s.sessions), length)
+    position = np.arange(len(session)) - np.repeat(np.cumsum(length) - length, length)
+    stacked = np.stack(path)                                               # [L, N, D]
+    digits = stacked[np.minimum(position, len(path) - 1), session]
+    on_cycle = np.zeros((s.sessions, s.greedy.shape[-1]), bool)
+    on_cycle[session, game.state(digits)] = True
+    return session, position, digits, length, on_cycle
+
+
+def _replay(game: _Game, session: np.ndarray, digits: np.ndarray, agent: int,
+            forced: np.ndarray, periods: int,
+            on_cycle: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(a_dev, a_cf [B, T, n], back [B])``: greedy play from each pair's state
+    ``digits`` with ``agent`` forced to the grid index ``forced [B]`` in period 0, and
+    without (the counterfactual); ``back``: the first period after which the state is on
+    the session's cycle again (nan: not within ``periods``)."""
+    dev, cf = digits.copy(), digits.copy()
+    B, n = len(session), game.n
+    a_dev = np.zeros((B, periods, n), np.int64)
+    a_cf = np.zeros((B, periods, n), np.int64)
+    back = np.full(B, np.nan)
+    for t in range(periods):   # periods: a loop over time, vectorised over the pairs
+        a = game.act(session, dev)
+        if t == 0:
+            a[:, agent] = forced
+        a_dev[:, t], a_cf[:, t] = a, game.act(session, cf)
+        dev, cf = game.advance(dev, a), game.advance(cf, a_cf[:, t])
+        home = np.isnan(back) & on_cycle[session, game.state(dev)]
+        back[home] = t
+    return a_dev, a_cf, back
+
+
+def _punishment(p_dev: np.ndarray, p_cf: np.ndarray,
+                agent: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(drop [B, T], run [B])``: the rivals' mean price minus the counterfactual's in
+    each period, and the periods from period 1 on while it stays below ``-TOLERANCE``."""
+    rivals = [i for i in range(p_dev.shape[-1]) if i != agent]
+    drop = (p_dev[..., rivals] - p_cf[..., rivals]).mean(-1)
+    below = drop < -TOLERANCE
+    return drop, np.cumprod(below[:, 1:], axis=1).sum(1).astype(np.float64)
+
+
+def _per_session(x: np.ndarray, session: np.ndarray, length: np.ndarray) -> np.ndarray:
+    """``[N, ...]``: the mean of ``x [B, ...]`` over each session's cycle points."""
+    N = len(length)
+    total = np.zeros((N,) + x.shape[1:])
+    np.add.at(total, session, x)
+    return total / length.reshape((N,) + (1,) * (x.ndim - 1))
+
+
+def _return(back: np.ndarray, session: np.ndarray,
+            length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(return_periods, returned)`` per session (and whatever axes ``back [B, ...]``
+    has after its first): the mean of ``back`` over the points that return (nan: none)
+    and the share of the points that return."""
+    returned = ~np.isnan(back)
+    count = _per_session(returned.astype(np.float64), session, length)
+    total = _per_session(np.where(returned, back, 0.0), session, length)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(count > 0, total / count, np.nan), count
+
+
+#: most entries of the ``[sessions, Z, n]`` value table held at once (float64)
+MAX_ENTRIES = 1 << 22
+
+
+def state_values(game: _Game, delta: float) -> np.ndarray:
+    """``V [N, Z, n]``: each agent's discounted profit following the strategies from
+    every state, ``V_i(y) = sum_{t>=0} delta^t pi_i(sigma(y_t))`` (module docstring).
+    The profile played in ``y_t`` is the first ``n`` digits of ``y_{t+1}``, so this is
+    :func:`jaxmarket.sessions.diagnostics.profile_values` of the state transition
+    ``next(y) = (sigma(y) . radix) m^(D-n) + y // m^n`` and the per-state reward
+    ``R[y] = profit_table[y // m^(D-n)]`` (memory 0: one state; every ``V`` is 0 here, as
+    a deviation cannot change the future). Sessions go in blocks of at most
+    :data:`MAX_ENTRIES` entries, each vectorised."""
+    s = game.s
+    N, n, Z = s.greedy.shape
+    D = s.memory * n
+    if D == 0:
+        return np.zeros((N, Z, n))
+    lead = game.m ** (D - n)
+    y = np.arange(Z)
+    reward = s.profit_table[y % game.m ** n]                                    # [Z, n]
+    block = max(1, MAX_ENTRIES // (Z * n))
+    parts = []
+    for b in range(0, N, block):   # blocks of sessions (memory), each vectorised
+        played = np.einsum("snz,n->sz", s.greedy[b:b + block], game.profile_radix)
+        parts.append(profile_values(reward, played * lead + y // game.m ** n, delta))
+    return np.concatenate(parts)
+
+
+def _discount(delta: float | None, s: Strategies) -> float:
+    delta = s.discount if delta is None else delta
+    if delta is None:
+        raise ConfigError("discount", None, "the learners' discount factor (these "
+                          "strategies come without a run config): pass discount=")
+    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or \
+            not 0.0 <= float(delta) < 1.0:
+        raise ConfigError("discount", delta, "a number in [0, 1) (the discounted gain of a "
+                          "deviation is a sum over an infinite horizon)")
+    return float(delta)
+
+
+def impulse_response_all(run: Any, agent: int = 0, periods: int = 15,
+                         group: str | None = None, discount: float | None = None,
+                         resamples: int = 2000) -> AllPricesResponse:
+    """The impulse response of ``agent`` deviating for one period to every grid price
+    (the module docstring gives each figure's formula); ``run`` as for
+    :func:`impulse_response`; ``discount``: the ``delta`` of the discounted gain (default:
+    the run's learners'); ``resamples``: of the bootstrap intervals. Vectorised over
+    sessions, cycle points and prices (the loops are over time and over the ``m``
+    prices' intervals)."""
+    from jaxmarket.sessions.engine import bootstrap_ci
+    s = load_strategies(run, group)
+    game = _Game(s)
+    n, m = s.agents, game.m
+    if not 0 <= agent < n:
+        raise ConfigError("agent", agent, f"an agent index in 0 .. {n - 1}")
+    if not isinstance(periods, int) or periods < 2:
+        raise ConfigError("periods", periods, "an integer >= 2 (the deviation and after)")
+    if s.profit_table is None:
+        raise ConfigError("deviation", "all", "a price: these strategies have no profit "
+                          "table (the gains of the deviations need one)")
+    delta = _discount(discount, s)
+    session, _, digits, length, on_cycle = _cycle_points(game)
+    P = len(session)
+    # one row per (cycle point, price), price fastest
+    rows = np.repeat(session, m)
+    forced = np.tile(np.arange(m), P)
+    a_dev, a_cf, back = _replay(game, rows, np.repeat(digits, m, axis=0), agent, forced,
+                                periods, on_cycle)
+    p_dev, p_cf = s.grid[a_dev], s.grid[a_cf]
+    drop, run_len = _punishment(p_dev, p_cf, agent)
+    values = state_values(game, delta)[..., agent]                      # [N, Z]
+    start = np.repeat(digits, m, axis=0)
+    pi_dev, pi_cf = game.profits(a_dev[:, 0])[:, agent], game.profits(a_cf[:, 0])[:, agent]
+    v_dev = values[rows, game.state(game.advance(start, a_dev[:, 0]))]
+    v_cf = values[rows, game.state(game.advance(start, a_cf[:, 0]))]
+    one = pi_dev - pi_cf
+    gain = one + delta * (v_dev - v_cf)
+    stay = pi_cf + delta * v_cf                                          # Q_i(z, sigma_i(z))
+    pays_here = gain > TOL * np.maximum(np.abs(stay), 1.0)
+
+    def per_session(x: np.ndarray) -> np.ndarray:   # [P m, ...] -> [N, m, ...]
+        return _per_session(x.reshape((P, m) + x.shape[1:]), session, length)
+
+    return_periods, returned = _return(back.reshape(P, m), session, length)
+    cf_price = _per_session(p_cf.reshape((P, m) + p_cf.shape[1:])[:, 0], session, length)
+    cf_profit = game.profits(a_cf.reshape(P, m, periods, n)[:, 0])
+    figures = {"one_period_gain": per_session(one), "discounted_gain": per_session(gain),
+               "pays": per_session(pays_here.astype(np.float64)) > 0,
+               "punishes": per_session(drop[:, 1]) < -TOLERANCE,
+               "punishment_length": per_session(run_len)}
+    ci95 = {name: np.array([bootstrap_ci(np.asarray(x[:, k], np.float64),
+                                         resamples=resamples)
+                            for k in range(m)])            # the m prices
+            for name, x in figures.items()}
+    return AllPricesResponse(
+        agent=agent, grid=np.asarray(s.grid, np.float64), discount=delta,
+        price=per_session(p_dev).mean(0), counterfactual=cf_price.mean(0),
+        pre_deviation=cf_price[:, 0].mean(0),
+        profit=per_session(game.profits(a_dev)).mean(0),
+        counterfactual_profit=_per_session(cf_profit, session, length).mean(0),
+        **figures, return_periods=return_periods, returned=returned, cycle_length=length,
+        ci95=ci95, converged=s.converged, source=s.source)
+
+
+__all__ = ["AllPricesResponse", "CI_FIGURES", "DEVIATIONS", "ImpulseResponse", "Strategies",
+           "impulse_response", "impulse_response_all", "limit_cycles", "load_strategies",
+           "state_values", "strategies_from_npz", "strategies_from_run",
            "strategies_from_runner"]

@@ -6,8 +6,8 @@ console script (:mod:`jaxmarket.cli.main`) lives in this package, one module per
 This module holds what every command shares: a configuration error is one readable
 message on stderr and exit code 2, an interrupted run one line saying how to resume it
 and exit code 130, a run directory that cannot be used (busy: another process
-holds its lock; damaged; on storage refusing writes) one line and exit code 1, never a
-traceback; ``--help`` texts are plain text."""
+holds its lock; damaged; on storage refusing writes) or a Ray cluster that cannot be
+used one line and exit code 1, never a traceback; ``--help`` texts are plain text."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import argparse
 import sys
 from typing import Callable
 
+from jaxmarket.cluster import ClusterError
 from jaxmarket.config.errors import ConfigError, Interrupted
 from jaxmarket.train.rundir import RunDirError, describe_os_error, storage_cause
 
@@ -36,7 +37,7 @@ def run_cli(main: Callable[[list[str]], int | None], argv: list[str] | None = No
     """``main(argv)`` (default: the process's arguments) as an exit code: a ConfigError
     is ``config error: ...`` on stderr and 2, an interrupted run its resume line and 130,
     a :class:`~jaxmarket.train.rundir.RunDirError` (busy, damaged or failing run
-    directory) its line and 1, any other storage ``OSError`` (ENOSPC, EROFS, EACCES, ...)
+    directory) or a :class:`~jaxmarket.cluster.ClusterError` its line and 1, any other storage ``OSError`` (ENOSPC, EROFS, EACCES, ...)
     ``storage error: ...`` and 1."""
     try:
         code = main(sys.argv[1:] if argv is None else argv)
@@ -49,7 +50,7 @@ def run_cli(main: Callable[[list[str]], int | None], argv: list[str] | None = No
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except RunDirError as err:
+    except (RunDirError, ClusterError) as err:
         print(str(err), file=sys.stderr)
         return 1
     except Exception as err:

@@ -1,5 +1,5 @@
 """python -m jaxmarket.impulse RUN [--agent I]
-[--deviation best_response|best_response_lowest|nash|PRICE]
+[--deviation best_response|best_response_lowest|nash|all|PRICE] [--discount D]
 [--periods T] [--group G] [--json] [--check]: the impulse response of a trained run's greedy
 Q-learning strategies to a one-period deviation by agent I (Calvano et al. 2020),
 averaged over each session's limit cycle and over the sessions (seeds x markets). RUN is
@@ -7,7 +7,13 @@ a run directory (its last checkpoint is restored) or a directory written by
 a session-engine run (its strategies.npz). Prints the mean prices per period beside the
 undeviated cycle, the share of sessions that punish, the punishment length and the
 periods until play is back on the cycle; --json prints the whole result as one JSON line
-last (jaxmarket.analysis.impulse_response). --check prints instead the equilibrium check
+last (jaxmarket.analysis.impulse_response). --deviation all prints instead one row per
+grid price the deviator may deviate to: the rivals' and the deviator's mean price in
+period 1, the deviation's one-period gain and its discounted gain over the infinite
+horizon (discount D, default the run's learners'), with 95% bootstrap intervals over
+sessions, the shares of sessions where it pays and that punish, the punishment length and
+the periods until play is back on the cycle (jaxmarket.analysis.impulse_response_all).
+--check prints instead the equilibrium check
 of a session-engine run's strategies (best replies on path and in all states, the shares
 of sessions in Nash equilibrium on path and subgame perfect, the Q-gaps:
 jaxmarket.sessions.diagnostics), as its summary.json holds it."""
@@ -16,19 +22,26 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 from jaxmarket.analysis.equilibrium_check import equilibrium_check
-from jaxmarket.analysis.impulse import DEVIATIONS, ImpulseResponse, impulse_response
+from jaxmarket.analysis.impulse import (DEVIATIONS, AllPricesResponse, ImpulseResponse,
+                                       impulse_response, impulse_response_all)
 from jaxmarket.cli import parser as make_parser
 
 
+#: ``--deviation all``: every grid price (:func:`impulse_response_all`)
+ALL = "all"
+
+
 def _deviation(text: str) -> str | float:
-    if text in DEVIATIONS:
+    if text in DEVIATIONS or text == ALL:
         return text
     try:
         return float(text)
     except ValueError:
-        raise SystemExit(f"--deviation: got {text!r}; allowed: {', '.join(DEVIATIONS)} or "
-                         "a price") from None
+        raise SystemExit(f"--deviation: got {text!r}; allowed: {', '.join(DEVIATIONS)}, "
+                         f"{ALL} or a price") from None
 
 
 def table(result: ImpulseResponse) -> str:
@@ -48,6 +61,33 @@ def table(result: ImpulseResponse) -> str:
               f"mean punishment length         {d['mean_punishment_length']:.2f} periods",
               f"back on the cycle              {d['share_returned']:.3f} of the deviations, "
               + (f"after {back:.2f} periods" if back is not None else "none")]
+    return "\n".join(lines)
+
+
+def all_table(result: AllPricesResponse) -> str:
+    """One row per deviation price: the rivals' and the deviator's mean price in period 1,
+    the one-period and the discounted gain (with its 95% interval), the shares of
+    sessions where the deviation pays and that punish, the punishment length and the
+    periods until play is back on the cycle."""
+    i, n = result.agent, result.price.shape[2]
+    rivals = [j for j in range(n) if j != i]
+    pre = result.pre_deviation
+    lines = [f"impulse response to every price: agent {i} deviates in period 0; "
+             f"{result.cycle_length.shape[0]} sessions ({result.source}); "
+             f"discount {result.discount:g}",
+             f"cycle's mean prices: deviator {pre[i]:.4f}, rivals {pre[rivals].mean():.4f}",
+             f"{'price':>8} {'riv t=1':>8} {'dev t=1':>8} {'gain t=0':>9} {'disc gain':>10} "
+             f"{'95% CI':>21} {'pays':>5} {'punish':>6} {'length':>6} {'back':>5}"]
+    one, gain = result.mean("one_period_gain"), result.mean("discounted_gain")
+    pays, punish = result.mean("pays"), result.mean("punishes")
+    length, back = result.mean("punishment_length"), result.mean("return_periods")
+    for k, price in enumerate(result.grid):
+        lo, hi = result.ci95["discounted_gain"][k]
+        lines.append(f"{price:>8.4f} {result.price[k, 1, rivals].mean():>8.4f} "
+                     f"{result.price[k, 1, i]:>8.4f} {one[k]:>9.4f} {gain[k]:>10.4f} "
+                     f"{f'[{lo:.4f}, {hi:.4f}]':>21} {pays[k]:>5.3f} {punish[k]:>6.3f} "
+                     f"{length[k]:>6.2f} " + ("    -" if np.isnan(back[k]) else
+                                              f"{back[k]:>5.2f}"))
     return "\n".join(lines)
 
 
@@ -77,7 +117,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("run", help="run directory (either engine)")
     parser.add_argument("--agent", type=int, default=0, help="the deviating agent (default 0)")
     parser.add_argument("--deviation", type=_deviation, default="best_response",
-                        help="best_response (default), best_response_lowest, nash, or a price")
+                        help="best_response (default), best_response_lowest, nash, all (every "
+                        "grid price, one row each) or a price")
+    parser.add_argument("--discount", type=float, default=None,
+                        help="with --deviation all: the discount factor of the discounted "
+                        "gain (default: the run's learners')")
     parser.add_argument("--periods", type=int, default=15,
                         help="periods from the deviation on (default 15)")
     parser.add_argument("--group", default=None,
@@ -92,6 +136,15 @@ def main(argv: list[str]) -> int:
         if args.json:
             print(json.dumps(found))
         return 0
+    if args.deviation == ALL:
+        every = impulse_response_all(args.run, agent=args.agent, periods=args.periods,
+                                     group=args.group, discount=args.discount)
+        print(all_table(every))
+        if args.json:
+            print(json.dumps(every.as_dict()))
+        return 0
+    if args.discount is not None:
+        parser.error("--discount: only with --deviation all (the discounted gains)")
     result = impulse_response(args.run, agent=args.agent, deviation=args.deviation,
                               periods=args.periods, group=args.group)
     print(table(result))

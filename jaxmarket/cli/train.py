@@ -2,6 +2,7 @@
 python -m jaxmarket.train --resume DIR [train.num_iterations=N ...]
 python -m jaxmarket.train --resume DIR --allow-config-change FIELD... [FIELD=VALUE ...]
 python -m jaxmarket.train CONFIG --devices N            (default: every local device)
+python -m jaxmarket.train CONFIG --ray [ADDRESS]         (a sessions design on a Ray cluster)
 python -m jaxmarket.train CONFIG --distributed [--coordinator-address HOST:PORT
                           --num-processes N --process-id I]
 
@@ -18,7 +19,8 @@ Ctrl-C finishes the running chunk, checkpoints it and says how to resume.
 On a terminal a progress bar; otherwise (a log) plain lines: when a chunk program is
 compiled, then every --progress-every seconds the iteration, rate and ETA.
 --devices shards the seeds x markets over N local devices; --distributed joins a
-multi-process run (every process runs the same command; docs/scaling.md)."""
+multi-process run (every process runs the same command; docs/scaling.md); --ray plays a
+session-engine design's sessions as blocks on a Ray cluster (docs/cluster.md)."""
 
 from __future__ import annotations
 
@@ -88,6 +90,11 @@ def main(argv: list[str]) -> int:
                         help="--distributed: number of processes")
     parser.add_argument("--process-id", type=int, default=None, metavar="I",
                         help="--distributed: this process's index, 0 .. N-1")
+    parser.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                        help="a session-engine design: its sessions as blocks on the Ray "
+                             "cluster whose head is ADDRESS (HOST:PORT or auto; none: a Ray "
+                             "of this machine's own); the run directory is the one a single "
+                             "process writes (docs/cluster.md)")
     parser.add_argument("--progress-every", default="30", metavar="SECONDS",
                         help="when stdout is not a terminal: seconds between plain progress "
                              "lines (iteration, rate, ETA; default 30)")

@@ -44,7 +44,8 @@ def _run(args, positional: str | None, overrides: list[str]) -> dict:
         if engine == "sessions":
             return session_run.resume(args.resume, config, plan, overrides,
                                       command=args.command, progress_every=args.progress_every,
-                                      allow_changes=allow)
+                                      allow_changes=allow, ray=args.ray)
+        _no_ray(args)
         summary = resume_run(args.resume, args.tracker, args.mongo_url, overrides,
                              devices=args.devices, command=args.command,
                              progress_every=args.progress_every, allow_changes=allow)
@@ -59,7 +60,8 @@ def _run(args, positional: str | None, overrides: list[str]) -> dict:
             _sessions_only(args)
             run_dir = args.run_dir or default_run_dir(config)
             return session_run.start(loaded, plan, run_dir, command=args.command,
-                                     progress_every=args.progress_every)
+                                     progress_every=args.progress_every, ray=args.ray)
+        _no_ray(args, reason)
         if reason is not None:
             print(f"engine: loop ({reason})")
         summary = start_run(config, overrides, args.run_dir, args.tracker, args.mongo_url,
@@ -78,6 +80,15 @@ def _sessions_only(args) -> None:
         raise ConfigError("train.engine", "sessions", "--tracker files, no --devices and no "
                           "--distributed (the session engine writes its run directory; set "
                           "train.engine=loop for the loop's trackers and sharding)")
+
+
+def _no_ray(args, reason: str | None = None) -> None:
+    """``--ray`` on a loop run: a one-line error (the loop spreads over hosts with
+    jax.distributed)."""
+    if getattr(args, "ray", None) is not None:
+        raise ConfigError("--ray", args.ray, "a session-engine design (this run is on the "
+                          "loop engine" + (f": {reason}" if reason else "") + "; the loop "
+                          "runs across hosts with --distributed, docs/cluster.md)")
 
 
 def _resume_engine(run_dir: str, overrides: list[str], allow: tuple[str, ...] = ()):

@@ -336,8 +336,11 @@ class Runner:
     """Chunk by chunk: ``advance(sessions, done) -> (sessions, done)``; the caller
     checkpoints between chunks. ``finished(sessions, done)`` says when to stop."""
 
-    def __init__(self, game: SessionGame, settings: Settings, compact: bool | None = None):
+    def __init__(self, game: SessionGame, settings: Settings, compact: bool | None = None,
+                 rounding: tuple[bool, bool] | None = None):
         self.game, self.settings = game, settings
+        # a block of a larger run plays the rounding calibrated at the run's own size
+        self._fixed_rounding = rounding
         self.backend, self.note = choose_backend(game, settings.backend)
         available = len(jax.devices())
         if not 1 <= settings.devices <= available:
@@ -375,7 +378,10 @@ class Runner:
         (``key(0)``) of the run's own batch size (XLA's choice depends on it: both
         multiply-adds fused at 512 sessions of the 15-price duopoly, neither at 4096), so
         a resumed run finds the same. Where no rounding reproduces it, the run goes to
-        the xla backend (``note`` says so)."""
+        the xla backend (``note`` says so). A runner given ``rounding`` (one block of a
+        run spread over a cluster: :mod:`jaxmarket.cluster.blocks`) plays that one."""
+        if self._fixed_rounding is not None:
+            return self._fixed_rounding
         if size not in self._rounding:
             from jaxmarket.sessions.kernel import calibrate
             probe = init_sessions(self.game, size, jax.random.key(0))

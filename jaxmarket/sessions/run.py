@@ -224,13 +224,21 @@ class SessionRun:
                   "segments": segments}
         _atomic_text(self.run_dir / RUN_RECORD, json.dumps(record, indent=2) + "\n")
 
-    def train(self, sessions: eng.Sessions, done: int, segments: list[dict]) -> dict:
-        """Chunks from period ``done`` until the engine stops; the run's files."""
+    def train(self, sessions: eng.Sessions, done: int, segments: list[dict],
+              play: Any = None) -> dict:
+        """Chunks from period ``done`` until the engine stops; the run's files.
+        ``play(sessions, done) -> (sessions, done)``: the sessions played elsewhere to
+        where the engine stops (blocks on a Ray cluster, :mod:`jaxmarket.cluster.blocks`),
+        checkpointed once at the end."""
         started = last = time.perf_counter()
         first, chunks, every = done, 0, self.tcfg.checkpoint_every
         status = "failed"
         self.stage = "training"
         try:
+            if play is not None:
+                sessions, done = play(sessions, done)
+                self.stage = f"saving the checkpoint at period {done}"
+                self.save(sessions, done)
             while not self.runner.finished(sessions, done):
                 sessions, done = self.runner.advance(sessions, done)
                 chunks += 1
@@ -514,12 +522,34 @@ def _nan(x) -> float:
 
 # ------------------------------------------------------------------ commands
 
+def _train(run: SessionRun, sessions: eng.Sessions, done: int, segments: list[dict],
+           ray: str | None) -> dict:
+    if ray is None:
+        return run.train(sessions, done, segments)
+    from jaxmarket.cluster.blocks import play_on_cluster
+    return play_on_cluster(run, segments, None if ray == "local" else ray, sessions, done)
+
+
+def _check_ray(run: SessionRun, ray: str | None) -> None:
+    """``--ray``: refused before anything is written where the run cannot use it."""
+    if ray is not None:
+        from jaxmarket.cluster.blocks import check_kernel
+        from jaxmarket.cluster.connect import check_address, import_ray
+        import_ray()
+        if ray != "local":
+            check_address(ray)
+        check_kernel(run, ray)
+
+
 def start(config: dict, plan: RunPlan, run_dir: str | Path, command: str | None = None,
-          progress_every: float | None = None) -> dict:
-    """A new sessions run in ``run_dir`` (new or empty)."""
+          progress_every: float | None = None, ray: str | None = None) -> dict:
+    """A new sessions run in ``run_dir`` (new or empty); ``ray``: its sessions played as
+    blocks on the Ray cluster at this address (``local``: a Ray of this machine's own;
+    :mod:`jaxmarket.cluster.blocks`)."""
     run_dir = require_new_dir(run_dir, "that run: python -m jaxmarket.train --resume",
                               restartable=True)
     run = SessionRun(config, plan, run_dir)
+    _check_ray(run, ray)
     if progress_every is not None:
         run.progress_every = progress_every
     lock = lock_dir(run_dir)
@@ -539,7 +569,7 @@ def start(config: dict, plan: RunPlan, run_dir: str | Path, command: str | None 
         print(_engine_line(run))
         segments = [run.record(command, 0)]
         sessions, done = run.initial()
-        summary = run.train(sessions, done, segments)
+        summary = _train(run, sessions, done, segments, ray)
     finally:
         lock.release()
     return {**summary, "run_dir": str(run_dir)}
@@ -557,9 +587,10 @@ def check_resume_overrides(overrides: list[str], allow_changes=()) -> None:
 
 def resume(run_dir: str | Path, config: dict, plan: RunPlan, overrides: list[str],
            command: str | None = None, progress_every: float | None = None,
-           allow_changes: tuple[str, ...] = ()) -> dict:
+           allow_changes: tuple[str, ...] = (), ray: str | None = None) -> dict:
     """Continue a sessions run from its last checkpoint (bit for bit the sessions of an
-    uninterrupted run)."""
+    uninterrupted run); ``ray`` as :func:`start` (the blocks kept by a run on a cluster
+    are not played again)."""
     run_dir = Path(run_dir)
     lock = lock_dir(run_dir)
     lock.acquire()
@@ -568,6 +599,7 @@ def resume(run_dir: str | Path, config: dict, plan: RunPlan, overrides: list[str
                             required=has_checkpoint(run_dir))
         changes = config_changes(started_config(run_dir), config, RESUME_OVERRIDES, 0)
         run = SessionRun(config, plan, run_dir)
+        _check_ray(run, ray)
         if progress_every is not None:
             run.progress_every = progress_every
         if changes and not run.checkpoints.fits(_plain(run.initial()[0])):
@@ -598,7 +630,7 @@ def resume(run_dir: str | Path, config: dict, plan: RunPlan, overrides: list[str
             print(changes_note(changes, run.runner.finished(sessions, done)))
         segments = list(previous) + [{**run.record(command, done),
                                       **({"config_changes": changes} if changes else {})}]
-        summary = run.train(sessions, done, segments)
+        summary = _train(run, sessions, done, segments, ray)
     finally:
         lock.release()
     return {**summary, "run_dir": str(run_dir)}
