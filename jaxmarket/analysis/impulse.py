@@ -667,7 +667,7 @@ def state_values(game: _Game, delta: float) -> np.ndarray:
         return np.zeros((N, Z, n))
     lead = game.m ** (D - n)
     y = np.arange(Z)
-    reward = s.profit_table[y % game.m ** n]                                    # [Z, n]
+    reward = s.profit_table[y // lead]                                    # [Z, n]
     block = max(1, MAX_ENTRIES // (Z * n))
     parts = []
     for b in range(0, N, block):   # blocks of sessions (memory), each vectorised
