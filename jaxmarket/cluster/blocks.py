@@ -193,7 +193,7 @@ class BlockRun:
         self.rounding = run.runner.rounding(self.total)
         self.config = run.config
         self.blocks: list[tuple[int, int]] = []
-        self.where: dict[int, dict] = {}
+        self.where: dict[int, list[dict]] = {}   # each block's task runs
         self.task = ray.remote(num_cpus=1, max_retries=MAX_RETRIES)(play_block)
 
     def finished(self, state: list[np.ndarray], done: int) -> bool:
@@ -222,7 +222,7 @@ class BlockRun:
             leaves, done, where = self.ray.get(ready[0])
             self.store.save(b, leaves, done)
             state[b] = (leaves, done)
-            self.where[b] = where
+            self.where.setdefault(b, []).append(where)
             count += 1
             lo, hi = self.blocks[b]
             print(f"block {b + 1}/{len(self.blocks)} {phase} on {where['host']} "
@@ -239,6 +239,7 @@ class BlockRun:
             kept = self.store.load(b)
             if kept is not None:
                 state[b] = kept
+        kept = set(state)
         if state:
             print(f"blocks kept from before: {len(state)} of {len(self.blocks)}", flush=True)
         print(f"{len(self.blocks)} blocks of about {self.blocks[0][1] - self.blocks[0][0]} "
@@ -261,13 +262,16 @@ class BlockRun:
                   for i in range(len(full))]
         self.segment["cluster"] = {
             **self.cluster,
-            "blocks": [{"sessions": [lo, hi], **self.where.get(b, {"kept": True})}
+            "blocks": [{"sessions": [lo, hi], "runs": self.where.get(b, []),
+                        "kept_from_before": b in kept}
                        for b, (lo, hi) in enumerate(self.blocks)]}
         nodes: dict[str, int] = {}
-        for w in self.where.values():
-            nodes[w["host"]] = nodes.get(w["host"], 0) + 1
+        for runs in self.where.values():
+            for w in runs:
+                name = f"{w['host']} (node {str(w['node_id'])[:8]})"
+                nodes[name] = nodes.get(name, 0) + 1
         if nodes:
-            print("blocks per host: " + ", ".join(f"{h} {k}" for h, k in nodes.items()),
+            print("blocks played per node: " + ", ".join(f"{h} {k}" for h, k in nodes.items()),
                   flush=True)
         return _unflatten(self.run.game, merged), end
 

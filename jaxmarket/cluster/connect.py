@@ -18,6 +18,7 @@ import contextlib
 import os
 import socket
 import sys
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -103,6 +104,9 @@ def connected(address: str | None, log_dir: Path) -> Iterator[Any]:
             yield ray
             return
         kwargs = dict(log_to_driver=False, logging_level="ERROR")
+        # a local Ray forks its servers from this (JAX-threaded) process: harmless there
+        warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called",
+                                category=RuntimeWarning)
         try:
             if address is None:
                 ray.init(include_dashboard=False, **kwargs)

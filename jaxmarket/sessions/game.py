@@ -34,6 +34,7 @@ from jaxmarket.learners.base import LEARNERS, Learner, LearnerSpec
 from jaxmarket.learners.controller import group_learner_spec
 from jaxmarket.learners.qlearning import (PriceGrid, QLearningSettings, grid_of, obs_grid_of,
                                           qlearning_settings)
+from jaxmarket.market.distributors import DISTRIBUTORS
 from jaxmarket.market.env import MarketEnv
 from jaxmarket.market.equilibrium import outcomes
 from jaxmarket.market.spec import thaw
@@ -119,9 +120,10 @@ def check_game(plan: RunPlan) -> str:
         raise ValueError(f"session engine: consumer demand must be constant; {moving} change")
     found = outcomes(env)
     if found is None:
-        raise ValueError(f"session engine: the distributor {env.spec.distributor!r} draws at "
-                         f"random each period without a finite set of outcomes; the tables "
-                         f"hold one outcome per profile and period draw")
+        raise ValueError(f"session engine: the distributor {env.spec.distributor!r}"
+                         f"{_with_options(env)} draws at random each period without a finite "
+                         f"set of outcomes; the tables hold one outcome per profile and period "
+                         f"draw")
     if len(found) > 1 and getattr(env.spec, "move_order", "simultaneous") != "simultaneous":
         raise ValueError("session engine: random period outcomes with alternating moves")
     for part in thaw(g.observation) or []:
@@ -132,6 +134,17 @@ def check_game(plan: RunPlan) -> str:
                              f"current prices (allowed: {', '.join(PROFILE_OBSERVATIONS)}, "
                              f"history with k: 1)")
     return g.name
+
+
+def _with_options(env: MarketEnv) -> str:
+    """`` with market.distributor.<option>: value, ...`` where the distributor's options
+    decide whether its period is random (a refusal then names the settings to change),
+    else ``""``."""
+    definition = DISTRIBUTORS[env.spec.distributor]
+    options = dict(thaw(env.spec.distributor_options) or {})
+    if not callable(definition.deterministic) or not options:
+        return ""
+    return " with " + ", ".join(f"market.distributor.{k}: {v!r}" for k, v in options.items())
 
 
 def simultaneous(env: MarketEnv) -> MarketEnv:

@@ -534,10 +534,12 @@ def _check_ray(run: SessionRun, ray: str | None) -> None:
     """``--ray``: refused before anything is written where the run cannot use it."""
     if ray is not None:
         from jaxmarket.cluster.blocks import check_kernel
-        from jaxmarket.cluster.connect import check_address, import_ray
+        from jaxmarket.cluster.connect import check_address, import_ray, probe
         import_ray()
         if ray != "local":
-            check_address(ray)
+            target = check_address(ray)
+            if target is not None:   # a head that does not answer: one line, now
+                probe(*target)
         check_kernel(run, ray)
 
 

@@ -21,11 +21,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
+import threading
 
 import numpy as np
 
 from jaxmarket.config.errors import ConfigError
 
+#: seconds a process of a distributed run waits for the others before it says so and stops
+WAIT_S = 30
 FLAGS = "--coordinator-address, --num-processes, --process-id"
 AUTO = ("a cluster JAX detects by itself (Cloud TPU pod, SLURM, Open MPI, Kubernetes), or "
         "--coordinator-address HOST:PORT --num-processes N --process-id I")
@@ -71,16 +75,54 @@ def initialize(address: str | None = None, num_processes: int | None = None,
     # dependency's module-level array: drop it, so the distributed one replaces it
     clear_backends()
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    timeout = wait_seconds()
+    if all(given):
+        print(f"distributed: process {process_id} of {num_processes} waiting up to "
+              f"{timeout} s for the others at {address}", flush=True)
+    # JAX aborts the process (a C++ fatal error and its stack) when its deadline passes:
+    # a watchdog says what was awaited in one line and exits 1 before that
+    if all(given):
+        others = [i for i in range(num_processes) if i != process_id]
+        waited = (f"the coordinator at {address} and processes {others} (each runs the "
+                  "same command with its own --process-id)")
+    else:
+        waited = "the processes of the cluster JAX detected"
+    watchdog = threading.Timer(timeout, _give_up, (f"distributed: waited {timeout} s for "
+                                                   f"{waited}; none came",))
+    watchdog.daemon = True
+    watchdog.start()
     try:
         if all(given):
-            jax.distributed.initialize(address, num_processes, process_id)
+            jax.distributed.initialize(address, num_processes, process_id,
+                                       initialization_timeout=timeout + 60)
         else:
-            jax.distributed.initialize()
+            jax.distributed.initialize(initialization_timeout=timeout + 60)
     except (ValueError, RuntimeError) as err:
         if all(given):
             raise
         raise ConfigError("--distributed", str(err).splitlines()[0][:160], AUTO) from None
+    finally:
+        watchdog.cancel()
     return jax.process_index(), jax.process_count()
+
+
+def _give_up(message: str) -> None:
+    sys.stdout.flush()
+    print(message, file=sys.stderr, flush=True)
+    os._exit(1)
+
+
+def wait_seconds() -> int:
+    """Seconds a process waits for its peers (``JAXMARKET_DISTRIBUTED_TIMEOUT``, default
+    ``WAIT_S``)."""
+    value = os.environ.get("JAXMARKET_DISTRIBUTED_TIMEOUT", str(WAIT_S))
+    try:
+        seconds = int(value)
+    except ValueError:
+        seconds = 0
+    if seconds < 1:
+        raise ConfigError("JAXMARKET_DISTRIBUTED_TIMEOUT", value, "a positive integer of seconds")
+    return seconds
 
 
 def config_hash(config: dict, **flags) -> str:
@@ -131,4 +173,5 @@ def wait_for_primary(name: str) -> None:
         multihost_utils.sync_global_devices(f"jaxmarket:{name}")
 
 
-__all__ = ["broadcast_text", "check_same", "config_hash", "initialize", "wait_for_primary"]
+__all__ = ["WAIT_S", "broadcast_text", "check_same", "config_hash", "initialize", "wait_for_primary",
+           "wait_seconds"]

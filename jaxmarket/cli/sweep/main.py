@@ -1,6 +1,7 @@
 """python -m jaxmarket.sweep [CONFIG | --config CONFIG] --grid 'KEY=[v1, v2, ...]' ...
-    [--seeds N] [--run-dir DIR] [--metric NAME] [--backend local|ray] [key=value ...]
-python -m jaxmarket.sweep --resume DIR [--backend local|ray]
+    [--seeds N] [--run-dir DIR] [--metric NAME] [--backend local|ray] [--ray [ADDRESS]]
+    [key=value ...]
+python -m jaxmarket.sweep --resume DIR [--backend local|ray] [--ray [ADDRESS]]
 
 Trains a scenario once per cell of a grid: the Cartesian product of the --grid axes
 (each KEY a dotted config path as in overrides, the values a YAML list). Every cell is a
@@ -16,11 +17,14 @@ its last checkpoint) and rewrites the three files. Compiled programs go to JAX's
 persistent compilation cache in DIR/jax_cache (--compile-cache), so cells that differ
 only in data (the seed, a market parameter such as a budget or a temperature, a
 learner hyperparameter kept per member such as a learning rate) compile once. --backend ray runs cells
-as Ray tasks (pip install -e '.[ray]'; --address of a running cluster, a local one by
-default). Details: docs/sweeps.md."""
+as Ray tasks (pip install 'jaxmarket[ray]'; --address of a running cluster, a local one by
+default); --ray ADDRESS is the same on the cluster whose head is ADDRESS, the sweep
+directory on storage every node sees, a cell whose node is lost resumed from its last
+checkpoint elsewhere (docs/cluster.md). Details: docs/sweeps.md."""
 
 from __future__ import annotations
 
+import shlex
 import time
 from pathlib import Path
 
@@ -44,7 +48,8 @@ CACHE_DIR = "jax_cache"     # default persistent compilation cache, inside the s
 
 def run_sweep(sweep: Sweep | None, run_dir: str | Path | None, resume: bool = False,
               metric: str | None = None, backend: str = "local",
-              address: str | None = None, compile_cache: str | Path | None = CACHE_DIR) -> dict:
+              address: str | None = None, compile_cache: str | Path | None = CACHE_DIR,
+              command: str | None = None) -> dict:
     """Validate every cell, run those without a summary.json (all of them unless
     ``resume``), then write sweep.csv, summary.json and sweep.png into ``run_dir``.
     With ``resume`` the spec is ``run_dir``'s sweep.yaml (``sweep`` must be None).
@@ -66,6 +71,9 @@ def run_sweep(sweep: Sweep | None, run_dir: str | Path | None, resume: bool = Fa
     metric = check_metric(metric, cells)
     if backend == "ray":
         import_ray()   # before anything is written
+        if address is not None:
+            from jaxmarket.cluster.connect import check_address
+            check_address(address)
     with lock_dir(run_dir, "sweep directory"):   # one writer: a second sweep stops here
         if not resume:   # another sweep may have started it since the check above
             require_new_dir(run_dir, "that sweep: python -m jaxmarket.sweep --resume")
@@ -77,7 +85,7 @@ def run_sweep(sweep: Sweep | None, run_dir: str | Path | None, resume: bool = Fa
         print(f"sweep directory: {run_dir} ({len(cells)} cells, {len(todo)} to run)", flush=True)
         cache = None if compile_cache is None else str((run_dir / compile_cache).absolute())
         if backend == "ray":
-            run_ray(sweep, cells, run_dir, todo, cache, address)
+            run_ray(sweep, cells, run_dir, todo, cache, address, command)
         else:
             run_local(sweep, cells, run_dir, todo, cache)
         summary = write_results(sweep, cells, run_dir, metric)
@@ -118,22 +126,33 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--backend", default="local", choices=("local", "ray"))
     parser.add_argument("--address", default=None, help="ray: a cluster address (default: "
                         "start a local Ray)")
+    parser.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                        help="the cells as Ray tasks on the cluster whose head is ADDRESS "
+                             "(HOST:PORT or auto; none: a Ray of this machine's own); --run-dir "
+                             "on storage every node sees (docs/cluster.md)")
     parser.add_argument("--compile-cache", default=CACHE_DIR, metavar="DIR",
                         help="JAX's persistent compilation cache for the cells, relative to "
                              f"the sweep directory (default {CACHE_DIR}; 'none': no cache)")
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="dotted overrides for every cell, e.g. train.num_iterations=500")
     args = parser.parse_intermixed_args(argv)
+    if args.ray is not None:   # --ray [ADDRESS] is --backend ray [--address ADDRESS]
+        if args.backend == "local" and "--backend" in argv:
+            raise ConfigError("--ray", args.ray, "no --backend local with --ray")
+        args.backend = "ray"
+        args.address = None if args.ray == "local" else args.ray
+    command = "python -m jaxmarket.sweep " + shlex.join(argv)
     positional, overrides = split_positional(args.overrides)
     cache = None if args.compile_cache.strip().lower() == "none" else args.compile_cache
     if args.resume:
         if args.config or positional or args.grid or overrides or args.seeds is not None \
                 or args.run_dir:
-            raise ConfigError("--resume", args.resume, "only --metric, --backend, --address "
-                              "and --compile-cache with --resume: the sweep's own sweep.yaml "
+            raise ConfigError("--resume", args.resume, "only --metric, --backend, --address, "
+                              "--ray and --compile-cache with --resume: the sweep's own sweep.yaml "
                               "is used")
         summary = run_sweep(None, args.resume, resume=True, metric=args.metric,
-                            backend=args.backend, address=args.address, compile_cache=cache)
+                            backend=args.backend, address=args.address, compile_cache=cache,
+                            command=command)
     else:
         if args.config and positional:
             raise ConfigError("config", positional, f"one scenario file (--config {args.config} "
@@ -141,6 +160,6 @@ def main(argv: list[str]) -> int:
         config = args.config or positional or str(DEFAULT_CONFIG)
         sweep = make_sweep(config, args.grid, args.seeds, overrides)
         summary = run_sweep(sweep, args.run_dir, metric=args.metric, backend=args.backend,
-                            address=args.address, compile_cache=cache)
+                            address=args.address, compile_cache=cache, command=command)
     print(finish_message(summary))
     return 0
