@@ -20,6 +20,7 @@ LAYERS = [
     ("models", ("jaxmarket.models",)),
     ("train", ("jaxmarket.train",)),
     ("sessions", ("jaxmarket.sessions",)),
+    ("cluster", ("jaxmarket.cluster",)),
     ("analysis", ("jaxmarket.analysis",)),
     ("offline", ("jaxmarket.offline",)),
     ("adapters", ("jaxmarket.adapters",)),

@@ -81,6 +81,7 @@ from jaxmarket.config.loader import load_config
 from jaxmarket.learners.controller import group_learner_spec
 from jaxmarket.learners.ppo import greedy_index, network_for
 from jaxmarket.learners.qlearning import make_grid
+from jaxmarket.sessions.engine import bootstrap_ci
 from jaxmarket.train.plan import RunPlan, resolve
 from jaxmarket.sessions.diagnostics import TOL, profile_values
 from jaxmarket.sessions.run import session_plan
@@ -697,7 +698,6 @@ def impulse_response_all(run: Any, agent: int = 0, periods: int = 15,
     the run's learners'); ``resamples``: of the bootstrap intervals. Vectorised over
     sessions, cycle points and prices (the loops are over time and over the ``m``
     prices' intervals)."""
-    from jaxmarket.sessions.engine import bootstrap_ci
     s = load_strategies(run, group)
     game = _Game(s)
     n, m = s.agents, game.m

@@ -15,8 +15,7 @@ import argparse
 import sys
 from typing import Callable
 
-from jaxmarket.cluster import ClusterError
-from jaxmarket.config.errors import ConfigError, Interrupted
+from jaxmarket.config.errors import ClusterError, ConfigError, Interrupted
 from jaxmarket.train.rundir import RunDirError, describe_os_error, storage_cause
 
 __all__ = ["ConfigError", "Interrupted", "parser", "plain", "run_cli"]

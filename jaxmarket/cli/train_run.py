@@ -10,6 +10,7 @@ from pathlib import Path
 
 import jax
 
+from jaxmarket.cluster.blocks import OnCluster
 from jaxmarket.compile_cache import compilation_cache, resolve
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.loader import DEFAULT_CONFIG, load_config
@@ -44,7 +45,7 @@ def _run(args, positional: str | None, overrides: list[str]) -> dict:
         if engine == "sessions":
             return session_run.resume(args.resume, config, plan, overrides,
                                       command=args.command, progress_every=args.progress_every,
-                                      allow_changes=allow, ray=args.ray)
+                                      allow_changes=allow, cluster=_cluster(args))
         _no_ray(args)
         summary = resume_run(args.resume, args.tracker, args.mongo_url, overrides,
                              devices=args.devices, command=args.command,
@@ -60,7 +61,8 @@ def _run(args, positional: str | None, overrides: list[str]) -> dict:
             _sessions_only(args)
             run_dir = args.run_dir or default_run_dir(config)
             return session_run.start(loaded, plan, run_dir, command=args.command,
-                                     progress_every=args.progress_every, ray=args.ray)
+                                     progress_every=args.progress_every,
+                                     cluster=_cluster(args))
         _no_ray(args, reason)
         if reason is not None:
             print(f"engine: loop ({reason})")
@@ -80,6 +82,13 @@ def _sessions_only(args) -> None:
         raise ConfigError("train.engine", "sessions", "--tracker files, no --devices and no "
                           "--distributed (the session engine writes its run directory; set "
                           "train.engine=loop for the loop's trackers and sharding)")
+
+
+def _cluster(args):
+    """``--ray [ADDRESS]``: where a sessions run's blocks play (None: here)."""
+    if getattr(args, "ray", None) is None:
+        return None
+    return OnCluster(None if args.ray == "local" else args.ray)
 
 
 def _no_ray(args, reason: str | None = None) -> None:

@@ -9,10 +9,7 @@
 A sweep's cells run as Ray tasks in :mod:`jaxmarket.cli.sweep.backends`.
 """
 
-
-class ClusterError(Exception):
-    """The cluster cannot be used (its head does not answer, a node cannot see the run
-    directory): one line saying what and what to do; exit code 1."""
+from jaxmarket.config.errors import ClusterError
 
 
 __all__ = ["ClusterError"]

@@ -43,9 +43,12 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxmarket.cluster.connect import connected, describe
+from jaxmarket.cluster.connect import check_address, connected, describe, import_ray, probe
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.sessions import engine as eng
+from jaxmarket.sessions.game import make_game
+from jaxmarket.sessions.run import session_plan
+from jaxmarket.train.config import resolve_train
 
 #: the run directory's folder of finished blocks
 BLOCK_DIR = "blocks"
@@ -73,8 +76,6 @@ _GAMES: dict[str, Any] = {}   # one game per config in a worker process
 
 
 def _game(config: dict):
-    from jaxmarket.sessions.game import make_game
-    from jaxmarket.sessions.run import session_plan
     key = json.dumps(config, sort_keys=True, default=str)
     if key not in _GAMES:
         _GAMES[key] = make_game(session_plan(config))
@@ -82,7 +83,6 @@ def _game(config: dict):
 
 
 def _settings(config: dict, sessions: int) -> eng.Settings:
-    from jaxmarket.train.config import resolve_train
     t = resolve_train(config.get("train"))
     return eng.Settings(sessions=sessions, periods=t.num_iterations, chunk=t.chunk_size,
                         stop=t.session_stop, window=t.session_window, backend="kernel")
@@ -300,5 +300,27 @@ def play_on_cluster(run: Any, segments: list[dict], address: str | None,
         return run.train(sessions, done, segments, play=blocks.play)
 
 
-__all__ = ["BLOCKS_PER_CPU", "BLOCK_DIR", "BlockRun", "BlockStore", "WIDTH", "check_kernel",
+class OnCluster:
+    """A sessions run's blocks on the Ray cluster at ``address`` (None: a Ray of this
+    machine's own), for :func:`jaxmarket.sessions.run.start` and ``resume``."""
+
+    def __init__(self, address: str | None):
+        self.address = address
+
+    def check(self, run: Any) -> None:
+        """Before anything is written: ray installed, the address well formed and its
+        head answering, the design on the kernel backend."""
+        import_ray()
+        if self.address is not None:
+            target = check_address(self.address)
+            if target is not None:
+                probe(*target)
+        check_kernel(run, self.address)
+
+    def train(self, run: Any, sessions: eng.Sessions, done: int, segments: list[dict]
+              ) -> dict:
+        return play_on_cluster(run, segments, self.address, sessions, done)
+
+
+__all__ = ["BLOCKS_PER_CPU", "OnCluster", "BLOCK_DIR", "BlockRun", "BlockStore", "WIDTH", "check_kernel",
            "plan_blocks", "play_block", "play_on_cluster"]

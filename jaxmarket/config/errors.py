@@ -54,3 +54,9 @@ class Interrupted(Exception):
         self.iteration, self.run_dir = iteration, run_dir
         super().__init__(f"interrupted at iteration {iteration}; resume with "
                          f"python -m jaxmarket.train --resume {run_dir}")
+
+
+class ClusterError(Exception):
+    """A cluster cannot be used (a Ray head that does not answer, a node that cannot see
+    the run directory, peers of a distributed run that never come): one line saying what
+    and what to do; exit code 1."""

@@ -523,35 +523,22 @@ def _nan(x) -> float:
 # ------------------------------------------------------------------ commands
 
 def _train(run: SessionRun, sessions: eng.Sessions, done: int, segments: list[dict],
-           ray: str | None) -> dict:
-    if ray is None:
+           cluster: Any) -> dict:
+    if cluster is None:
         return run.train(sessions, done, segments)
-    from jaxmarket.cluster.blocks import play_on_cluster
-    return play_on_cluster(run, segments, None if ray == "local" else ray, sessions, done)
-
-
-def _check_ray(run: SessionRun, ray: str | None) -> None:
-    """``--ray``: refused before anything is written where the run cannot use it."""
-    if ray is not None:
-        from jaxmarket.cluster.blocks import check_kernel
-        from jaxmarket.cluster.connect import check_address, import_ray, probe
-        import_ray()
-        if ray != "local":
-            target = check_address(ray)
-            if target is not None:   # a head that does not answer: one line, now
-                probe(*target)
-        check_kernel(run, ray)
+    return cluster.train(run, sessions, done, segments)
 
 
 def start(config: dict, plan: RunPlan, run_dir: str | Path, command: str | None = None,
-          progress_every: float | None = None, ray: str | None = None) -> dict:
-    """A new sessions run in ``run_dir`` (new or empty); ``ray``: its sessions played as
-    blocks on the Ray cluster at this address (``local``: a Ray of this machine's own;
-    :mod:`jaxmarket.cluster.blocks`)."""
+          progress_every: float | None = None, cluster: Any = None) -> dict:
+    """A new sessions run in ``run_dir`` (new or empty); ``cluster``: where its sessions
+    are played instead of this process (``check(run)`` before anything is written,
+    ``train(run, sessions, done, segments)``: :class:`jaxmarket.cluster.blocks.OnCluster`)."""
     run_dir = require_new_dir(run_dir, "that run: python -m jaxmarket.train --resume",
                               restartable=True)
     run = SessionRun(config, plan, run_dir)
-    _check_ray(run, ray)
+    if cluster is not None:
+        cluster.check(run)
     if progress_every is not None:
         run.progress_every = progress_every
     lock = lock_dir(run_dir)
@@ -571,7 +558,7 @@ def start(config: dict, plan: RunPlan, run_dir: str | Path, command: str | None 
         print(_engine_line(run))
         segments = [run.record(command, 0)]
         sessions, done = run.initial()
-        summary = _train(run, sessions, done, segments, ray)
+        summary = _train(run, sessions, done, segments, cluster)
     finally:
         lock.release()
     return {**summary, "run_dir": str(run_dir)}
@@ -589,10 +576,10 @@ def check_resume_overrides(overrides: list[str], allow_changes=()) -> None:
 
 def resume(run_dir: str | Path, config: dict, plan: RunPlan, overrides: list[str],
            command: str | None = None, progress_every: float | None = None,
-           allow_changes: tuple[str, ...] = (), ray: str | None = None) -> dict:
+           allow_changes: tuple[str, ...] = (), cluster: Any = None) -> dict:
     """Continue a sessions run from its last checkpoint (bit for bit the sessions of an
-    uninterrupted run); ``ray`` as :func:`start` (the blocks kept by a run on a cluster
-    are not played again)."""
+    uninterrupted run); ``cluster`` as :func:`start` (the blocks kept by a run on a
+    cluster are not played again)."""
     run_dir = Path(run_dir)
     lock = lock_dir(run_dir)
     lock.acquire()
@@ -601,7 +588,8 @@ def resume(run_dir: str | Path, config: dict, plan: RunPlan, overrides: list[str
                             required=has_checkpoint(run_dir))
         changes = config_changes(started_config(run_dir), config, RESUME_OVERRIDES, 0)
         run = SessionRun(config, plan, run_dir)
-        _check_ray(run, ray)
+        if cluster is not None:
+            cluster.check(run)
         if progress_every is not None:
             run.progress_every = progress_every
         if changes and not run.checkpoints.fits(_plain(run.initial()[0])):
@@ -632,7 +620,7 @@ def resume(run_dir: str | Path, config: dict, plan: RunPlan, overrides: list[str
             print(changes_note(changes, run.runner.finished(sessions, done)))
         segments = list(previous) + [{**run.record(command, done),
                                       **({"config_changes": changes} if changes else {})}]
-        summary = _train(run, sessions, done, segments, ray)
+        summary = _train(run, sessions, done, segments, cluster)
     finally:
         lock.release()
     return {**summary, "run_dir": str(run_dir)}

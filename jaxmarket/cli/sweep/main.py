@@ -36,6 +36,7 @@ from jaxmarket.cli.sweep.grid import Sweep, describe_values, make_sweep
 from jaxmarket.cli.sweep.results import write_results
 from jaxmarket.cli.sweep.validation import check_metric, validate
 from jaxmarket.cli.train import DEFAULT_CONFIG, split_positional
+from jaxmarket.cluster.connect import check_address
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.loader import safe_load
 from jaxmarket.train.publish import published
@@ -72,7 +73,6 @@ def run_sweep(sweep: Sweep | None, run_dir: str | Path | None, resume: bool = Fa
     if backend == "ray":
         import_ray()   # before anything is written
         if address is not None:
-            from jaxmarket.cluster.connect import check_address
             check_address(address)
     with lock_dir(run_dir, "sweep directory"):   # one writer: a second sweep stops here
         if not resume:   # another sweep may have started it since the check above
