@@ -6,9 +6,11 @@ tried first (a refused or silent head is one line and exit code 1 within
 the cluster at ``ADDRESS`` (``HOST:PORT`` of the head's GCS, or ``auto``: the cluster
 ``ray start`` left on this machine), or, with no address, starts a Ray of this machine's
 own for the command. Everything Ray and its C++ core print on the driver's standard
-error while the session lasts (node state dumps, worker deaths, retries) goes to
-``ray.log`` in the run directory instead of the user's terminal; the command's own
-messages still reach the terminal. :func:`describe` is the cluster as ``run.json``
+error while the session lasts (its log lines, worker deaths) goes to ``ray.log`` in the
+run directory instead of the user's terminal, and so do the cluster's error messages
+Ray's driver prints on standard output from a thread of its own (a node's death, a
+task's retry, the raylet's state dump: :func:`errors_to`); the command's own messages
+still reach the terminal. :func:`describe` is the cluster as ``run.json``
 records it: each alive node's id, host, address, CPUs and GPUs.
 """
 
@@ -90,6 +92,28 @@ def stderr_to(path: Path) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def errors_to(path: Path) -> Iterator[None]:
+    """The cluster's error messages into ``path`` (appended) for the ``with`` block.
+
+    Ray's driver prints them on ``sys.stdout`` from its error-listening thread through
+    ``ray._private.worker.print_to_stdstream`` (``log_to_driver=False`` does not stop
+    them); that function, looked up at each message, writes them to ``path`` instead.
+    Where a Ray version has no such function, nothing is changed."""
+    import ray._private.worker as worker
+    original = getattr(worker, "print_to_stdstream", None)
+    if original is None or not hasattr(worker, "print_worker_logs"):
+        yield
+        return
+    with open(path, "a", buffering=1) as log:
+        worker.print_to_stdstream = \
+            lambda data, ignore_prefix: worker.print_worker_logs(data, log, ignore_prefix)
+        try:
+            yield
+        finally:
+            worker.print_to_stdstream = original
+
+
+@contextlib.contextmanager
 def connected(address: str | None, log_dir: Path) -> Iterator[Any]:
     """The ``ray`` module joined to the cluster at ``address`` (None: a Ray of this
     machine's own, shut down at the end) for the ``with`` block; Ray's output in
@@ -116,10 +140,11 @@ def connected(address: str | None, log_dir: Path) -> Iterator[Any]:
             raise ClusterError(f"ray cluster: cannot join {address or 'a local Ray'}: "
                                f"{str(err).splitlines()[0][:200]} (details: "
                                f"{log_dir / RAY_LOG})") from None
-        try:
-            yield ray
-        finally:
-            ray.shutdown()
+        with errors_to(log_dir / RAY_LOG):
+            try:
+                yield ray
+            finally:
+                ray.shutdown()
 
 
 def describe(ray: Any, address: str | None) -> dict:
@@ -135,4 +160,4 @@ def describe(ray: Any, address: str | None) -> dict:
 
 
 __all__ = ["CONNECT_TIMEOUT_S", "RAY_LOG", "check_address", "connected", "describe",
-           "import_ray", "probe", "stderr_to"]
+           "errors_to", "import_ray", "probe", "stderr_to"]
