@@ -209,3 +209,38 @@ def test_a_node_lost_mid_sweep_changes_no_cell(tmp_path):
     record = json.loads((tmp_path / "ray" / "run.json").read_text())
     assert sorted(record["cells"]) == ["0", "1", "2"]
     assert record["command"].startswith("python -m jaxmarket.sweep configs/calvano.yaml")
+
+
+def test_reproduce_ray_refuses_a_loop_design_before_anything_runs(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "jaxmarket.reproduce", "calvano_ppo", "--ray",
+                          "--run-dir", str(tmp_path / "run")], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 2
+    assert "--ray" in out.stderr and "loop engine" in out.stderr
+    assert not (tmp_path / "run").exists()
+
+
+REPRODUCE = ["calvano2020", "--sessions", "128", "--periods", "200000",
+             "learners.sellers.exploration_decay=1e-4",
+             "learners.sellers.convergence_window=10000", "train.chunk_size=5000"]
+
+
+@pytest.mark.slow
+def test_reproduce_on_a_cluster_is_the_local_reproduction(tmp_path):
+    here = subprocess.run([sys.executable, "-m", "jaxmarket.reproduce", *REPRODUCE,
+                           "--run-dir", str(tmp_path / "local"), "--json"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert here.returncode == 0, here.stderr[-2000:]
+    cluster = _cluster()
+    try:
+        out = cluster.run([sys.executable, "-m", "jaxmarket.reproduce", *REPRODUCE,
+                           "--run-dir", str(tmp_path / "ray"), "--json", "--ray",
+                           cluster.address], cwd=ROOT)
+    finally:
+        cluster.stop()
+    assert out.returncode == 0, out.stderr[-2000:]
+    _same_files(tmp_path / "ray", tmp_path / "local")
+    mine, theirs = (json.loads(o.stdout.strip().splitlines()[-1]) for o in (out, here))
+    for key in ("value", "ci95", "verdict", "sessions", "periods", "converged_share"):
+        assert mine[key] == theirs[key], key
+    assert "--ray" in mine["command"] and "played on" in out.stdout

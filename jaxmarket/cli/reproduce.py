@@ -1,5 +1,5 @@
 """jaxmarket reproduce NAME | DESIGN.yaml [--sessions N] [--periods T] [--seed S]
-                    [--run-dir DIR] [--json] [key=value ...]
+                    [--run-dir DIR] [--ray [ADDRESS]] [--json] [key=value ...]
 jaxmarket reproduce --list [--json]
 
 Reproduces a published result: runs the design's config with its overrides on the
@@ -10,7 +10,8 @@ figure's value over sessions, its 95% bootstrap CI, the published number and the
 verdict (docs/reproductions.md). NAME is a shipped design (--list shows them); a
 DESIGN.yaml file is a design of your own. --sessions, --periods and --seed set
 train.num_seeds, train.num_iterations and seed after the design's overrides; further
-key=value overrides follow them. --json prints reproduction.json as the last line
+key=value overrides follow them. --ray plays a session-engine design's sessions as
+blocks on a Ray cluster (docs/cluster.md), with the files a single process writes. --json prints reproduction.json as the last line
 (with --list: the designs as one JSON list)."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import json
 import shlex
 
 from jaxmarket.cli import parser as make_parser
+from jaxmarket.cli.train_run import ray_cluster
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.sessions import reproduce as rep
 
@@ -37,6 +39,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seed", type=int, default=None, help="the run's seed")
     parser.add_argument("--run-dir", default=None,
                         help="output directory (default runs/reproduce-NAME-TIME)")
+    parser.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                        help="a session-engine design: its sessions as blocks on the Ray "
+                             "cluster whose head is ADDRESS (HOST:PORT or auto; none: a Ray "
+                             "of this machine's own)")
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="further dotted overrides, e.g. train.chunk_size=10000")
     args = parser.parse_intermixed_args(argv)
@@ -62,7 +68,8 @@ def main(argv: list[str]) -> int:
     design = rep.find_design(args.design)
     overrides = rep.command_overrides(args.sessions, args.periods, args.seed, args.overrides)
     result = rep.reproduce(design, args.run_dir, overrides,
-                           command="jaxmarket reproduce " + shlex.join(argv))
+                           command="jaxmarket reproduce " + shlex.join(argv),
+                           cluster=ray_cluster(args))
     print(rep.result_lines(result))
     if args.json:
         print(json.dumps(result, ensure_ascii=False))

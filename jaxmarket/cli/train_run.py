@@ -45,7 +45,7 @@ def _run(args, positional: str | None, overrides: list[str]) -> dict:
         if engine == "sessions":
             return session_run.resume(args.resume, config, plan, overrides,
                                       command=args.command, progress_every=args.progress_every,
-                                      allow_changes=allow, cluster=_cluster(args))
+                                      allow_changes=allow, cluster=ray_cluster(args))
         _no_ray(args)
         summary = resume_run(args.resume, args.tracker, args.mongo_url, overrides,
                              devices=args.devices, command=args.command,
@@ -62,7 +62,7 @@ def _run(args, positional: str | None, overrides: list[str]) -> dict:
             run_dir = args.run_dir or default_run_dir(config)
             return session_run.start(loaded, plan, run_dir, command=args.command,
                                      progress_every=args.progress_every,
-                                     cluster=_cluster(args))
+                                     cluster=ray_cluster(args))
         _no_ray(args, reason)
         if reason is not None:
             print(f"engine: loop ({reason})")
@@ -84,7 +84,7 @@ def _sessions_only(args) -> None:
                           "train.engine=loop for the loop's trackers and sharding)")
 
 
-def _cluster(args):
+def ray_cluster(args):
     """``--ray [ADDRESS]``: where a sessions run's blocks play (None: here)."""
     if getattr(args, "ray", None) is None:
         return None

@@ -431,17 +431,23 @@ def default_run_dir(design: Design) -> str:
 
 def reproduce(design: Design, run_dir: str | Path | None = None,
               overrides: Sequence[str] = (), command: str | None = None,
-              progress_every: float | None = None) -> dict:
+              progress_every: float | None = None, cluster: Any = None) -> dict:
     """Run ``design`` (with the command's ``overrides`` after its own) into ``run_dir``
-    and write its ``reproduction.json`` there; returns that dict."""
+    and write its ``reproduction.json`` there; returns that dict. ``cluster``: where a
+    session-engine design's sessions play (:class:`jaxmarket.cluster.blocks.OnCluster`;
+    None: this process); a loop design with one is a ConfigError naming ``--ray``."""
     all_overrides = list(design.overrides) + list(overrides)
     design_sessions, design_periods = _sizes(load_config(design.config, design.overrides))
     config = load_config(design.config, all_overrides)
-    engine, _, plan = session_run.choose_engine(config)
+    engine, reason, plan = session_run.choose_engine(config)
     run_dir = str(run_dir) if run_dir is not None else default_run_dir(design)
     train_command = shlex.join(["python", "-m", "jaxmarket.train", design.config_text,
                                 "--run-dir", run_dir, *all_overrides])
     if engine != "sessions":
+        if cluster is not None:
+            raise ConfigError("--ray", cluster.address or "local", f"a session-engine design "
+                              f"({design.name} runs on the loop engine: {reason}; the loop "
+                              "runs across hosts with --distributed, docs/cluster.md)")
         return _reproduce_loop(design, config, run_dir, command or train_command,
                                train_command, design_sessions, design_periods, progress_every)
     if design.measure not in MEASURES:
@@ -449,7 +455,7 @@ def reproduce(design: Design, run_dir: str | Path | None = None,
                           "session-engine run: one of " + ", ".join(MEASURES))
     started = time.perf_counter()
     summary = session_run.start(config, plan, run_dir, command=command or train_command,
-                                progress_every=progress_every)
+                                progress_every=progress_every, cluster=cluster)
     wall = time.perf_counter() - started
     verify(run_dir)
     frame = pd.read_csv(Path(run_dir) / session_run.SESSIONS_FILE)
