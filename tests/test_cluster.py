@@ -1,6 +1,6 @@
 """Runs across machines: a session-engine design's sessions as Ray blocks
 (jaxmarket.cluster.blocks) on a real multi-process Ray cluster of this machine
-(tests/raycluster.py: its own network namespace, loopback only), the head that does not
+(jaxmarket/cluster/local.py: its own network namespace, loopback only), the head that does not
 answer, and a distributed start whose peers never come."""
 
 from __future__ import annotations
@@ -85,9 +85,8 @@ def local(tmp_path_factory):
 
 
 def _cluster(workers: int = 2):
-    sys.path.insert(0, str(ROOT / "tests"))
-    from raycluster import Cluster
-    return Cluster(workers=workers, cpus=1)
+    from jaxmarket.cluster.local import LocalCluster
+    return LocalCluster(workers=workers, cpus=1)
 
 
 def _same_files(a: Path, b: Path, names=FILES) -> None:

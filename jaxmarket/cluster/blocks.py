@@ -46,8 +46,6 @@ import numpy as np
 from jaxmarket.cluster.connect import check_address, connected, describe, import_ray, probe
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.sessions import engine as eng
-from jaxmarket.sessions.game import make_game
-from jaxmarket.sessions.run import session_plan
 from jaxmarket.train.config import resolve_train
 
 #: the run directory's folder of finished blocks
@@ -72,40 +70,34 @@ def plan_blocks(sessions: int, cpus: int, width: int = WIDTH,
 
 # ------------------------------------------------------------------ the task
 
-_GAMES: dict[str, Any] = {}   # one game per config in a worker process
-
-
-def _game(config: dict):
-    key = json.dumps(config, sort_keys=True, default=str)
-    if key not in _GAMES:
-        _GAMES[key] = make_game(session_plan(config))
-    return _GAMES[key]
-
-
 def _settings(config: dict, sessions: int) -> eng.Settings:
     t = resolve_train(config.get("train"))
     return eng.Settings(sessions=sessions, periods=t.num_iterations, chunk=t.chunk_size,
                         stop=t.session_stop, window=t.session_window, backend="kernel")
 
 
-def play_block(config: dict, leaves: list[np.ndarray], done: int, until: int | None,
-               rounding: tuple[bool, bool], threads: int = 1
+def play_block(game: Any, config: dict, leaves: list[np.ndarray], done: int,
+               until: int | None, rounding: tuple[bool, bool], threads: int = 1
                ) -> tuple[list[np.ndarray], int, dict]:
-    """One block (a Ray task): its sessions' ``leaves`` (the flattened
+    """One block (a Ray task) of the driver's ``game`` (its
+    :class:`~jaxmarket.sessions.game.SessionGame`, sent once to every node): its
+    sessions' ``leaves`` (the flattened
     :class:`~jaxmarket.sessions.engine.Sessions`, keys as their data) from period
     ``done`` until the engine stops (``until`` None) or to period ``until``; returns
-    its leaves, the period reached and where it ran."""
+    its leaves, the period reached and where it ran (host, pid, node id, ``wall_s`` of
+    the task, ``setup_s`` of it spent making the game and the runner, the
+    session-periods it played)."""
     import numba
     numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
     started = time.perf_counter()
-    game = _game(config)
     rows = int(leaves[0].shape[0])
     runner = eng.Runner(game, _settings(config, rows), rounding=rounding)
     sessions = _unflatten(game, leaves)
+    setup = time.perf_counter() - started   # the runner, the block's sessions
     while (done < until) if until is not None else not runner.finished(sessions, done):
         sessions, done = runner.advance(sessions, done)
     where = {"host": socket.gethostname(), "pid": os.getpid(),
-             "wall_s": round(time.perf_counter() - started, 3),
+             "wall_s": round(time.perf_counter() - started, 3), "setup_s": round(setup, 3),
              "session_periods": runner.session_periods}
     try:
         import ray
@@ -212,8 +204,8 @@ class BlockRun:
 
     def _run_tasks(self, jobs: dict[int, tuple[list[np.ndarray], int, int | None]],
                    state: dict[int, tuple[list[np.ndarray], int]], phase: str) -> None:
-        config = self.ray.put(self.config)
-        pending = {self.task.remote(config, leaves, done, until, self.rounding): b
+        config, game = self.ray.put(self.config), self.ray.put(self.run.game)
+        pending = {self.task.remote(game, config, leaves, done, until, self.rounding): b
                    for b, (leaves, done, until) in jobs.items()}
         count, started = 0, time.perf_counter()
         while pending:
@@ -231,6 +223,7 @@ class BlockRun:
                   f"{time.perf_counter() - started:.1f} s", flush=True)
 
     def play(self, sessions: eng.Sessions, done: int) -> tuple[eng.Sessions, int]:
+        started = time.perf_counter()
         start = done
         self.blocks = self.store.plan(start, self.total, self.cluster["cpus"])
         full = _flatten(sessions)
@@ -261,7 +254,7 @@ class BlockRun:
         merged = [np.concatenate([state[b][0][i] for b in range(len(self.blocks))])
                   for i in range(len(full))]
         self.segment["cluster"] = {
-            **self.cluster,
+            **self.cluster, "play_s": round(time.perf_counter() - started, 3),
             "blocks": [{"sessions": [lo, hi], "runs": self.where.get(b, []),
                         "kept_from_before": b in kept}
                        for b, (lo, hi) in enumerate(self.blocks)]}

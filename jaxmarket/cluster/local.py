@@ -1,4 +1,5 @@
-"""A real multi-process Ray cluster on this machine for the cluster tests.
+"""A real multi-process Ray cluster on this machine: the cluster tests
+(tests/test_cluster.py) and the cluster benchmark (benchmarks/cluster.py) run on it.
 
 Every process of it (the head, each worker node, the driver commands) runs in a network
 namespace the fixture makes itself (``unshare -n`` with ``ip link set lo up``, joined
@@ -25,7 +26,7 @@ PORT = 6379
 RAY = str(Path(sys.executable).with_name("ray"))
 
 
-class Cluster:
+class LocalCluster:
     def __init__(self, workers: int = 2, cpus: int = 1):
         self.temp = tempfile.mkdtemp(prefix="jm-ray-")   # short: Unix socket paths
         self.env = {**os.environ, "RAY_AUTH_MODE": "token",
@@ -135,4 +136,4 @@ class Cluster:
         shutil.rmtree(self.temp, ignore_errors=True)
 
 
-__all__ = ["Cluster"]
+__all__ = ["LocalCluster"]
