@@ -21,11 +21,12 @@ From the run's ``run.json`` (``segments[-1].cluster``):
   (Ray's scheduling and transfers, and the wait for the last block of a phase), per task;
 * ``overhead_per_block_s = idle_per_block_s + setup_s / tasks``.
 
-``projection``: the time of ``N`` worker CPUs from these figures,
-``serial_s + ceil(B_N / N) (task_s - setup_s) / B_1 + overhead_per_block_s``, with
+``projection``: the time of ``N`` worker CPUs from the one-node row's figures,
+``serial_s + ceil(B_N / N) ((task_s - setup_s) / B_N + overhead_per_block_s)``, with
 ``B_N = len(plan_blocks(S, N))`` blocks (two per CPU, at least 64 sessions each: the
-blocks, so the CPUs that help, stop growing at ``S / 64``) and ``B_1`` the blocks of the
-one-node row.
+blocks, so the CPUs that help, stop growing at ``S / 64``); each measured row also gets
+the projection for its own CPUs (``projected_wall_s``), to show how far the model is
+from a measurement.
 
     python benchmarks/cluster.py --json                       # 1000 sessions, 1 and 2 nodes
     python benchmarks/cluster.py --sessions 256 --workers 1 2
@@ -90,13 +91,12 @@ def one_row(config: str, sessions: int, workers: int, overrides: list[str]) -> d
 def projection(rows: list[dict], sessions: int, cpus: list[int]) -> list[dict]:
     """Wall time on ``cpus`` worker CPUs from the one-node row (module docstring)."""
     one = rows[0]
-    per_block = (one["task_s"] - one["setup_s"]) / one["tasks"]
-    work = per_block * one["tasks"]   # the blocks' playing, one CPU
+    work = one["task_s"] - one["setup_s"]   # the blocks' playing, one CPU
     out = []
     for n in cpus:
         blocks = len(plan_blocks(sessions, n))
-        wall = one["serial_s"] + math.ceil(blocks / n) * work / blocks + \
-            one["overhead_per_block_s"]
+        rounds = math.ceil(blocks / n)
+        wall = one["serial_s"] + rounds * (work / blocks + one["overhead_per_block_s"])
         out.append({"cpus": n, "blocks": blocks, "busy_cpus": min(n, blocks),
                     "wall_s": round(wall, 1), "speedup": round(one["wall_s"] / wall, 2)})
     return out
@@ -120,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['serial_s']:.1f} s), {row['blocks']} blocks, overhead "
               f"{row['overhead_per_block_s']:.2f} s per block, speedup {row['speedup']:.2f}x",
               flush=True)
+    for row, p in zip(rows, projection(rows, args.sessions, [r["workers"] for r in rows])):
+        row["projected_wall_s"] = p["wall_s"]
     results = {"config": args.config, "sessions": args.sessions, "overrides": args.overrides,
                "rows": rows,
                "projection": projection(rows, args.sessions, [1, 2, 4, 8, 10, 16, 100])}

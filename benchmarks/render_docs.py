@@ -279,6 +279,26 @@ def sessions_throughput(get: Loader) -> str:
                   "compile s"], rows, "llllrr") + "\n\n" + source(r)
 
 
+def cluster(get: Loader) -> str:
+    r = get("cluster")
+    x = r["results"]
+    rows = [[str(row["workers"]), f"**{n(row['wall_s'], 1)}**", n(row["play_s"], 1),
+             n(row["serial_s"], 1), f"{row['blocks']} ({row['tasks']} tasks)",
+             n(row["overhead_per_block_s"], 2), f"**{row['speedup']:.2f}x**",
+             f"{row['profit_gain']:.4f}"] for row in x["rows"]]
+    projected = [[str(p["cpus"]), str(p["blocks"]), str(p["busy_cpus"]), n(p["wall_s"], 1),
+                  f"{p['speedup']:.2f}x"] for p in x["projection"]]
+    two = next((row for row in x["rows"] if row["workers"] == 2), None)
+    target = "" if two is None else \
+        f"\n\nTarget (2 worker nodes at least 1.6x one): " \
+        f"**{'met' if two['speedup'] >= 1.6 else 'not met'}** ({two['speedup']:.2f}x).\n"
+    return table(["worker nodes (1 CPU each)", "wall s", "play s", "serial s", "blocks",
+                  "overhead per block s", "speedup", "profit gain Delta"], rows,
+                 "lrrrrrrr") + target + "\n\nProjected from the one-node row:\n\n" + \
+        table(["worker CPUs", "blocks", "CPUs with a block", "wall s", "speedup"], projected,
+              "rrrrr") + "\n\n" + source(r)
+
+
 def population_throughput(get: Loader) -> str:
     r = get("population_throughput")
     x = r["results"]
@@ -516,8 +536,8 @@ def cost_model(get: Loader) -> str:
 BLOCKS: dict[str, Callable[[Loader], str]] = {f.__name__: f for f in (
     throughput, throughput_against_minimal, throughput_breakdown, throughput_sweep,
     train_throughput, train_throughput_profile, bandit_update, ppo_cartpole, ppo_market,
-    ppo_market_profile, sb3_vec, calvano, sessions_throughput, population_throughput, pbt_efficacy,
-    device_throughput, offline, offline_vs_d3rlpy, poi_efficacy, ground_truths,
+    ppo_market_profile, sb3_vec, calvano, sessions_throughput, cluster, population_throughput,
+    pbt_efficacy, device_throughput, offline, offline_vs_d3rlpy, poi_efficacy, ground_truths,
     train_throughput_devices, throughput_devices, device_equality, startup, roofline,
     cost_model)}
 
