@@ -101,6 +101,8 @@ class Strategies:
     radix number of its ``memory * n`` digits (the last ``memory`` price profiles' grid
     indices, the most recent first, agent order; digit ``j`` weighs ``m^(D-1-j)``), so
     ``Z = m^(memory n)``. ``last [N, memory n]``: the digits play continues from.
+    ``grid``: the prices ``[m]``, or ``[n, m]`` each agent's own (per-firm grids: agent
+    ``i``'s index ``a`` is the price ``grid[i, a]``).
     ``profit_table [m^n, n]`` (optional: needed for ``best_response``, ``nash`` and the
     profits): every agent's one-shot profit of each price profile, row = its mixed-radix
     number. ``discount`` (optional: the default of :func:`impulse_response_all`): the
@@ -193,7 +195,7 @@ class AllPricesResponse:
     interval over sessions of the mean (of the share, for ``pays`` and ``punishes``)."""
 
     agent: int
-    grid: np.ndarray                 # [m] the deviation prices
+    grid: np.ndarray                 # [m] the deviation prices (the deviator's grid)
     discount: float
     price: np.ndarray                # [m, T, n]
     counterfactual: np.ndarray       # [T, n]
@@ -271,7 +273,7 @@ def strategies_from_npz(directory: str | Path) -> Strategies:
     outcome there is no one-shot profit table: deviate to a price."""
     path = strategies_path(directory)
     d = read_strategies(path)
-    n, m, memory = d["greedy"].shape[1], d["grid"].shape[0], int(d["memory"])
+    n, m, memory = d["greedy"].shape[1], d["grid"].shape[-1], int(d["memory"])
     states = d["greedy"].shape[2]
     if states != m ** (memory * n):
         raise ConfigError("market.sellers[0].observation", f"{path}: {states} states",
@@ -358,11 +360,24 @@ def _check_replayable(plan: RunPlan, g: str) -> dict:
     return hyper
 
 
+def prices_of(grid: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """The prices of grid-index profiles ``index [..., n]``: ``grid[index]`` of one grid
+    ``[m]``, ``grid[i, index_i]`` of per-agent grids ``[n, m]``."""
+    grid = np.asarray(grid)
+    return grid[index] if grid.ndim == 1 else grid[np.arange(grid.shape[0]), index]
+
+
+def agent_grid(grid: np.ndarray, agent: int) -> np.ndarray:
+    """``[m]`` the prices of ``agent``'s grid."""
+    grid = np.asarray(grid)
+    return grid if grid.ndim == 1 else grid[agent]
+
+
 def _profit_table(payoff: Any, grid: np.ndarray, n: int) -> np.ndarray:
     """``[m^n, n]``: ``payoff(prices [n, 1]) -> [n]`` on every grid profile."""
-    m = len(grid)
+    m = np.shape(grid)[-1]
     joint = np.indices((m,) * n).reshape(n, -1).T
-    prices = np.asarray(grid, np.float32)[joint][..., None]
+    prices = prices_of(np.asarray(grid, np.float32), joint)[..., None]
     return np.asarray(jax.jit(jax.vmap(payoff))(prices), np.float64)
 
 
@@ -380,7 +395,7 @@ def strategies_from_runner(plan: RunPlan, runner: Any, group: str | None = None)
                                    S, E)
         converged = None
     else:
-        grid = np.asarray(make_grid(hyper, base).prices, np.float64)
+        grid = np.asarray(make_grid(hyper, base).prices, np.float64)  # [m], per-firm [n, m]
         greedy = np.asarray(state.greedy, np.int64)                    # [S n, Z]
         converged = np.repeat(np.broadcast_to(np.asarray(state.converged), (S,)), E)
     Z = greedy.shape[-1]
@@ -389,7 +404,9 @@ def strategies_from_runner(plan: RunPlan, runner: Any, group: str | None = None)
     if hyper["memory"] == 0:
         last = np.zeros((S * E, 0), np.int64)
     else:
-        last = np.argmin(np.abs(obs[..., None] - grid), axis=-1)
+        # digit d: the price of agent d mod n, on its own grid
+        rows = grid if grid.ndim == 1 else grid[np.arange(obs.shape[-1]) % n]
+        last = np.argmin(np.abs(obs[..., None] - rows), axis=-1)
     return Strategies(greedy=greedy, last=last, grid=grid, memory=int(hyper["memory"]),
                       profit_table=_profit_table(base.payoff, grid, n), converged=converged,
                       source=f"group {g}",
@@ -453,7 +470,7 @@ class _Game:
     """Greedy play of ``Strategies``, vectorised over a batch of (session, digits)."""
 
     def __init__(self, s: Strategies):
-        self.s, self.n, self.m = s, s.agents, len(s.grid)
+        self.s, self.n, self.m = s, s.agents, np.shape(s.grid)[-1]
         D = s.memory * self.n
         self.radix = np.asarray([self.m ** (D - 1 - j) for j in range(D)], np.int64)
         self.profile_radix = np.asarray([self.m ** (self.n - 1 - j) for j in range(self.n)],
@@ -552,12 +569,13 @@ def impulse_response(run: Any, agent: int = 0, deviation: str | float = "best_re
     if deviation == "nash":
         forced = np.full(len(session), int(game.nash()[agent]))
     elif not isinstance(deviation, str):
-        forced = np.full(len(session), int(np.argmin(np.abs(s.grid - float(deviation)))))
+        forced = np.full(len(session), int(np.argmin(np.abs(agent_grid(s.grid, agent)
+                                                             - float(deviation)))))
     else:
         forced = game.best_response(agent, game.act(session, digits) if reference is None
                                     else reference)
     a_dev, a_cf, back = _replay(game, session, digits, agent, forced, periods, on_cycle)
-    p_dev, p_cf = s.grid[a_dev], s.grid[a_cf]
+    p_dev, p_cf = prices_of(s.grid, a_dev), prices_of(s.grid, a_cf)
     drop, run_len = _punishment(p_dev, p_cf, agent)
 
     def per_session(x: np.ndarray) -> np.ndarray:   # mean over each session's points
@@ -716,7 +734,7 @@ def impulse_response_all(run: Any, agent: int = 0, periods: int = 15,
     forced = np.tile(np.arange(m), P)
     a_dev, a_cf, back = _replay(game, rows, np.repeat(digits, m, axis=0), agent, forced,
                                 periods, on_cycle)
-    p_dev, p_cf = s.grid[a_dev], s.grid[a_cf]
+    p_dev, p_cf = prices_of(s.grid, a_dev), prices_of(s.grid, a_cf)
     drop, run_len = _punishment(p_dev, p_cf, agent)
     values = state_values(game, delta)[..., agent]                      # [N, Z]
     start = np.repeat(digits, m, axis=0)
@@ -743,7 +761,7 @@ def impulse_response_all(run: Any, agent: int = 0, periods: int = 15,
                             for k in range(m)])            # the m prices
             for name, x in figures.items()}
     return AllPricesResponse(
-        agent=agent, grid=np.asarray(s.grid, np.float64), discount=delta,
+        agent=agent, grid=np.asarray(agent_grid(s.grid, agent), np.float64), discount=delta,
         price=per_session(p_dev).mean(0), counterfactual=cf_price.mean(0),
         pre_deviation=cf_price[:, 0].mean(0),
         profit=per_session(game.profits(a_dev)).mean(0),

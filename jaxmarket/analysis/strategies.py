@@ -17,6 +17,7 @@ this order:
        q [N, n, Z, m] float (finite)        greedy [N, n, Z] int in [0, m)
        last [N, memory n] int in [0, m)     converged [N] bool
        grid [m] float, finite, increasing   memory [] int >= 0
+         (per-firm grids: [n, m], each row)
        profit_table [m^n, n] float (finite; [K, m^n, n] with K outcomes of a period)
 
 5. in a run directory (``config.yaml`` beside the file), that it is the run's: ``N`` is
@@ -44,7 +45,7 @@ from jaxmarket.train.publish import verify
 from jaxmarket.train.rundir import STRATEGIES_FILE, RunDirError, read_run_config
 
 #: key -> (dtype kinds, ranks): what the replay needs
-REQUIRED = {"greedy": ("iu", (3,)), "last": ("iu", (2,)), "grid": ("f", (1,)),
+REQUIRED = {"greedy": ("iu", (3,)), "last": ("iu", (2,)), "grid": ("f", (1, 2)),
             "memory": ("iu", (0,)), "profit_table": ("f", (2, 3))}
 #: key -> (dtype kinds, ranks): the rest of what ``write_strategies`` writes, checked
 #: where present (files written by hand or by older tools may lack them)
@@ -155,11 +156,14 @@ def _check_shapes(a: dict, fail: _Fail) -> None:
     N, n, Z = greedy.shape
     if min(N, n, Z) < 1:
         raise fail("greedy", f"has shape {greedy.shape}: no sessions, sellers or states")
-    m = grid.shape[0]
+    m = grid.shape[-1]
     if m < 1 or not np.all(np.isfinite(grid)):
         raise fail("grid", f"is not a finite price grid ({m} prices)")
-    if m > 1 and not np.all(np.diff(grid) > 0):
+    if m > 1 and not np.all(np.diff(grid, axis=-1) > 0):
         raise fail("grid", "is not increasing")
+    if grid.ndim == 2 and grid.shape[0] != n:
+        raise fail("grid", f"has shape {grid.shape}: {grid.shape[0]} per-firm grids, not one "
+                           f"per seller ({n})")
     memory = int(a["memory"])
     if memory < 0:
         raise fail("memory", f"is {memory}, not >= 0")
@@ -201,7 +205,7 @@ def _check_run(a: dict, run: Path, fail: _Fail) -> None:
         raise fail(None, f"is not the result of its run: {run / 'config.yaml'} is not a "
                          f"session-engine design ({' '.join(str(err).split())[:120]})") from None
     N, n, Z = a["greedy"].shape
-    grid = np.asarray(game.grid.prices, np.float64)
+    grid = np.asarray(game.grid.prices, np.float64)                  # [m] or [n, m]
     memory = game.settings.num_digits // game.sellers if game.sellers else 0
     table = a["profit_table"].shape
     expected = [("greedy", f"has {N} sessions", N, plan.train.num_seeds, "train.num_seeds"),
@@ -210,8 +214,8 @@ def _check_run(a: dict, run: Path, fail: _Fail) -> None:
                  "the learner's states"),
                 ("memory", f"is {int(a['memory'])}", int(a["memory"]), memory,
                  "price profiles in the learner's state"),
-                ("grid", f"has {a['grid'].shape[0]} prices", a["grid"].shape[0],
-                 grid.shape[0], "the learner's grid"),
+                ("grid", f"has shape {a['grid'].shape}", a["grid"].shape,
+                 grid.shape, "the learner's grid"),
                 ("profit_table", f"has shape {table}", table, tuple(game.reward.shape),
                  "the market's outcome tables")]
     for key, what, got, want, source in expected:
@@ -219,8 +223,9 @@ def _check_run(a: dict, run: Path, fail: _Fail) -> None:
             raise fail(key, f"{what}, but the run's config.yaml gives {want} ({source}): "
                             "not this run's result")
     if not np.allclose(a["grid"], grid):
-        worst = int(np.argmax(np.abs(a["grid"] - grid)))
-        raise fail("grid", f"is not the run's grid (price {worst}: {a['grid'][worst]:.6g} "
+        worst = np.unravel_index(int(np.argmax(np.abs(a["grid"] - grid))), grid.shape)
+        where = worst[0] if grid.ndim == 1 else worst
+        raise fail("grid", f"is not the run's grid (price {where}: {a['grid'][worst]:.6g} "
                            f"in the file, {grid[worst]:.6g} from config.yaml)")
 
 

@@ -255,10 +255,10 @@ LEARNERS = {
             'update_epochs': Field('int', 4, low=1),
         }, 'move_orders': ('simultaneous',)},
     'q_learning': {'fields': {
-            'grid_low': Field('float', None, optional=True),
-            'grid_high': Field('float', None, optional=True),
+            'grid_low': Field('any', None, optional=True),
+            'grid_high': Field('any', None, optional=True),
             'grid_size': Field('int', 15, low=2),
-            'grid': Field('floats', None, optional=True),
+            'grid': Field('any', None, optional=True),
             'memory': Field('int', 1, low=0),
             'learning_rate': Field('float', 0.15, low=0.0, high=1.0, low_open=True),
             'discount': Field('float', 0.95, low=0.0, high=1.0),

@@ -77,6 +77,16 @@ class LearnerSpec:
     # else 1 (an observation of the current period) or 0 (none); None: not known (a
     # spec built by hand). A tabular learner's memory must be this many periods
     obs_periods: int | None = field(default=None, compare=False)
+    # Which agent of its market each observed feature is the price of (the same for
+    # every observer: a price history of this group's own sellers, one product), or
+    # None where a feature is anything else: a tabular learner with each firm's own grid
+    # snaps feature d on firm obs_firms[d]'s grid
+    obs_firms: tuple[int, ...] | None = field(default=None, compare=False)
+    # ``static_prices() -> (nash [n], joint [n])``: the static one-shot game's Nash and
+    # joint-profit-maximising prices of one market's agents (first product) with prices
+    # free (not on a grid), solved on demand from the market
+    # (:func:`jaxmarket.learners.controller.static_prices`); None: not known
+    static_prices: Any = field(default=None, compare=False)
 
     @property
     def agents_per_market(self) -> int:

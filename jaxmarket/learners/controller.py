@@ -7,9 +7,11 @@ group names against the market and builds one :class:`Learner` per group.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Mapping
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxmarket.combinators.observations import history_length, off_action_scale
@@ -21,7 +23,7 @@ from jaxmarket.learners.base import LEARNERS, Learner, LearnerSpec
 from jaxmarket.learners.population import split_learner_config
 from jaxmarket.market.distributors import DISTRIBUTORS
 from jaxmarket.market.env import MarketEnv
-from jaxmarket.market.equilibrium import outcomes
+from jaxmarket.market.equilibrium import ActionSet, free_game, outcomes, solve
 from jaxmarket.market.spec import MarketParams, MarketSpec, thaw
 from jaxmarket.market.state import current_actions
 
@@ -43,7 +45,70 @@ def group_learner_spec(env: MarketEnv, params: MarketParams, group: str,
                        payoff_caveat=payoff_caveat(env.spec, group),
                        obs_scale=off_action_scale(thaw(g.observation) or (), g.action),
                        obs_periods=history_length(thaw(g.observation) or ())
-                       or (1 if obs_dim else 0))
+                       or (1 if obs_dim else 0),
+                       obs_firms=observed_firms(env.spec, group),
+                       static_prices=partial(static_prices, env, params, group))
+
+
+def observed_firms(spec: MarketSpec, group: str) -> tuple[int, ...] | None:
+    """:attr:`LearnerSpec.obs_firms`: for an observation made only of ``history``
+    (and ``empty``) components of a one-product market whose sellers are all this
+    group's, the agent of its market whose price each feature is (a history of ``k``
+    periods lists the ``S`` sellers' prices period by period, the most recent first:
+    feature ``d`` is seller ``d mod S``); None otherwise."""
+    g = spec.group(group)
+    if g.side != "seller" or spec.num_products != 1:
+        return None
+    sellers = spec.num_sellers
+    if g.offset != 0 or g.count != sellers:
+        return None
+    firms: list[int] = []
+    for part in thaw(g.observation) or ():
+        kind = part.get("kind") if isinstance(part, Mapping) else part
+        if kind == "empty":
+            continue
+        if kind != "history":
+            return None
+        firms += list(range(sellers)) * int(part.get("k", 1))
+    return tuple(firms)
+
+
+#: (market spec, group, parameter bytes) -> the static prices of :func:`static_prices`
+_STATIC_PRICES: dict[Any, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def static_prices(env: MarketEnv, params: MarketParams, group: str
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """``(nash [n], joint [n])``: the static one-shot game's Nash equilibrium prices and
+    joint-profit-maximising prices of ``group``'s ``n`` agents (first product), every
+    other group at its reset action, with prices free: the solver of the benchmarks
+    (:func:`jaxmarket.market.equilibrium.solve`) on
+    :func:`jaxmarket.market.equilibrium.free_game`'s box ``[0, high + 4 (high - low)]``
+    of the group's action bounds. A ValueError where either is not found and verified
+    (no profitable unilateral move, resp. no joint improvement). Memoised per market."""
+    leaves = tuple(np.asarray(x).tobytes() for x in jax.tree.leaves(params))
+    key = (env.spec, group, leaves)
+    if key not in _STATIC_PRICES:
+        space = env.action_space(group, params)
+        bounds = np.stack([np.asarray(space.low, np.float32),
+                           np.asarray(space.high, np.float32)], axis=-1)   # [n, P, 2]
+        free_params, free_sets = free_game(env, params, {group: ActionSet.from_grid(bounds)})
+        eq = solve(env, free_params, free_sets, continuous=False)[group]
+        if not eq["converged"]:
+            dev = eq.get("nash_deviation") or eq.get("joint_deviation")
+            raise ValueError(f"the static game of {group} with prices free has no verified "
+                             f"Nash equilibrium and joint optimum"
+                             + (f" (agent {dev['agent']} gains {dev['gain']:.4g})"
+                                if dev else ""))
+        nash = np.asarray(eq["nash"], np.float64)[:, 0]
+        joint = np.asarray(eq["joint"], np.float64)[:, 0]
+        if env.spec.num_products == 1:
+            payoff = one_shot_payoff(env, free_params, group)
+            nash = polish(payoff, nash, joint=False)
+            joint = polish(payoff, joint, joint=True)
+        _STATIC_PRICES[key] = (nash, joint)
+    nash, joint = _STATIC_PRICES[key]
+    return nash.copy(), joint.copy()
 
 
 def move_order(spec: MarketSpec) -> str:
@@ -77,6 +142,58 @@ def payoff_caveat(spec: MarketSpec, group: str) -> str | None:
     if move_order(spec) != "simultaneous":
         return "sellers move in turn (market.move_order: alternating)"
     return None
+
+
+def polish(payoff: Any, x0: np.ndarray, joint: bool, steps: int = 8) -> np.ndarray:
+    """The static solution ``x0 [n]`` (one product) refined by Newton's method on its
+    first-order conditions: ``F_i(p) = d pi_i / d p_i`` (Nash) or ``d sum_j pi_j / d p_i``
+    (joint optimum), ``p <- p - J^-1 F(p)``; ``F`` by forward-mode autodiff of the
+    market's float32 ``payoff(prices [n, 1]) -> [n]``, ``J`` its central differences
+    with step ``h = 1e-3 max(1, |p|)``. The search of
+    :func:`~jaxmarket.market.equilibrium.solve` maximises float32 profits, whose maximum
+    is flat to about 1e-4 in the prices; the first-order conditions are not, so the
+    refined prices are exact to about float32 resolution. ``x0`` is kept where the
+    reward has no usable derivatives (non-finite ``F`` or singular ``J``), where ``|F|``
+    does not fall, or where the refined point lies more than 1% of ``max(1, |x0|)``
+    from ``x0`` (a different solution)."""
+    n = x0.shape[0]
+    weights = jnp.asarray(np.ones((n, n)) if joint else np.eye(n), jnp.float32)
+
+    def first_order(p):
+        grad = jax.jacfwd(lambda q: payoff(q[:, None]))(p)        # [n, n]: d pi_j / d p_i
+        return jnp.sum(weights * grad, axis=0)                    # F_i
+
+    # op by op: XLA's fused program of the logit distributor's derivative returns NaN
+    # where the op-by-op one is finite (measured on the Calvano duopoly's joint optimum)
+    batch = jax.vmap(first_order)
+    x0 = np.asarray(x0, np.float64)
+    x = x0.copy()
+    eye = np.eye(n)
+    f0 = f = None
+    for _ in range(steps):
+        h = 1e-3 * max(1.0, float(np.max(np.abs(x))))
+        points = np.concatenate([x[None], x + h * eye, x - h * eye])   # [2n + 1, n]
+        values = np.asarray(batch(jnp.asarray(points, jnp.float32)), np.float64)
+        if not np.all(np.isfinite(values)):
+            return x0
+        f = values[0]
+        f0 = f if f0 is None else f0
+        matrix = ((values[1:n + 1] - values[n + 1:]) / (2.0 * h)).T     # J[i, k] = dF_i/dp_k
+        try:
+            step = np.linalg.solve(matrix, f)
+        except np.linalg.LinAlgError:
+            return x0
+        if not np.all(np.isfinite(step)):
+            return x0
+        x = x - step
+        if np.max(np.abs(step)) <= 1e-6 * max(1.0, float(np.max(np.abs(x)))):
+            break   # below the float32 noise of F
+    h = 1e-3 * max(1.0, float(np.max(np.abs(x))))   # the same shapes: no new compile
+    points = np.concatenate([x[None], x + h * eye, x - h * eye])
+    end = np.asarray(batch(jnp.asarray(points, jnp.float32)), np.float64)[0]
+    near = np.max(np.abs(x - x0)) <= 1e-2 * max(1.0, float(np.max(np.abs(x0))))
+    better = np.all(np.isfinite(end)) and np.max(np.abs(end)) <= np.max(np.abs(f0))
+    return x if near and better else x0
 
 
 def one_shot_payoff(env: MarketEnv, params: MarketParams, group: str):

@@ -82,14 +82,20 @@ _INT32_MAX = np.iinfo(np.int32).max
 _MAX_JOINT_ACTIONS = 1 << 22
 
 HYPER_FIELDS: dict[str, Field] = {
-    "grid_low": Field("float", default=None, optional=True,
-                      doc="lowest grid price (null: the smallest action_low of the group)"),
-    "grid_high": Field("float", default=None, optional=True,
-                       doc="highest grid price (null: the largest action_high of the group)"),
-    "grid_size": Field("int", default=15, low=2, doc="number of grid prices m"),
-    "grid": Field("floats", default=None, optional=True,
+    "grid_low": Field("any", default=None, optional=True,
+                      doc="lowest grid price (null: the smallest action_low of the group); "
+                          "a list [l_1, ..., l_n]: each firm's own (per-firm grids)"),
+    "grid_high": Field("any", default=None, optional=True,
+                       doc="highest grid price (null: the largest action_high of the "
+                           "group); a list [h_1, ..., h_n]: each firm's own"),
+    "grid_size": Field("int", default=15, low=2, doc="number of grid prices m (of each firm)"),
+    "grid": Field("any", default=None, optional=True,
                   doc="an explicit grid of prices, strictly increasing (replaces "
-                      "grid_low/grid_high/grid_size)"),
+                      "grid_low/grid_high/grid_size); a list of n such lists of one length: "
+                      "each firm's own; {kind: calvano, xi: 0.1}: each firm i its own "
+                      "grid_size prices from p_N,i - xi (p_M,i - p_N,i) to p_M,i + xi "
+                      "(p_M,i - p_N,i), p_N and p_M the static game's Nash and "
+                      "joint-optimum prices with prices free"),
     "memory": Field("int", default=1, low=0,
                     doc="price profiles remembered k (0: stateless, one state)"),
     "learning_rate": Field("float", default=0.15, low=0.0, high=1.0, low_open=True,
@@ -219,6 +225,103 @@ class PriceGrid:
         digits = self.nearest_index(obs)
         return jnp.sum(digits * jnp.asarray(self.radix, dtype=jnp.int32), axis=-1)
 
+    # one grid for every firm: the same calls as :class:`FirmGrids`'
+    per_firm = False
+
+    def slot_price(self, action: jax.Array) -> jax.Array:
+        """The prices of grid indices ``[..., A]`` of agent slots."""
+        return self.prices[action]
+
+    def slot_index(self, price: jax.Array) -> jax.Array:
+        """The nearest grid indices of prices ``[..., A]`` of agent slots."""
+        return self.nearest_index(price)
+
+    def profile_price(self, index: jax.Array) -> jax.Array:
+        """The prices of a market's grid-index profiles ``[..., n]``."""
+        return self.prices[index]
+
+    def profile_index(self, price: jax.Array) -> jax.Array:
+        """The nearest grid indices of a market's price profiles ``[..., n]``."""
+        return self.nearest_index(price)
+
+    def firm_price(self, firm: jax.Array, index: jax.Array) -> jax.Array:
+        """The price of grid index ``index`` of firm ``firm``."""
+        return self.prices[index]
+
+    def table(self, firms: int) -> np.ndarray:
+        """``[firms, m]`` every firm's grid prices (float64)."""
+        return np.broadcast_to(np.asarray(self.prices, np.float64), (firms, self.size)).copy()
+
+
+@struct.dataclass
+class FirmGrids:
+    """Each firm its own grid of ``m`` prices (per-firm grids). Firm ``f`` is the agent
+    ``f`` of its market: agent slot ``i`` is firm ``i mod F``. A state digit ``d`` (an
+    observed price) is snapped on the grid of firm ``digit_firm[d]``, whose price it is
+    (:attr:`LearnerSpec.obs_firms`)::
+
+        evenly spaced:  index_f(p) = clip(round((p - low_f) / spacing_f), 0, m - 1)
+        explicit:       index_f(p) = #{k : p >= (g_f[k] + g_f[k+1]) / 2}
+    """
+
+    prices: jax.Array  # [F, m] float32
+    low: tuple[float, ...] = struct.field(pytree_node=False)       # [F]
+    spacing: tuple[float, ...] = struct.field(pytree_node=False)   # [F]
+    radix: tuple[int, ...] = struct.field(pytree_node=False)       # m^(D-1-j), j < D
+    digit_firm: tuple[int, ...] = struct.field(pytree_node=False)  # [D]
+    # explicit grids: each firm's m - 1 midpoints
+    midpoints: tuple[tuple[float, ...], ...] | None = struct.field(pytree_node=False,
+                                                                   default=None)
+    per_firm = True
+
+    @property
+    def size(self) -> int:
+        return int(self.prices.shape[-1])
+
+    @property
+    def firms(self) -> int:
+        return int(self.prices.shape[0])
+
+    def nearest_index(self, price: jax.Array, firm: Any) -> jax.Array:
+        """Index of the nearest price on firm ``firm``'s grid (``firm`` an int array
+        broadcasting against ``price``; int32, clipped)."""
+        if self.midpoints is not None:
+            mid = jnp.asarray(self.midpoints, jnp.float32)[firm]         # [..., m - 1]
+            return jnp.sum(price[..., None] >= mid, axis=-1).astype(jnp.int32)
+        low = jnp.asarray(self.low, jnp.float32)[firm]
+        spacing = jnp.asarray(self.spacing, jnp.float32)[firm]
+        index = jnp.round((price - low) / spacing)
+        return jnp.clip(index, 0, self.size - 1).astype(jnp.int32)
+
+    def state_index(self, obs: jax.Array) -> jax.Array:
+        """Mixed-radix state number of observations ``[..., D]``, digit ``d`` snapped on
+        firm ``digit_firm[d]``'s grid."""
+        if not self.radix:
+            return jnp.zeros(obs.shape[:-1], jnp.int32)
+        digits = self.nearest_index(obs, np.asarray(self.digit_firm, np.int32))
+        return jnp.sum(digits * jnp.asarray(self.radix, dtype=jnp.int32), axis=-1)
+
+    def _slot_firms(self, slots: int) -> np.ndarray:
+        return np.arange(slots, dtype=np.int32) % self.firms
+
+    def slot_price(self, action: jax.Array) -> jax.Array:
+        return self.prices[self._slot_firms(action.shape[-1]), action]
+
+    def slot_index(self, price: jax.Array) -> jax.Array:
+        return self.nearest_index(price, self._slot_firms(price.shape[-1]))
+
+    def profile_price(self, index: jax.Array) -> jax.Array:
+        return self.prices[np.arange(self.firms), index]
+
+    def profile_index(self, price: jax.Array) -> jax.Array:
+        return self.nearest_index(price, np.arange(self.firms, dtype=np.int32))
+
+    def firm_price(self, firm: jax.Array, index: jax.Array) -> jax.Array:
+        return self.prices[firm, index]
+
+    def table(self, firms: int) -> np.ndarray:
+        return np.asarray(self.prices, np.float64).copy()
+
 
 def max_and_argmax(rows: jax.Array) -> tuple[jax.Array, jax.Array]:
     """``(max, first argmax)`` over the last axis (int32 index), as ``jnp.max`` /
@@ -237,11 +340,16 @@ def max_and_argmax(rows: jax.Array) -> tuple[jax.Array, jax.Array]:
     return best, index
 
 
-def make_grid(hyper: Mapping[str, Any], spec: LearnerSpec) -> PriceGrid:
-    """Validate the spec against Q-learning's assumptions and build the price grid."""
-    hyper = {"grid": None, **hyper}
+def make_grid(hyper: Mapping[str, Any], spec: LearnerSpec) -> PriceGrid | FirmGrids:
+    """Validate the spec against Q-learning's assumptions and build the price grid (each
+    firm's own, :class:`FirmGrids`, where the settings give per-firm grids)."""
+    hyper = {"grid": None, "grid_low": None, "grid_high": None, "obs_grid": None, **hyper}
     low, high, m, num_digits = grid_bounds(hyper, spec)
-    return price_grid(low, high, m, num_digits, hyper["grid"])
+    form = grid_form(hyper, spec)
+    if form.per_firm:
+        return firm_grids(form.low, form.high, m, digit_firms(hyper, spec, num_digits, form),
+                          form.values)
+    return price_grid(low, high, m, num_digits, form.values)
 
 
 def _error(field: str, value: Any, allowed: str) -> ConfigError:
@@ -249,9 +357,174 @@ def _error(field: str, value: Any, allowed: str) -> ConfigError:
     return ConfigError(f"learners.q_learning.{field}", value, allowed)
 
 
+@dataclass(frozen=True)
+class GridForm:
+    """The grid settings resolved: one grid for the group (``low``, ``high`` floats,
+    ``values`` an explicit grid or None) or each firm its own (``per_firm``: ``low``,
+    ``high`` tuples over the ``F`` firms, ``values`` the firms' explicit grids or None);
+    ``field``: the setting that asked for per-firm grids (for errors)."""
+
+    low: Any
+    high: Any
+    m: int
+    values: Any = None
+    per_firm: bool = False
+    field: str = "grid"
+
+
+#: the rule of Calvano et al. (AER 2020) for ``grid: {kind: calvano, xi: ...}``
+CALVANO_GRID_FIELDS = {"kind": Field("choice", choices=("calvano",),
+                                     doc="calvano: each firm's grid from its p_N, p_M"),
+                       "xi": Field("float", default=0.1, low=0.0,
+                                   doc="the widening xi of [p_N - xi (p_M - p_N), "
+                                       "p_M + xi (p_M - p_N)]")}
+
+
+def _number(x: Any) -> bool:
+    return (isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
+            and math.isfinite(float(x)) and abs(float(x)) <= np.finfo(np.float32).max)
+
+
+def _firm_bounds(spec: LearnerSpec) -> tuple[np.ndarray, np.ndarray]:
+    """``(low [F], high [F])``: each firm's action bounds (the first market's agents)."""
+    n = spec.agents_per_market
+    low = np.asarray(spec.action_low, np.float64).reshape(spec.num_agents, -1)[:n, 0]
+    high = np.asarray(spec.action_high, np.float64).reshape(spec.num_agents, -1)[:n, 0]
+    return low, high
+
+
+def _firm_values(field: str, value: Any, firms: int) -> tuple[float, ...] | None:
+    """A per-firm ``grid_low``/``grid_high``: None for null or a number (the group's), the
+    ``F`` numbers of a list."""
+    if value is None or _number(value):
+        return None
+    if isinstance(value, (list, tuple)) and len(value) == firms and all(map(_number, value)):
+        return tuple(float(v) for v in value)
+    raise _error(field, value, f"a number, null, or a list of {firms} numbers: one per firm "
+                 f"(agent of a market) of the group")
+
+
+def grid_form(hyper: Mapping[str, Any], spec: LearnerSpec) -> GridForm:
+    """``grid``, ``grid_low``, ``grid_high`` and ``grid_size`` resolved and checked
+    (:class:`GridForm`): an explicit grid, a list of one explicit grid per firm, the
+    Calvano rule ``{kind: calvano, xi}`` (each firm ``i``'s ``m`` prices
+    ``linspace(p_N,i - xi (p_M,i - p_N,i), p_M,i + xi (p_M,i - p_N,i), m)``, ``p_N``,
+    ``p_M`` the static game's free-price Nash and joint-optimum prices,
+    :attr:`LearnerSpec.static_prices`), or bounds ``grid_low``/``grid_high`` (numbers:
+    one grid; a list of ``F`` numbers in either: each firm's own, a number standing for
+    every firm). Every price must lie within its firm's action bounds."""
+    firms = spec.agents_per_market
+    lo_f, hi_f = _firm_bounds(spec)
+    grid, m = hyper.get("grid"), hyper["grid_size"]
+
+    def within(field: str, value: Any, lows, highs) -> None:
+        bad = [i for i in range(firms) if lows[i] < lo_f[i] or highs[i] > hi_f[i]]
+        if bad:
+            i = bad[0]
+            raise _error(field, value, f"prices within each firm's action bounds (the market "
+                         f"would clip the others): firm {i}'s grid spans [{lows[i]:.6g}, "
+                         f"{highs[i]:.6g}], its bounds are [{lo_f[i]:.6g}, {hi_f[i]:.6g}] "
+                         f"(widen market.sellers' low/high)")
+
+    if isinstance(grid, Mapping):
+        rule = check_mapping(CALVANO_GRID_FIELDS, grid, "learners.q_learning.grid")
+        for field in ("grid_low", "grid_high"):
+            if hyper.get(field) is not None:
+                raise _error(field, hyper[field], "null with grid: {kind: calvano} (the rule "
+                             "sets each firm's lowest and highest price)")
+        if spec.static_prices is None:
+            raise _error("grid", dict(grid), "an explicit grid or grid_low/grid_high: this "
+                         "group's market gives no static game to compute p_N, p_M from")
+        try:
+            nash, joint = spec.static_prices()
+        except ValueError as err:
+            raise _error("grid", dict(grid), f"an explicit grid or grid_low/grid_high: {err}"
+                         ) from None
+        nash, joint = np.asarray(nash, np.float64), np.asarray(joint, np.float64)
+        width = joint - nash
+        if np.any(width <= 0):
+            i = int(np.argmax(width <= 0))
+            raise _error("grid", dict(grid), f"an explicit grid or grid_low/grid_high: the "
+                         f"rule needs p_M,i > p_N,i, and firm {i} has p_N = {nash[i]:.6g}, "
+                         f"p_M = {joint[i]:.6g}")
+        lows = tuple(float(x) for x in nash - rule["xi"] * width)
+        highs = tuple(float(x) for x in joint + rule["xi"] * width)
+        within("grid", dict(grid), lows, highs)
+        return GridForm(lows, highs, m, None, True, "grid")
+    if grid is not None:
+        if not isinstance(grid, (list, tuple)) or not grid:
+            raise _error("grid", grid, "a list of prices, a list of one price list per firm, "
+                         "or {kind: calvano, xi: 0.1}")
+        if all(isinstance(g, (list, tuple)) for g in grid):
+            if len(grid) != firms:
+                raise _error("grid", grid, f"one list of prices, or {firms} lists: one per "
+                             f"firm (agent of a market) of the group")
+            for g in grid:
+                if len(g) < 2 or not all(map(_number, g)) or np.any(np.diff(
+                        np.asarray(g, np.float64)) <= 0):
+                    raise _error("grid", grid, "lists of at least 2 strictly increasing "
+                                 "prices, one per firm")
+            if len({len(g) for g in grid}) != 1:
+                raise _error("grid", grid, "per-firm grids of one length (every firm has the "
+                             "same number of prices m: the Q tables are [states, m])")
+            values = tuple(tuple(float(v) for v in g) for g in grid)
+            lows, highs = tuple(v[0] for v in values), tuple(v[-1] for v in values)
+            within("grid", grid, lows, highs)
+            return GridForm(lows, highs, len(values[0]), values, True, "grid")
+        if not all(map(_number, grid)):
+            raise _error("grid", grid, "a list of prices, a list of one price list per firm, "
+                         "or {kind: calvano, xi: 0.1}")
+        values = np.asarray(grid, np.float64)
+        if values.size < 2 or np.any(np.diff(values) <= 0):
+            raise _error("grid", grid, "a list of at least 2 strictly increasing prices")
+        lo, hi = float(np.min(spec.action_low)), float(np.max(spec.action_high))
+        if values[0] < lo or values[-1] > hi:
+            raise _error("grid", grid, f"prices within the group's action bounds [{lo:g}, "
+                         f"{hi:g}] (the market would clip the others)")
+        return GridForm(float(values[0]), float(values[-1]), int(values.size), grid)
+    low, high = hyper.get("grid_low"), hyper.get("grid_high")
+    low_f, high_f = _firm_values("grid_low", low, firms), _firm_values("grid_high", high, firms)
+    if low_f is None and high_f is None:
+        low = float(np.min(spec.action_low)) if low is None else float(low)
+        high = float(np.max(spec.action_high)) if high is None else float(high)
+        if not high > low:
+            raise _error("grid_high", high, f"a price above grid_low ({low})")
+        return GridForm(low, high, m)
+    lows = low_f or tuple(float(x) for x in (lo_f if low is None else [low] * firms))
+    highs = high_f or tuple(float(x) for x in (hi_f if high is None else [high] * firms))
+    field = "grid_low" if low_f is not None else "grid_high"
+    for i in range(firms):
+        if not highs[i] > lows[i]:
+            raise _error("grid_high", high, f"a price above grid_low for every firm: firm "
+                         f"{i} has grid_low {lows[i]:g}, grid_high {highs[i]:g}")
+    within(field, low if field == "grid_low" else high, lows, highs)
+    return GridForm(lows, highs, m, None, True, field)
+
+
+def digit_firms(hyper: Mapping[str, Any], spec: LearnerSpec, num_digits: int,
+                form: GridForm) -> tuple[int, ...]:
+    """Per-firm grids: the firm whose grid each state digit is snapped on
+    (:attr:`LearnerSpec.obs_firms`); a ConfigError where the state is not the sellers'
+    own prices (a stateless learner has no digit)."""
+    if hyper.get("obs_grid") is not None:
+        raise _error("obs_grid", hyper["obs_grid"], f"null with per-firm grids ({form.field}: "
+                     f"each observed price is snapped on its own firm's grid)")
+    if num_digits == 0:
+        return ()
+    firms = spec.obs_firms
+    if firms is None or len(firms) != num_digits:
+        value = hyper.get(form.field)
+        raise _error(form.field, dict(value) if isinstance(value, Mapping) else value,
+                     "one grid for the whole group: per-firm grids need memory 0, or the "
+                     "observation [{kind: history, k: memory}] of a market whose sellers are "
+                     "all this group's (each observed price is then snapped on its firm's grid)")
+    return tuple(int(f) for f in firms)
+
+
 def grid_bounds(hyper: Mapping[str, Any], spec: LearnerSpec) -> tuple[float, float, int, int]:
     """``(grid_low, grid_high, grid_size, num_digits)`` of :func:`make_grid`, validated
-    (an explicit ``grid`` gives its first and last price and its length)."""
+    (an explicit ``grid`` gives its first and last price and its length; per-firm grids
+    the lowest and highest price of any firm)."""
     if spec.num_products != 1:
         raise _error("kind", "q_learning", f"a learner for one product per seller; this "
                      f"group has num_products={spec.num_products}")
@@ -270,25 +543,14 @@ def grid_bounds(hyper: Mapping[str, Any], spec: LearnerSpec) -> tuple[float, flo
                      f"obs_dim={spec.obs_dim}")
     else:
         num_digits = spec.obs_dim
-    grid = hyper.get("grid")
-    if grid is not None:
-        values = np.asarray(grid, np.float64)
-        if values.ndim != 1 or values.size < 2 or np.any(np.diff(values) <= 0):
-            raise _error("grid", grid, "a list of at least 2 strictly increasing prices")
-        lo, hi = float(np.min(spec.action_low)), float(np.max(spec.action_high))
-        if values[0] < lo or values[-1] > hi:
-            raise _error("grid", grid, f"prices within the group's action bounds [{lo:g}, "
-                         f"{hi:g}] (the market would clip the others)")
-        low, high, m = float(values[0]), float(values[-1]), int(values.size)
+    form = grid_form(hyper, spec)
+    m = form.m
+    if form.per_firm:
+        low, high = min(form.low), max(form.high)
     else:
-        m = hyper["grid_size"]
-        low, high = hyper["grid_low"], hyper["grid_high"]
-        low = float(np.min(spec.action_low)) if low is None else float(low)
-        high = float(np.max(spec.action_high)) if high is None else float(high)
-        if not high > low:
-            raise _error("grid_high", high, f"a price above grid_low ({low})")
+        low, high = form.low, form.high
     if num_digits * np.log(m) >= np.log(_INT32_MAX + 1.0):
-        raise _error("grid_size" if grid is None else "grid", m,
+        raise _error("grid_size" if hyper.get("grid") is None else "grid", m,
                      f"grid_size^(memory * num_sellers) below 2^31: {m}^{num_digits} states "
                      f"do not fit in int32 (nor in memory); lower grid_size or memory")
     return low, high, m, num_digits
@@ -308,6 +570,25 @@ def price_grid(low: float, high: float, m: int, num_digits: int,
     return PriceGrid(prices=prices, low=low, spacing=(high - low) / (m - 1), radix=radix)
 
 
+def firm_grids(low: tuple[float, ...], high: tuple[float, ...], m: int,
+               digit_firm: tuple[int, ...], values: Any = None) -> FirmGrids:
+    """Each firm ``f``'s ``m`` prices ``linspace(low_f, high_f, m)`` (or its explicit
+    ``values[f]``), state digit ``d`` on firm ``digit_firm[d]``'s grid."""
+    num_digits = len(digit_firm)
+    radix = tuple(int(m) ** (num_digits - 1 - j) for j in range(num_digits))
+    if values is not None:
+        v = np.asarray(values, np.float64)                                  # [F, m]
+        return FirmGrids(prices=jnp.asarray(v, jnp.float32), low=tuple(float(x) for x in v[:, 0]),
+                         spacing=tuple(float(x) for x in np.min(np.diff(v, axis=1), axis=1)),
+                         radix=radix, digit_firm=digit_firm,
+                         midpoints=tuple(tuple(float(x) for x in row)
+                                         for row in (v[:, 1:] + v[:, :-1]) / 2))
+    prices = np.stack([np.linspace(lo, hi, m) for lo, hi in zip(low, high)])
+    return FirmGrids(prices=jnp.asarray(prices, jnp.float32), low=tuple(low),
+                     spacing=tuple((hi - lo) / (m - 1) for lo, hi in zip(low, high)),
+                     radix=radix, digit_firm=digit_firm)
+
+
 def _check_joint_actions(m: int, agents_per_market: int) -> None:
     if m ** agents_per_market > _MAX_JOINT_ACTIONS:
         raise _error("q_init", "random_rival", f"an initial Q that does not evaluate all "
@@ -319,14 +600,17 @@ def random_rival_q(payoff: Any, grid: jax.Array, agents_per_market: int,
                    discount: float) -> jax.Array:
     """``[n, m]`` (``n = agents_per_market``): each agent's mean payoff of each grid price
     against uniformly random grid prices of the other agents of its market, divided by
-    ``1 - discount``. ``payoff`` is the per-market one-shot payoff ``[n, 1] -> [n]``."""
-    m = int(grid.shape[0])
+    ``1 - discount``. ``payoff`` is the per-market one-shot payoff ``[n, 1] -> [n]``;
+    ``grid`` ``[m]``, or ``[n, m]`` each agent's own grid (agent ``i`` plays
+    ``grid[i, a_i]``)."""
+    m = int(grid.shape[-1])
     n = agents_per_market
     _check_joint_actions(m, n)
     num_joint = m ** n
     joint = np.indices((m,) * n).reshape(n, -1).T  # [J, n]
     joint = jnp.asarray(joint, dtype=jnp.int32)
-    rewards = jax.vmap(payoff)(grid[joint][..., None])  # [J, n]
+    prices = grid[joint] if grid.ndim == 1 else grid[np.arange(n), joint]   # [J, n]
+    rewards = jax.vmap(payoff)(prices[..., None])  # [J, n]
     own_price = jax.nn.one_hot(joint, m, dtype=rewards.dtype)  # [J, n, m]
     mean_payoff = jnp.einsum("ja,jam->am", rewards, own_price) / (num_joint // m)
     return mean_payoff / (1.0 - discount)
@@ -381,6 +665,16 @@ class QLearningSettings:
     target: str = "simultaneous"                    # "simultaneous" | "sequential"
     turns: tuple[int, int] | None = None            # LearnerSpec.turns: (n, first)
     obs_grid: tuple[float, float, int] | None = None  # (low, high, size); None: the action grid
+    # per-firm grids (:class:`FirmGrids`): each firm's lowest and highest price, its
+    # explicit prices (else evenly spaced), and the firm of each state digit; None: one grid
+    firm_low: tuple[float, ...] | None = None
+    firm_high: tuple[float, ...] | None = None
+    firm_values: tuple[tuple[float, ...], ...] | None = None
+    digit_firm: tuple[int, ...] = ()
+
+    @property
+    def per_firm(self) -> bool:
+        return self.firm_low is not None
 
     @property
     def obs_size(self) -> int:
@@ -409,7 +703,11 @@ class QLearningSettings:
         return ((first + within) % self.turn_period).astype(np.int32)
 
 
-def grid_of(settings: QLearningSettings) -> PriceGrid:
+def grid_of(settings: QLearningSettings) -> PriceGrid | FirmGrids:
+    """The action grid: one for the group, or each firm's own (:class:`FirmGrids`)."""
+    if settings.per_firm:
+        return firm_grids(settings.firm_low, settings.firm_high, settings.grid_size,
+                          settings.digit_firm, settings.firm_values)
     return price_grid(settings.grid_low, settings.grid_high, settings.grid_size,
                       settings.num_digits, settings.grid_values)
 
@@ -564,7 +862,7 @@ def act(settings: QLearningSettings, state: QLearningState, obs: jax.Array, key:
         greedy = state.rows[state.policy_index, s, m].astype(jnp.int32)
         sampled = jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
         action = jnp.where(temperature[:, 0] > 0, sampled, greedy)
-        return grid.prices[action][:, None], {"action_index": action}
+        return grid.slot_price(action)[:, None], {"action_index": action}
     greedy = state.rows[state.policy_index, s, m].astype(jnp.int32)
     eps = slot_epsilon(settings, state)                     # [A]
     # One uniform per agent decides both whether to explore (u < eps) and, given that
@@ -573,7 +871,7 @@ def act(settings: QLearningSettings, state: QLearningState, obs: jax.Array, key:
     explore = u < eps
     random_action = jnp.minimum((u / jnp.maximum(eps, 1e-30) * m).astype(jnp.int32), m - 1)
     action = jnp.where(explore, random_action, greedy)
-    return grid.prices[action][:, None], {"action_index": action}
+    return grid.slot_price(action)[:, None], {"action_index": action}
 
 
 def sequential_target(settings: QLearningSettings, state: QLearningState, s, a, r):
@@ -669,12 +967,12 @@ def counterfactual_payoffs(settings: QLearningSettings, actions: jax.Array) -> j
         cf[t, i, a] = payoff_i(p_a, p_-i,t)
     """
     n, m = settings.agents_per_market, settings.grid_size
-    prices = grid_of(settings).prices
+    grid = grid_of(settings)
     num_periods, num_slots = actions.shape[:2]
     profiles = actions.reshape(num_periods * (num_slots // n), n, 1)
 
     def deviation(profile: jax.Array, j: jax.Array, a: jax.Array) -> jax.Array:
-        return settings.payoff(profile.at[j, 0].set(prices[a]))[j]
+        return settings.payoff(profile.at[j, 0].set(grid.firm_price(j, a)))[j]
 
     over_grid = jax.vmap(deviation, (None, None, 0))
     over_slots = jax.vmap(over_grid, (None, 0, None))
@@ -688,7 +986,7 @@ def update(settings: QLearningSettings, state: QLearningState, batch: Transition
     s_next = states.state_index(batch.next_obs)
     aux = batch.aux if isinstance(batch.aux, Mapping) else {}
     a = aux.get("action_index")
-    a = grid.nearest_index(batch.action[..., 0]) if a is None else a.astype(jnp.int32)
+    a = grid.slot_index(batch.action[..., 0]) if a is None else a.astype(jnp.int32)
     cf = (counterfactual_payoffs(settings, batch.action) if settings.feedback == "full"
           else None)
     periods = (s, a, batch.reward.astype(jnp.float32), s_next, batch.done.astype(bool), cf)
@@ -779,7 +1077,13 @@ def qlearning_settings(hyper: Mapping[str, Any], spec: LearnerSpec) -> QLearning
                          "random_rival needs discount < 1")
         _check_joint_actions(m, spec.agents_per_market)
     check_feedback(hyper, spec)
-    grid = hyper["grid"]
+    form = grid_form(hyper, spec)
+    grid = None if form.per_firm else form.values
+    firm = {}
+    if form.per_firm:
+        firm = dict(firm_low=tuple(form.low), firm_high=tuple(form.high),
+                    firm_values=form.values,
+                    digit_firm=digit_firms(hyper, spec, num_digits, form))
     return QLearningSettings(
         grid_low=low, grid_high=high, grid_size=m, num_digits=num_digits,
         learning_rate=hyper["learning_rate"], discount=hyper["discount"],
@@ -792,7 +1096,7 @@ def qlearning_settings(hyper: Mapping[str, Any], spec: LearnerSpec) -> QLearning
         grid_values=None if grid is None else tuple(float(v) for v in grid),
         q_init_args=q_init_args, feedback=hyper["feedback"], target=hyper["target"],
         turns=spec.turns, obs_grid=obs_grid_settings(hyper["obs_grid"], hyper, spec, num_digits),
-        **exploration_settings(hyper))
+        **firm, **exploration_settings(hyper))
 
 
 def make(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
@@ -803,9 +1107,10 @@ def make(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:
 
 def equilibrium_actions(hyper: Mapping[str, Any], spec: LearnerSpec, n: int) -> ActionSet:
     """The static game's actions of one market's ``n`` agents: the price grid, for every
-    agent and product."""
-    prices = np.asarray(grid_of(qlearning_settings(hyper, spec)).prices)
-    return ActionSet.from_grid(np.broadcast_to(prices, (n, spec.num_products, prices.size)))
+    agent and product (per-firm grids: each agent its own)."""
+    prices = grid_of(qlearning_settings(hyper, spec)).table(n)                 # [n, m]
+    return ActionSet.from_grid(np.broadcast_to(prices[:, None, :],
+                                               (n, spec.num_products, prices.shape[-1])))
 
 
 def convergence(state: QLearningState) -> dict:

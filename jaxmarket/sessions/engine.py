@@ -190,7 +190,6 @@ def xla_chunk(game: SessionGame, length: int, tail_start: int, devices: int = 1)
     """Jitted ``(sessions, first_period) -> sessions`` of ``length`` periods of every
     session (the learner's ``act``/``update``; module docstring)."""
     learner, n = game.learner, game.sellers
-    prices = game.grid.prices
     seat, num_turns = _seats(game)
 
     random = game.probs is not None
@@ -208,7 +207,7 @@ def xla_chunk(game: SessionGame, length: int, tail_start: int, devices: int = 1)
             reward, next_obs = game.reward[outcome, row], game.obs[outcome, row]
         else:
             reward, next_obs = game.reward[row], game.obs[row]
-        batch = Transition(obs=obs[None], action=prices[index][None, :, None],
+        batch = Transition(obs=obs[None], action=game.grid.profile_price(index)[None, :, None],
                            reward=reward[None], next_obs=next_obs[None],
                            done=jnp.zeros((1, n), bool), aux={"action_index": chosen[None]})
         state, _ = learner.update(state, batch)
@@ -236,7 +235,6 @@ def greedy_cycle(game: SessionGame, sessions: Sessions, first_period: int):
     periods (module docstring)."""
     seat, num_turns = _seats(game)
     horizon = game.grid.size ** game.sellers   # states at a turn-cycle boundary
-    prices = game.grid.prices
 
     def one(state, index):
         greedy = state.replace(converged=jnp.ones_like(state.converged))
@@ -246,7 +244,8 @@ def greedy_cycle(game: SessionGame, sessions: Sessions, first_period: int):
             chosen = aux["action_index"]
             index = chosen if seat is None else jnp.where(t % num_turns == seat, chosen, index)
             row = game.row(index)
-            return index, jnp.stack([game.reward[row], game.fees[row], prices[index]])
+            return index, jnp.stack([game.reward[row], game.fees[row],
+                                     game.grid.profile_price(index)])
 
         def turn_cycle(index, _):
             t = jnp.uint32(first_period) + jnp.arange(num_turns, dtype=jnp.uint32)
@@ -279,7 +278,7 @@ def expected_play(game: SessionGame, sessions: Sessions):
     rows = jnp.arange(J, dtype=jnp.int32)
     digits = (rows[:, None] // jnp.asarray(game.radix, jnp.int32)) % m
     per_row = jnp.stack([game.reward, game.fees,
-                         jnp.broadcast_to(game.grid.prices[digits], (K, J, n))], axis=-2)
+                         jnp.broadcast_to(game.grid.profile_price(digits), (K, J, n))], axis=-2)
 
     def one(state, index, outcome):
         greedy = state.replace(converged=jnp.ones_like(state.converged))
@@ -439,7 +438,7 @@ class Runner:
             game=game, cycle_reward=np.asarray(reward, np.float64),
             cycle_fees=np.asarray(fees, np.float64), cycle_price=np.asarray(price, np.float64),
             cycle_length=np.asarray(length), greedy_index=np.asarray(greedy),
-            greedy_price=np.asarray(game.grid.prices[greedy]),
+            greedy_price=np.asarray(game.grid.profile_price(greedy)),
             greedy_reward=np.asarray(game.expected_reward[row], np.float64),
             greedy_fees=np.asarray(game.expected(game.fees)[row], np.float64),
             tail_reward=np.asarray(sessions.tail, np.float64) / max(window, 1),

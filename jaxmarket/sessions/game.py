@@ -10,6 +10,9 @@ then plays all sessions against those tables (:mod:`jaxmarket.sessions.engine`):
 
     reward[j] [n], obs[j] [n, D], fees[j] [n]    for every profile j = sum_i a_i m^(n-1-i)
 
+with seller ``i`` at price ``grid_i[a_i]``: the learner's one grid, or each seller's own
+(per-firm grids, :class:`~jaxmarket.learners.qlearning.FirmGrids`).
+
 This is exact for markets whose period outcome depends only on the prices in force:
 one agent group (a seller group, the only one), constant demand, a deterministic
 distributor and observations of the current profile (``empty``, ``own_price``,
@@ -32,8 +35,8 @@ import numpy as np
 from jaxmarket.combinators.rewards import is_random
 from jaxmarket.learners.base import LEARNERS, Learner, LearnerSpec
 from jaxmarket.learners.controller import group_learner_spec
-from jaxmarket.learners.qlearning import (PriceGrid, QLearningSettings, grid_of, obs_grid_of,
-                                          qlearning_settings)
+from jaxmarket.learners.qlearning import (FirmGrids, PriceGrid, QLearningSettings, grid_of,
+                                          obs_grid_of, qlearning_settings)
 from jaxmarket.market.distributors import DISTRIBUTORS
 from jaxmarket.market.env import MarketEnv
 from jaxmarket.market.equilibrium import outcomes
@@ -54,7 +57,7 @@ class SessionGame:
     group: str
     learner: Learner
     spec: LearnerSpec
-    grid: PriceGrid
+    grid: PriceGrid | FirmGrids   # one grid, or each seller's own (FirmGrids)
     radix: tuple[int, ...]     # m^(n-1-i): profile (grid indices) -> table row
     reward: jax.Array          # [m^n, n] float32 ([K, m^n, n] with K outcomes)
     obs: jax.Array             # [m^n, n, D] float32 ([K, m^n, n, D])
@@ -182,7 +185,8 @@ def make_game(plan: RunPlan) -> SessionGame:
     if m ** n > MAX_PROFILES:
         raise ValueError(f"session engine: {m}^{n} joint prices are too many for the tables "
                          f"(at most {MAX_PROFILES})")
-    profiles = grid.prices[jnp.asarray(np.indices((m,) * n).reshape(n, -1).T)]   # [J, n]
+    # profile j's prices: seller i's own grid price a_i (grid.profile_price)
+    profiles = grid.profile_price(jnp.asarray(np.indices((m,) * n).reshape(n, -1).T))  # [J, n]
     found = outcomes(plan.env)
     tables = [outcome_tables(env, plan.params, group, profiles) for _, env in found]
     probs = None if len(found) == 1 else tuple(p for p, _ in found)
@@ -197,7 +201,7 @@ def make_game(plan: RunPlan) -> SessionGame:
 
     def payoff(prices: jax.Array) -> jax.Array:
         """One-shot (expected) payoffs of a profile ``[n, 1]`` (snapped to the grid)."""
-        return expected[jnp.sum(grid.nearest_index(prices[:, 0]) * weights)]
+        return expected[jnp.sum(grid.profile_index(prices[:, 0]) * weights)]
 
     spec = dataclasses.replace(env_spec, payoff=payoff)
     learner = LEARNERS["q_learning"].make(hyper, spec)
