@@ -59,6 +59,7 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
 from jaxmarket.learners.base import Transition
+from jaxmarket.sessions.calibration import kept_rounding
 from jaxmarket.sessions.game import SessionGame, kernel_reason, make_game
 
 BACKENDS = ("auto", "xla", "kernel")
@@ -377,19 +378,25 @@ class Runner:
         (``key(0)``) of the run's own batch size (XLA's choice depends on it: both
         multiply-adds fused at 512 sessions of the 15-price duopoly, neither at 4096), so
         a resumed run finds the same. Where no rounding reproduces it, the run goes to
-        the xla backend (``note`` says so). A runner given ``rounding`` (one block of a
-        run spread over a cluster: :mod:`jaxmarket.cluster.blocks`) plays that one."""
+        the xla backend (``note`` says so). The answer is kept beside JAX's
+        compilation cache (:mod:`jaxmarket.sessions.calibration`). A runner given
+        ``rounding`` (one block of a run spread over a cluster:
+        :mod:`jaxmarket.cluster.blocks`) plays that one."""
         if self._fixed_rounding is not None:
             return self._fixed_rounding
         if size not in self._rounding:
-            from jaxmarket.sessions.kernel import calibrate
-            probe = init_sessions(self.game, size, jax.random.key(0))
-            with jax.threefry_partitionable(False):
-                found = calibrate(self.game, probe, 0, self.tail_start, xla_chunk)
+            found = kept_rounding(self.game, size, self.tail_start,
+                                  lambda: self._calibrate(size))
             if found is None:
                 raise _KernelMismatch
             self._rounding[size] = found
         return self._rounding[size]
+
+    def _calibrate(self, size: int) -> tuple[bool, bool] | None:
+        from jaxmarket.sessions.kernel import calibrate
+        probe = init_sessions(self.game, size, jax.random.key(0))
+        with jax.threefry_partitionable(False):
+            return calibrate(self.game, probe, 0, self.tail_start, xla_chunk)
 
     def learning(self, sessions: Sessions) -> np.ndarray:
         return ~np.asarray(sessions.learner.converged, bool)

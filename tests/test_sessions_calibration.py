@@ -1,0 +1,88 @@
+"""The kernel's rounding kept beside JAX's compilation cache
+(jaxmarket.sessions.calibration): a kept answer is the calibration's, it is read back
+instead of calibrating again, and any change to the question asks afresh."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from jaxmarket.config.loader import load_config
+from jaxmarket.sessions import calibration
+from jaxmarket.sessions import engine as eng
+from jaxmarket.sessions.game import make_game
+from jaxmarket.sessions.run import session_plan
+
+
+@pytest.fixture(scope="module")
+def game():
+    return make_game(session_plan(load_config("configs/calvano.yaml", [
+        "learners.sellers.grid_size=5", "train.num_seeds=64"])))
+
+
+@pytest.fixture
+def cache(tmp_path):
+    before = jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path))
+    yield tmp_path / calibration.FOLDER
+    jax.config.update("jax_compilation_cache_dir", before)
+
+
+def _settings(sessions: int = 64) -> eng.Settings:
+    return eng.Settings(sessions=sessions, periods=2000, chunk=1000, backend="kernel")
+
+
+def test_a_kept_rounding_is_the_calibrations_and_is_read_back(game, cache, monkeypatch):
+    fresh = eng.Runner(game, _settings())._calibrate(64)      # asked of XLA's program
+    runner = eng.Runner(game, _settings())                     # calibrates, keeps it
+    kept = list(cache.glob("*.json"))
+    assert len(kept) == 1 and runner.rounding(64) == fresh
+    assert json.loads(kept[0].read_text())["rounding"] == list(fresh)
+
+    def fail(self, size):
+        raise AssertionError("calibrated again")
+    monkeypatch.setattr(eng.Runner, "_calibrate", fail)
+    assert eng.Runner(game, _settings()).rounding(64) == fresh   # read back
+    with pytest.raises(AssertionError, match="calibrated again"):
+        eng.Runner(game, _settings(128))                       # another batch size: asked
+
+
+def test_without_a_cache_every_run_calibrates(game, monkeypatch):
+    before = jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_compilation_cache_dir", None)
+    calls = []
+    monkeypatch.setattr(eng.Runner, "_calibrate",
+                        lambda self, size: calls.append(size) or (True, True))
+    try:
+        eng.Runner(game, _settings())
+        eng.Runner(game, _settings())
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)
+    assert calls == [64, 64]
+
+
+def test_the_fingerprint_changes_with_every_part_of_the_question(game):
+    base = calibration.fingerprint(game, 64, 0)
+    assert calibration.fingerprint(game, 64, 0) == base        # a function of the question
+    reward = np.asarray(game.reward).copy()
+    reward[3, 1] = np.nextafter(reward[3, 1], np.float32(np.inf))   # one ulp of one entry
+    changed = dataclasses.replace(game, reward=jax.numpy.asarray(reward))
+    settings = dataclasses.replace(game.settings,
+                                   learning_rate=game.settings.learning_rate * 0.5)
+    others = {calibration.fingerprint(game, 128, 0), calibration.fingerprint(game, 64, 1000),
+              calibration.fingerprint(changed, 64, 0),
+              calibration.fingerprint(dataclasses.replace(game, settings=settings), 64, 0)}
+    assert base not in others and len(others) == 4
+
+
+def test_an_unreadable_kept_answer_is_calibrated_and_written_again(game, cache):
+    cache.mkdir(parents=True)
+    path = cache / f"{calibration.fingerprint(game, 64, 1000)}.json"
+    path.write_text("{not json")
+    assert calibration.kept_rounding(game, 64, 1000, lambda: (False, True)) == (False, True)
+    assert json.loads(path.read_text())["rounding"] == [False, True]
+    assert calibration.kept_rounding(game, 64, 1000, lambda: (True, True)) == (False, True)
