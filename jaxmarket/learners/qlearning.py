@@ -852,7 +852,7 @@ def init(settings: QLearningSettings, key: jax.Array,
 def act(settings: QLearningSettings, state: QLearningState, obs: jax.Array, key: jax.Array):
     grid, m = grid_of(settings), settings.grid_size
     num_agents = obs.shape[0]
-    s = grid.state_index(obs)                               # [A]
+    s = obs_grid_of(settings).state_index(obs)              # [A]: the state update writes
     if settings.boltzmann is not None:
         # softmax over Q(s, .) / T_t, written as (Q - max Q) / T so that a temperature
         # that has decayed to (almost) zero is greedy play (first index on ties)
