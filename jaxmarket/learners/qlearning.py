@@ -40,6 +40,14 @@ computed from the per-market ``LearnerSpec.payoff`` on all ``m^n`` joint grid ac
 of one market's ``n = agents_per_market`` agents with ``vmap``; slot ``i`` gets the row
 of agent ``i % n`` of its market, averaged onto policies.
 
+Per-firm settings: ``learning_rate``, ``exploration_decay``, ``discount`` and ``q_init``
+may be lists of one value per firm (firm ``i`` is agent ``i`` of its market; slot ``j``
+plays firm ``j mod n``), so firm ``i`` updates with its own ``alpha_i``, ``delta_i``
+(``r + delta_i max_a' Q[s', a']``), explores with ``exp(-beta_i t)`` and starts from
+its own ``Q0`` (``random_rival``: ``/ (1 - delta_i)``). ``alpha`` and ``beta`` live in
+the per-policy ``state.hyper`` arrays, ``delta`` is a per-slot constant array; a list of
+equal values resolves to the number itself.
+
 Parameters are stacked per policy; agents sharing a policy apply their updates of one
 period together (their increments add up). The state keeps one packed table
 ``rows [num_policies, m^D, m + 1]``: columns ``0 .. m-1`` are ``Q[s, .]`` and column
