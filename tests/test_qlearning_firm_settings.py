@@ -177,10 +177,14 @@ def test_loop_learner_holds_each_slots_firm_values():
     ("learners.sellers.q_init=[zero, zero, zero]", "learners.sellers.q_init", "a list of 2"),
     ("learners.sellers.q_init=[zero, {kind: uniform, low: 0, high: 1}]",
      "learners.sellers.q_init", "where one is uniform"),
+    ("learners.sellers.exploration_decay=[1e-5, 2e-5]", "learners.sellers.exploration_decay",
+     "epsilon.decay"),
 ])
 def test_bad_per_firm_settings_are_config_errors_naming_the_field(item, field, says):
+    extra = ("learners.sellers.epsilon={start: 1.0, decay: 1e-5}",) if says == \
+        "epsilon.decay" else ()
     with pytest.raises(ConfigError) as err:
-        game(item)
+        game(item, *extra)
     # the field itself, or its entry (learners.sellers.exploration_decay[1])
     assert err.value.field.split("[")[0] == field and says in err.value.allowed, err.value
 

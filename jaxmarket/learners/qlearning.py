@@ -1082,6 +1082,9 @@ def exploration_settings(hyper: Mapping[str, Any], firms: int) -> dict[str, Any]
     out = {"exploration_decay": firm_setting("exploration_decay", hyper["exploration_decay"],
                                              firms)}
     if hyper["epsilon"] is not None:
+        if isinstance(out["exploration_decay"], tuple):
+            raise _error("exploration_decay", hyper["exploration_decay"], "its default with "
+                         "epsilon (epsilon.decay, one for every firm, replaces it)")
         eps = _sub_settings(EPSILON_FIELDS, hyper["epsilon"], "epsilon")
         out.update(exploration_decay=eps["decay"], epsilon_start=eps["start"])
     if hyper["boltzmann"] is not None:
