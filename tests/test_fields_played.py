@@ -185,7 +185,11 @@ VALUES = {
     ("learner", "q_learning", "memory"): Several(0, 2),
     ("learner", "q_learning", "epsilon"): {"start": 0.5, "decay": 1e-3},
     ("learner", "q_learning", "boltzmann"): {"temperature": 1.0, "decay": 0.999},
-    ("learner", "q_learning", "q_init"): "zero",
+    ("learner", "q_learning", "q_init"): Several("zero", ["random_rival", "zero"]),
+    # one value, and one per firm (the second firm's changed)
+    ("learner", "q_learning", "learning_rate"): Several(0.225, [0.15, 0.3]),
+    ("learner", "q_learning", "discount"): Several(0.475, [0.95, 0.5]),
+    ("learner", "q_learning", "exploration_decay"): Several(6e-6, [4e-6, 1e-5]),
     ("learner", "q_learning", "obs_grid"): {"low": 1.0, "high": 2.0, "size": 7},
     ("learner", "ppo", "hidden_sizes"): [5],
     ("learner", "ppo", "num_minibatches"): 2,

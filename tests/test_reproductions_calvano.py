@@ -331,3 +331,21 @@ def test_cost_asymmetry_designs_give_each_firm_its_calvano_grid(name, c2):
         economics.logit_profits(pn, cost=cost).mean(), abs=1e-4)
     assert bench["joint_profit"] == pytest.approx(
         economics.logit_profits(pm, cost=cost).mean(), abs=1e-4)
+
+
+def test_quality_asymmetry_design_is_the_cost_design_with_firm_2_shifted():
+    """Logit demand exp((a_i - p_i) / mu) and profit (p_i - c_i) q_i: a firm of quality
+    2.25 and cost 1 is the firm of quality 2 and cost 0.75 with its prices 0.25 higher,
+    so calvano2020_quality225's Calvano grids are calvano2020_cost075's with firm 2's
+    shifted by 0.25, its outcome tables the same profits, and the bounds hold both."""
+    games = {}
+    for name in ("calvano2020_quality225", "calvano2020_cost075"):
+        d = find_design(name)
+        games[name] = make_game(session_run.session_plan(load_config(d.config, d.overrides)))
+    quality, cost = games["calvano2020_quality225"], games["calvano2020_cost075"]
+    shifted = np.asarray(cost.grid.prices, np.float64) + np.array([[0.0], [0.25]])
+    np.testing.assert_allclose(np.asarray(quality.grid.prices, np.float64), shifted,
+                               atol=2e-5)
+    np.testing.assert_allclose(np.asarray(quality.reward), np.asarray(cost.reward),
+                               rtol=2e-4, atol=2e-5)
+    assert find_design("calvano2020_quality225").published is None

@@ -107,7 +107,7 @@ class Strategies:
     profits): every agent's one-shot profit of each price profile, row = its mixed-radix
     number. ``discount`` (optional: the default of :func:`impulse_response_all`): the
     learners' discount factor, from the run's config where the strategies come from a
-    run."""
+    run (a tuple: each agent's own, agent ``i``'s ``delta_i``)."""
 
     greedy: np.ndarray
     last: np.ndarray
@@ -116,7 +116,7 @@ class Strategies:
     profit_table: np.ndarray | None = None
     converged: np.ndarray | None = None
     source: str = "strategies"
-    discount: float | None = None
+    discount: float | tuple[float, ...] | None = None
 
     @property
     def sessions(self) -> int:
@@ -288,12 +288,16 @@ def strategies_from_npz(directory: str | Path) -> Strategies:
                       source=str(path), discount=_npz_discount(path))
 
 
-def _discount_of(kind: str, hyper: dict) -> float:
-    """A replayable group's discount factor: q_learning's ``discount``, ppo's ``gamma``."""
-    return float(hyper["gamma"] if kind == "ppo" else hyper["discount"])
+def _discount_of(kind: str, hyper: dict) -> float | tuple[float, ...]:
+    """A replayable group's discount factor: q_learning's ``discount`` (a tuple of each
+    firm's own where the config gives a list), ppo's ``gamma``."""
+    value = hyper["gamma"] if kind == "ppo" else hyper["discount"]
+    if isinstance(value, (list, tuple)):
+        return tuple(float(v) for v in value)
+    return float(value)
 
 
-def _npz_discount(path: Path) -> float | None:
+def _npz_discount(path: Path) -> float | tuple[float, ...] | None:
     """The discount of the run whose ``strategies.npz`` ``path`` is (its ``config.yaml``
     beside it); None for a file on its own."""
     run = path.parent
@@ -695,8 +699,12 @@ def state_values(game: _Game, delta: float) -> np.ndarray:
     return np.concatenate(parts)
 
 
-def _discount(delta: float | None, s: Strategies) -> float:
+def _discount(delta: float | None, s: Strategies, agent: int = 0) -> float:
+    """The ``delta`` of ``agent``'s discounted gain: ``delta`` given, else the run's
+    learners' (each agent's own where they differ: agent ``i``'s ``delta_i``)."""
     delta = s.discount if delta is None else delta
+    if isinstance(delta, tuple) and len(delta) == s.agents:
+        delta = delta[agent]
     if delta is None:
         raise ConfigError("discount", None, "the learners' discount factor (these "
                           "strategies come without a run config): pass discount=")
@@ -726,7 +734,7 @@ def impulse_response_all(run: Any, agent: int = 0, periods: int = 15,
     if s.profit_table is None:
         raise ConfigError("deviation", "all", "a price: these strategies have no profit "
                           "table (the gains of the deviations need one)")
-    delta = _discount(discount, s)
+    delta = _discount(discount, s, agent)
     session, _, digits, length, on_cycle = _cycle_points(game)
     P = len(session)
     # one row per (cycle point, price), price fastest

@@ -8,6 +8,7 @@ validates a user mapping against it and returns the resolved values, raising
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -55,6 +56,8 @@ class Field:
       ``"choice"`` one of ``choices``;
       ``"floats"`` a non-empty list of finite numbers, each within the bounds;
       ``"ints"``   a list of integers, each within the bounds;
+      ``"firm_float"`` a ``"float"``, or a non-empty list of them (one per firm: the
+                   learner checks the length against the firms of a market);
       ``"entity"`` a number per entity and product: a scalar, a per-product list of
                    length ``num_products`` or a ``[count, num_products]`` nested list
                    (resolved to a float32 array of that shape by the group loader);
@@ -83,6 +86,7 @@ class Field:
                 "int": "an integer",
                 "floats": "a non-empty list of finite numbers",
                 "ints": "a list of integers",
+                "firm_float": "a finite number or a list of one per firm, each",
                 "entity": "a number, a list of one number per product, or a [count, products] array",
                 "any": "any value",
             }[self.kind]
@@ -131,6 +135,10 @@ def _numeric_string(value: Any) -> Any:
 
 def check_value(field: Field, value: Any, where: str) -> Any:
     """Validate one value (not ``"entity"`` fields, which need shapes)."""
+    if field.kind == "firm_float":
+        if isinstance(value, (list, tuple)):
+            return check_value(dataclasses.replace(field, kind="floats"), value, where)
+        return check_value(dataclasses.replace(field, kind="float"), value, where)
     if field.kind in ("float", "int"):
         value = _numeric_string(value)
     elif field.kind in ("floats", "ints") and isinstance(value, (list, tuple)):

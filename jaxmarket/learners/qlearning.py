@@ -40,6 +40,14 @@ computed from the per-market ``LearnerSpec.payoff`` on all ``m^n`` joint grid ac
 of one market's ``n = agents_per_market`` agents with ``vmap``; slot ``i`` gets the row
 of agent ``i % n`` of its market, averaged onto policies.
 
+Per-firm settings: ``learning_rate``, ``exploration_decay``, ``discount`` and ``q_init``
+may be lists of one value per firm (firm ``i`` is agent ``i`` of its market; slot ``j``
+plays firm ``j mod n``), so firm ``i`` updates with its own ``alpha_i``, ``delta_i``
+(``r + delta_i max_a' Q[s', a']``), explores with ``exp(-beta_i t)`` and starts from
+its own ``Q0`` (``random_rival``: ``/ (1 - delta_i)``). ``alpha`` and ``beta`` live in
+the per-policy ``state.hyper`` arrays, ``delta`` is a per-slot constant array; a list of
+equal values resolves to the number itself.
+
 Parameters are stacked per policy; agents sharing a policy apply their updates of one
 period together (their increments add up). The state keeps one packed table
 ``rows [num_policies, m^D, m + 1]``: columns ``0 .. m-1`` are ``Q[s, .]`` and column
@@ -98,11 +106,13 @@ HYPER_FIELDS: dict[str, Field] = {
                       "joint-optimum prices with prices free"),
     "memory": Field("int", default=1, low=0,
                     doc="price profiles remembered k (0: stateless, one state)"),
-    "learning_rate": Field("float", default=0.15, low=0.0, high=1.0, low_open=True,
-                           doc="alpha"),
-    "discount": Field("float", default=0.95, low=0.0, high=1.0, doc="delta"),
-    "exploration_decay": Field("float", default=4e-6, low=0.0,
-                               doc="beta in eps_t = exp(-beta t)"),
+    "learning_rate": Field("firm_float", default=0.15, low=0.0, high=1.0, low_open=True,
+                           doc="alpha; a list [alpha_1, ..., alpha_n]: each firm's own"),
+    "discount": Field("firm_float", default=0.95, low=0.0, high=1.0,
+                      doc="delta; a list [delta_1, ..., delta_n]: each firm's own"),
+    "exploration_decay": Field("firm_float", default=4e-6, low=0.0,
+                               doc="beta in eps_t = exp(-beta t); a list [beta_1, ..., "
+                                   "beta_n]: each firm's own"),
     "epsilon": Field("any", default=None, optional=True,
                      doc="{start: eps0, decay: beta}: eps_t = eps0 exp(-beta t) (replaces "
                          "exploration_decay; start 0: always greedy)"),
@@ -115,7 +125,8 @@ HYPER_FIELDS: dict[str, Field] = {
                     doc="initial Q: random_rival (payoff against uniform rivals / "
                         "(1 - delta)), zero, {kind: constant, value: v} or "
                         "{kind: uniform, low: l, high: h} (independent draws per state "
-                        "and action)"),
+                        "and action); a list of one per firm: each firm's own (uniform "
+                        "only for every firm alike)"),
     "feedback": Field("choice", default="taken", choices=("taken", "full"),
                       doc="taken: learn from the action played; full: update every "
                           "action's Q of the visited state with the payoff it would have "
@@ -597,12 +608,13 @@ def _check_joint_actions(m: int, agents_per_market: int) -> None:
 
 
 def random_rival_q(payoff: Any, grid: jax.Array, agents_per_market: int,
-                   discount: float) -> jax.Array:
+                   discount: float | tuple[float, ...]) -> jax.Array:
     """``[n, m]`` (``n = agents_per_market``): each agent's mean payoff of each grid price
     against uniformly random grid prices of the other agents of its market, divided by
     ``1 - discount``. ``payoff`` is the per-market one-shot payoff ``[n, 1] -> [n]``;
     ``grid`` ``[m]``, or ``[n, m]`` each agent's own grid (agent ``i`` plays
-    ``grid[i, a_i]``)."""
+    ``grid[i, a_i]``); ``discount``: one ``delta``, or a tuple of each agent's own
+    ``delta_i`` (row ``i`` divided by ``1 - delta_i``)."""
     m = int(grid.shape[-1])
     n = agents_per_market
     _check_joint_actions(m, n)
@@ -613,6 +625,8 @@ def random_rival_q(payoff: Any, grid: jax.Array, agents_per_market: int,
     rewards = jax.vmap(payoff)(prices[..., None])  # [J, n]
     own_price = jax.nn.one_hot(joint, m, dtype=rewards.dtype)  # [J, n, m]
     mean_payoff = jnp.einsum("ja,jam->am", rewards, own_price) / (num_joint // m)
+    if isinstance(discount, tuple):
+        return mean_payoff / np.asarray([1.0 - d for d in discount], np.float32)[:, None]
     return mean_payoff / (1.0 - discount)
 
 
@@ -643,11 +657,13 @@ class QLearningSettings:
     grid_high: float
     grid_size: int              # m
     num_digits: int             # D = obs_dim: observed prices per state (0: stateless)
-    learning_rate: float        # alpha
-    discount: float             # delta
-    exploration_decay: float    # beta
+    # alpha, delta, beta: one float for every firm, or a tuple of one per firm (firm i is
+    # agent i of its market: slot j plays firm j % agents_per_market's)
+    learning_rate: float | tuple[float, ...]        # alpha
+    discount: float | tuple[float, ...]             # delta
+    exploration_decay: float | tuple[float, ...]    # beta
     convergence_window: int
-    q_init: str
+    q_init: str | tuple[str, ...]   # a kind, or one per firm (then q_init_args: one per firm)
     num_sessions: int
     num_slots: int
     slots_per_session: int
@@ -660,7 +676,7 @@ class QLearningSettings:
     grid_values: tuple[float, ...] | None = None   # an explicit grid (else the linspace)
     epsilon_start: float = 1.0                      # eps0 of eps_t = eps0 exp(-beta t)
     boltzmann: tuple[float, float] | None = None    # (T0, rho): T_t = T0 rho^t
-    q_init_args: tuple[float, ...] = ()             # constant: (v,); uniform: (low, high)
+    q_init_args: tuple = ()                         # constant: (v,); uniform: (low, high)
     feedback: str = "taken"                         # "taken" | "full"
     target: str = "simultaneous"                    # "simultaneous" | "sequential"
     turns: tuple[int, int] | None = None            # LearnerSpec.turns: (n, first)
@@ -755,6 +771,31 @@ def per_slot(settings: QLearningSettings, x: jax.Array) -> jax.Array:
     return jnp.repeat(x, settings.slots_per_session, total_repeat_length=settings.num_slots)
 
 
+def slot_values(settings: QLearningSettings, value: float | tuple[float, ...],
+                power: int = 1) -> Any:
+    """A per-firm setting ``v`` raised to ``power`` for each slot: the float ``v^power``
+    itself where every firm shares it (played exactly as before per-firm settings), else
+    ``[A]`` float32 constants, slot ``j`` taking firm ``j mod n``'s ``v_f^power``."""
+    if not isinstance(value, tuple):
+        return value if power == 1 else value ** power
+    firm = np.arange(settings.num_slots) % settings.agents_per_market
+    return np.asarray([value[f] ** power for f in firm], np.float32)
+
+
+def policy_values(value: float | tuple[float, ...], index: Any, firms: int,
+                  policies: int) -> np.ndarray | None:
+    """``[K]`` float32: each policy's value of a per-firm setting from the firms of the
+    slots it drives (slot ``j``: firm ``j mod n``; a policy no slot drives: firm 0's);
+    None where one policy is driven by firms with different values."""
+    index = np.asarray(index, np.int64)
+    if not isinstance(value, tuple):
+        return np.full((policies,), value, np.float32)
+    slot = np.asarray(value, np.float32)[np.arange(index.size) % firms]
+    out = np.full((policies,), slot[0], np.float32)
+    out[index] = slot
+    return out if np.array_equal(out[index], slot) else None
+
+
 def any_per_session(settings: QLearningSettings, x: jax.Array) -> jax.Array:
     """``[A]`` bool -> ``[S]``: whether any slot of each session is set."""
     if settings.num_sessions == 1:
@@ -801,7 +842,16 @@ def initial_q(settings: QLearningSettings, key: jax.Array, payoff: Any, n: int,
     if settings.q_init == "uniform":
         low, high = settings.q_init_args
         return jax.random.uniform(key, shape, jnp.float32, low, high)
-    if settings.q_init == "random_rival":
+    if isinstance(settings.q_init, tuple):   # each firm its own kind (none uniform)
+        rival = (random_rival_q(payoff, grid_of(settings).prices, n, settings.discount)
+                 if "random_rival" in settings.q_init else None)            # [n, m]
+        per_market = jnp.stack([
+            rival[i] if kind == "random_rival" else
+            jnp.full((m,), args[0] if kind == "constant" else 0.0, jnp.float32)
+            for i, (kind, args) in enumerate(zip(settings.q_init, settings.q_init_args))])
+        per_slot_rows = jnp.tile(per_market, (settings.num_slots // n, 1))  # slot i: i % n
+        per_policy = scatter_mean(per_slot_rows, index, policies)
+    elif settings.q_init == "random_rival":
         per_market = random_rival_q(payoff, grid_of(settings).prices, n,
                                     settings.discount)                     # [n, m]
         per_slot_rows = jnp.tile(per_market, (settings.num_slots // n, 1))  # slot i: i % n
@@ -843,10 +893,21 @@ def init(settings: QLearningSettings, key: jax.Array,
     return QLearningState(
         rows=rows, policy_index=index, step=jnp.zeros(shape, jnp.int32),
         stable_periods=jnp.zeros(shape, jnp.int32), converged=jnp.zeros(shape, bool),
-        hyper={"learning_rate": jnp.full((policies,), settings.learning_rate, jnp.float32),
-               "exploration_decay": jnp.full((policies,), settings.exploration_decay,
-                                             jnp.float32)},
+        hyper={name: _hyper(settings, name, index, n, policies) for name in PBT_HYPERPARAMS},
         pending=pending, clock=clock)
+
+
+def _hyper(settings: QLearningSettings, name: str, index: Any, firms: int,
+           policies: int) -> jax.Array:
+    """``[K]`` float32 initial ``state.hyper[name]``: the one value, or each policy's
+    firm's (as :func:`policy_values`)."""
+    value = getattr(settings, name)
+    if not isinstance(value, tuple):
+        return jnp.full((policies,), value, jnp.float32)
+    # slot j writes firm j mod n's value into its policy (qlearning_settings checked that
+    # the slots of a policy agree; ``index`` may be traced)
+    slot = np.asarray(value, np.float32)[np.arange(np.shape(index)[0]) % firms]
+    return jnp.full((policies,), slot[0], jnp.float32).at[index].set(jnp.asarray(slot))
 
 
 def act(settings: QLearningSettings, state: QLearningState, obs: jax.Array, key: jax.Array):
@@ -893,9 +954,11 @@ def sequential_target(settings: QLearningSettings, state: QLearningState, s, a, 
     lag = jnp.mod(state.clock - phase, n)                   # [A]: 0 in the slot's turn
     mover = lag == 0
     value_now = jnp.max(state.rows[state.policy_index, s, :m], axis=-1)
-    target = pending["acc"] + np.float32(settings.discount ** n) * value_now
+    delta_n = slot_values(settings, settings.discount, n)           # delta^n (per slot)
+    target = pending["acc"] + np.float32(delta_n) * value_now
     due = mover & pending["valid"]
-    weight = jnp.power(np.float32(settings.discount), lag.astype(jnp.float32))
+    weight = jnp.power(np.float32(slot_values(settings, settings.discount)),
+                       lag.astype(jnp.float32))
     new_pending = {"s": jnp.where(mover, s, pending["s"]),
                    "a": jnp.where(mover, a, pending["a"]),
                    "acc": jnp.where(mover, r, pending["acc"] + weight * r),
@@ -922,7 +985,8 @@ def learn_one_period(settings: QLearningSettings, state: QLearningState, period)
     alpha_slot = state.hyper["learning_rate"][policy]
     if settings.target != "sequential":
         next_value = jnp.max(state.rows[policy, s_next, :m], axis=-1)
-        continuation = settings.discount * jnp.where(done, 0.0, next_value)
+        continuation = slot_values(settings, settings.discount) * jnp.where(done, 0.0,
+                                                                            next_value)
         target = r + continuation
     if cf is not None:   # every action of the row: what it would have earned
         payoffs = jnp.where(is_action, r[:, None], cf)
@@ -1010,13 +1074,17 @@ def _sub_settings(fields: Mapping[str, Field], value: Any, name: str,
     return check_mapping(fields, value, f"learners.q_learning.{name}", ignore=ignore)
 
 
-def exploration_settings(hyper: Mapping[str, Any]) -> dict[str, Any]:
+def exploration_settings(hyper: Mapping[str, Any], firms: int) -> dict[str, Any]:
     """``exploration_decay`` / ``epsilon`` / ``boltzmann`` -> settings fields."""
     if hyper["epsilon"] is not None and hyper["boltzmann"] is not None:
         raise _error("boltzmann", hyper["boltzmann"], "null when epsilon is set (one "
                      "exploration rule: epsilon-greedy or Boltzmann)")
-    out = {"exploration_decay": hyper["exploration_decay"]}
+    out = {"exploration_decay": firm_setting("exploration_decay", hyper["exploration_decay"],
+                                             firms)}
     if hyper["epsilon"] is not None:
+        if isinstance(out["exploration_decay"], tuple):
+            raise _error("exploration_decay", hyper["exploration_decay"], "its default with "
+                         "epsilon (epsilon.decay, one for every firm, replaces it)")
         eps = _sub_settings(EPSILON_FIELDS, hyper["epsilon"], "epsilon")
         out.update(exploration_decay=eps["decay"], epsilon_start=eps["start"])
     if hyper["boltzmann"] is not None:
@@ -1040,6 +1108,41 @@ def q_init_settings(value: Any) -> tuple[str, tuple[float, ...]]:
     if kind == "uniform" and not args["high"] > args["low"]:
         raise _error("q_init.high", args["high"], f"a value above low ({args['low']})")
     return kind, tuple(float(v) for v in args.values())
+
+
+#: the settings a list may give per firm (besides q_init and the grid's)
+FIRM_SETTINGS = ("learning_rate", "discount", "exploration_decay")
+
+
+def firm_setting(field: str, value: Any, firms: int) -> float | tuple[float, ...]:
+    """A checked per-firm setting: a number (every firm's), or a list of ``F`` numbers
+    (``F`` firms: the agents of a market), each firm's own; a list of ``F`` equal
+    numbers is that number (it plays exactly as the number does)."""
+    if not isinstance(value, (list, tuple)):
+        return float(value)
+    if len(value) != firms:
+        raise _error(field, list(value), f"a number, or a list of {firms} numbers: one per "
+                     f"firm (agent of a market) of the group")
+    values = tuple(float(v) for v in value)
+    return values[0] if len(set(values)) == 1 else values
+
+
+def firm_q_init(value: Any, firms: int) -> tuple[Any, tuple]:
+    """``q_init`` resolved (:func:`q_init_settings`): one kind, or a list of ``F`` (one per
+    firm: ``(kinds, args)`` tuples of ``F``; equal entries are the one kind). Per-firm
+    kinds are random_rival, zero and constant (uniform draws only alike for every firm)."""
+    if not isinstance(value, (list, tuple)):
+        return q_init_settings(value)
+    if len(value) != firms:
+        raise _error("q_init", list(value), f"one initial Q, or a list of {firms}: one per "
+                     f"firm (agent of a market) of the group")
+    parsed = [q_init_settings(v) for v in value]
+    if len(set(parsed)) == 1:
+        return parsed[0]
+    if any(kind == "uniform" for kind, _ in parsed):
+        raise _error("q_init", list(value), "one q_init for every firm where one is uniform, "
+                     "or per-firm kinds among random_rival, zero and {kind: constant, ...}")
+    return tuple(k for k, _ in parsed), tuple(a for _, a in parsed)
 
 
 def check_feedback(hyper: Mapping[str, Any], spec: LearnerSpec) -> None:
@@ -1067,12 +1170,21 @@ def qlearning_settings(hyper: Mapping[str, Any], spec: LearnerSpec) -> QLearning
     low, high, m, num_digits = grid_bounds(hyper, spec)
     slots = spec.index().tolist()
     slots_per_session, _ = session_layout(spec)
-    q_init, q_init_args = q_init_settings(hyper["q_init"])
-    if q_init == "random_rival":
+    firms = spec.agents_per_market
+    per_firm = {name: firm_setting(name, hyper[name], firms) for name in FIRM_SETTINGS}
+    for name in ("learning_rate", "exploration_decay"):   # state.hyper: one per policy
+        if policy_values(per_firm[name], slots, firms, spec.policies) is None:
+            raise _error(name, list(per_firm[name]), "one value for every firm where firms "
+                         "share a Q table (policy)")
+    q_init, q_init_args = firm_q_init(hyper["q_init"], firms)
+    kinds = q_init if isinstance(q_init, tuple) else (q_init,) * firms
+    discounts = per_firm["discount"]
+    discounts = discounts if isinstance(discounts, tuple) else (discounts,) * firms
+    if "random_rival" in kinds:
         if spec.payoff is None:
             raise _error("q_init", q_init, "zero, constant or uniform: random_rival needs "
                          "the market's one-shot payoff (LearnerSpec.payoff)")
-        if hyper["discount"] >= 1.0:
+        if any(k == "random_rival" and d >= 1.0 for k, d in zip(kinds, discounts)):
             raise _error("q_init", q_init, "zero, constant or uniform with discount 1: "
                          "random_rival needs discount < 1")
         _check_joint_actions(m, spec.agents_per_market)
@@ -1086,7 +1198,7 @@ def qlearning_settings(hyper: Mapping[str, Any], spec: LearnerSpec) -> QLearning
                     digit_firm=digit_firms(hyper, spec, num_digits, form))
     return QLearningSettings(
         grid_low=low, grid_high=high, grid_size=m, num_digits=num_digits,
-        learning_rate=hyper["learning_rate"], discount=hyper["discount"],
+        learning_rate=per_firm["learning_rate"], discount=per_firm["discount"],
         convergence_window=hyper["convergence_window"], q_init=q_init,
         num_sessions=spec.num_sessions, num_slots=spec.num_agents,
         slots_per_session=slots_per_session,
@@ -1096,7 +1208,7 @@ def qlearning_settings(hyper: Mapping[str, Any], spec: LearnerSpec) -> QLearning
         grid_values=None if grid is None else tuple(float(v) for v in grid),
         q_init_args=q_init_args, feedback=hyper["feedback"], target=hyper["target"],
         turns=spec.turns, obs_grid=obs_grid_settings(hyper["obs_grid"], hyper, spec, num_digits),
-        **firm, **exploration_settings(hyper))
+        **firm, **exploration_settings(hyper, firms))
 
 
 def make(hyper: Mapping[str, Any], spec: LearnerSpec) -> Learner:

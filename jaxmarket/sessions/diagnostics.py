@@ -14,7 +14,9 @@ session at once.
 * **Value of the profile**, ``V_i(j) = sum_{t>=0} delta^t R[next^{t+1}(j), i]`` (the
   path from ``j`` is deterministic and ends in a cycle), summed by doubling: with
   ``A_0 = R[next(.)]`` and ``N_0 = next``, ``A_{k+1} = A_k + delta^{2^k} A_k o N_k`` and
-  ``N_{k+1} = N_k o N_k``, so ``A_k`` holds the first ``2^k`` terms.
+  ``N_{k+1} = N_k o N_k``, so ``A_k`` holds the first ``2^k`` terms. Where the firms'
+  learners discount differently (``discount: [delta_1, ..., delta_n]``), ``delta`` in
+  ``V_i`` and ``Q_i`` below is firm ``i``'s own ``delta_i``.
 * **True Q of the profile**: firm ``i`` plays ``a`` once in state ``j``, then everyone
   follows the profile, ``Q_i(j, a) = R[p, i] + delta V_i(p)`` with ``p`` the profile of
   ``a`` and the others' ``sigma_k(j)``.
@@ -34,6 +36,7 @@ session at once.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -59,15 +62,18 @@ class Diagnostics:
     on_path: np.ndarray
 
 
-def profile_values(reward: np.ndarray, nxt: np.ndarray, delta: float) -> np.ndarray:
+def profile_values(reward: np.ndarray, nxt: np.ndarray, delta: Any) -> np.ndarray:
     """``V [S, J, n]``: each firm's discounted profit from each state following the
-    profile, ``reward [J, n]``, ``nxt [S, J]`` the next state (module docstring)."""
+    profile, ``reward [J, n]``, ``nxt [S, J]`` the next state (module docstring);
+    ``delta`` one discount, or ``[n]`` each firm ``i``'s own ``delta_i`` (``V_i`` is
+    then discounted by ``delta_i``)."""
     R = np.asarray(reward, np.float64)
     acc = R[nxt]                                              # [S, J, n]: A_0
     hop = nxt.copy()                                          # N_0
     rows = np.arange(nxt.shape[0])[:, None]
-    weight = float(delta)
-    while weight > 0.0 and weight > 1e-300:                   # delta^(2^k): 2^k terms held
+    # delta: one for every firm, or [n] each firm's own (then the weight is per firm)
+    weight = float(delta) if np.ndim(delta) == 0 else np.asarray(delta, np.float64)
+    while np.max(weight) > 1e-300:                            # delta^(2^k): 2^k terms held
         acc = acc + weight * acc[rows, hop]
         hop = hop[rows, hop]
         weight = weight * weight
@@ -75,9 +81,10 @@ def profile_values(reward: np.ndarray, nxt: np.ndarray, delta: float) -> np.ndar
 
 
 def true_q(reward: np.ndarray, actions: np.ndarray, values: np.ndarray, m: int,
-           delta: float) -> np.ndarray:
+           delta: Any) -> np.ndarray:
     """``Q [S, J, n, m]``: firm ``i`` plays ``a`` once in state ``j``, the others their
-    ``actions [S, J, n]``, then everyone the profile (``values``: :func:`profile_values`)."""
+    ``actions [S, J, n]``, then everyone the profile (``values``: :func:`profile_values`);
+    ``delta``: one, or ``[n]`` each firm's own (``Q_i = R_i + delta_i V_i``)."""
     S, J, n = actions.shape
     radix = m ** np.arange(n - 1, -1, -1)                     # [n]
     others = (actions * radix).sum(-1)[..., None] - actions * radix   # [S, J, n]
@@ -85,7 +92,8 @@ def true_q(reward: np.ndarray, actions: np.ndarray, values: np.ndarray, m: int,
     own = np.arange(n)[:, None]
     R = np.asarray(reward, np.float64)
     rows = np.arange(S)[:, None, None, None]
-    return R[prof, own] + delta * values[rows, prof, own]
+    d = delta if np.ndim(delta) == 0 else np.asarray(delta, np.float64)[:, None]   # [n, 1]
+    return R[prof, own] + d * values[rows, prof, own]
 
 
 def limit_cycle(nxt: np.ndarray, start: np.ndarray) -> np.ndarray:
@@ -108,7 +116,7 @@ MAX_ENTRIES = 1 << 24
 
 
 def diagnose(reward: np.ndarray, state: np.ndarray, greedy: np.ndarray, m: int,
-             delta: float, start: np.ndarray, q: np.ndarray | None = None) -> Diagnostics:
+             delta: Any, start: np.ndarray, q: np.ndarray | None = None) -> Diagnostics:
     """The diagnostics of every session (module docstring): ``reward [J, n]``, ``state
     [J, n]`` (each firm's own state after each profile), ``greedy [S, n, Z]`` (action
     indices), ``start [S]`` (the profile the limit cycle is followed from), ``q [S, n, Z,
@@ -125,7 +133,7 @@ def diagnose(reward: np.ndarray, state: np.ndarray, greedy: np.ndarray, m: int,
 
 
 def _diagnose(reward: np.ndarray, state: np.ndarray, greedy: np.ndarray, m: int,
-              delta: float, start: np.ndarray, q: np.ndarray | None) -> Diagnostics:
+              delta: Any, start: np.ndarray, q: np.ndarray | None) -> Diagnostics:
     greedy = np.asarray(greedy, np.int64)
     S, n, _ = greedy.shape
     J = np.asarray(reward).shape[0]

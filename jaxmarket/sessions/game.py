@@ -228,7 +228,8 @@ def kernel_reason(game: SessionGame) -> str | None:
     (None: it can). The kernel plays Calvano et al.'s learner: every seller moves every
     period, its state is the price profile in force (each seller's state index of
     ``obs[j]`` is ``j``), exploration ``eps_t = exp(-beta t)``, the Q-learning update
-    on the price it took, one Q table per seller."""
+    on the price it took, one Q table per seller, one discount ``delta`` for every seller
+    (each seller's own ``alpha`` and ``beta`` come from the learner state)."""
     s = game.settings
     checks = ((game.probs is None, "random period outcomes"),
               (game.turns is None, "sellers move in turns"),
@@ -236,7 +237,9 @@ def kernel_reason(game: SessionGame) -> str | None:
               (s.epsilon_start == 1.0, "an epsilon schedule with start != 1"),
               (s.feedback == "taken", "full feedback"),
               (s.target == "simultaneous", "sequential targets"),
-              (s.exclusive_policies, "sellers sharing a Q table"))
+              (s.exclusive_policies, "sellers sharing a Q table"),
+              (not isinstance(s.discount, tuple), f"per-firm discounts {list(s.discount)} "
+               f"(the kernel plays one delta)" if isinstance(s.discount, tuple) else ""))
     for ok, what in checks:
         if not ok:
             return what
