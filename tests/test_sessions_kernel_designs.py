@@ -32,7 +32,8 @@ from jaxmarket.sessions.run import session_plan
 
 #: design -> (learner overrides, whether some sessions converge within the run)
 CASES = {
-    "asker2022_sync": ({"convergence_window": 40}, True),
+    # alpha 0.5: the Q of a price that never sells decays into denormals within the run
+    "asker2022_sync": ({"convergence_window": 1000, "learning_rate": 0.5}, False),
     "klein2021": ({"epsilon": {"start": 1.0, "decay": 2e-2}, "convergence_window": 30}, True),
     "calvano2021": ({"exploration_decay": 2e-2, "convergence_window": 30, "discount": 0.5,
                      "learning_rate": 0.5}, True),
@@ -49,7 +50,7 @@ CASES = {
                                "discount": 0.3, "learning_rate": 0.5}, True),
 }
 #: quick enough for every run of the suite; the others are marked slow
-QUICK = ("asker2022_sync", "klein2021", "calvano2021")
+QUICK = ("asker2022_sync", "klein2021")
 
 
 @functools.cache
@@ -118,3 +119,20 @@ def test_a_rounding_other_than_xlas_changes_the_sessions():
             if all(np.array_equal(a, b) for a, b in zip(want, got))]
     # discount 0: the target's rounding cannot matter, the increment's does
     assert same and len({r[1] for r in same}) == 1, same
+
+
+def test_kernel_flushes_denormals_to_zero_as_xla_does():
+    # Bug caught: a kernel that keeps denormal results where XLA:CPU flushes them to zero
+    # (a Q value halving towards 0 under full feedback: XLA's 0.0 against the kernel's
+    # 6e-45, seen in asker2022_sync; whether numba's threads flush on their own depends on
+    # how they were started, so the kernel flushes itself).
+    from jaxmarket.sessions.kernel import _ftz
+    tiny = np.finfo(np.float32).tiny
+    for value, want in ((np.float32(tiny / 4), 0.0), (np.float32(-tiny / 4), -0.0),
+                        (np.float32(tiny), tiny), (np.float32(-2.5), -2.5),
+                        (np.float32(0.0), 0.0)):
+        got = _ftz(value)
+        assert got == want and np.signbit(got) == np.signbit(np.float32(want)), value
+    with jax.default_device(jax.devices("cpu")[0]):   # XLA's own rule, for the record
+        x = jax.jit(lambda v: v * np.float32(0.25))(np.float32(tiny))
+    assert float(x) == 0.0

@@ -56,6 +56,20 @@ def fma32(typingctx, a, b, c):
     return sig, codegen
 
 
+#: the smallest normal float32: XLA:CPU runs with denormals flushed to zero (FTZ/DAZ)
+_FLT_MIN = np.float32(np.finfo(np.float32).tiny)
+
+
+@njit(inline="always")
+def _ftz(x):
+    """``x`` flushed to a zero of its sign where it is a denormal, as XLA:CPU's float
+    arithmetic leaves every result (a Q value decaying towards 0, as under
+    ``feedback: full`` where a price never sells, would otherwise differ)."""
+    if x != x or abs(x) >= _FLT_MIN:
+        return x
+    return f32(x * f32(0.0))
+
+
 @njit(inline="always")
 def _rotl(x, r):
     return u32((x << u32(r)) | (x >> u32(32 - r)))
@@ -201,15 +215,15 @@ def _run_sessions(rows, state_index, step, stable, converged, k0, k1, alpha, bet
                     # the row's maximum is its cached greedy entry
                     best = q[j, nxt, gr[j, nxt]]
                     if fused_target:
-                        target = fma32(discount, best, table[nxt, j])
+                        target = _ftz(fma32(discount, best, table[nxt, j]))
                     else:
-                        target = table[nxt, j] + f32(discount * best)
+                        target = _ftz(table[nxt, j] + _ftz(f32(discount * best)))
                     aj = a[j]
                     old = q[j, s, aj]
                     if fused_increment:
-                        new = fma32(alpha[i, j], f32(target - old), old)
+                        new = _ftz(fma32(alpha[i, j], _ftz(f32(target - old)), old))
                     else:
-                        new = old + f32(alpha[i, j] * f32(target - old))
+                        new = _ftz(old + _ftz(f32(alpha[i, j] * _ftz(f32(target - old)))))
                     q[j, s, aj] = new
                     greedy = gr[j, s]
                     if aj != greedy:   # only Q[s, a] moved: it wins or ties first
@@ -665,7 +679,7 @@ def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s,
                                 den = max(temperature, tiny)
                                 best = f32(0.0)
                                 for c in range(m):
-                                    v = gumbel[i, start + k, j, c] + f32(q[j, s, c] - top) / den
+                                    v = gumbel[i, start + k, j, c] + _ftz(_ftz(f32(q[j, s, c] - top)) / den)
                                     if c == 0 or v > best:
                                         best = v
                                         aj = c
@@ -699,9 +713,9 @@ def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s,
                             lag += num_turns
                         now = q[j, s, gr[j, s]]
                         if fused_target:
-                            target = fma32(discount_n, now, pend_acc[i, j])
+                            target = _ftz(fma32(discount_n, now, pend_acc[i, j]))
                         else:
-                            target = pend_acc[i, j] + f32(discount_n * now)
+                            target = _ftz(pend_acc[i, j] + _ftz(f32(discount_n * now)))
                         us, ua = pend_s[i, j], pend_a[i, j]
                         due = lag == 0 and pend_valid[i, j]
                         if lag == 0:
@@ -710,9 +724,9 @@ def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s,
                             pend_acc[i, j] = r
                             pend_valid[i, j] = True
                         elif fused_carry:
-                            pend_acc[i, j] = fma32(weights[lag], r, pend_acc[i, j])
+                            pend_acc[i, j] = _ftz(fma32(weights[lag], r, pend_acc[i, j]))
                         else:
-                            pend_acc[i, j] = pend_acc[i, j] + f32(weights[lag] * r)
+                            pend_acc[i, j] = _ftz(pend_acc[i, j] + _ftz(f32(weights[lag] * r)))
                         if not (learning and due):
                             continue
                         s, aj = us, ua
@@ -728,14 +742,14 @@ def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s,
                             for c in range(m):
                                 pay = r if c == aj else cf[nxt, j, c]
                                 if fused_target:
-                                    tc = fma32(discount, best, pay)
+                                    tc = _ftz(fma32(discount, best, pay))
                                 else:
-                                    tc = pay + f32(discount * best)
+                                    tc = _ftz(pay + _ftz(f32(discount * best)))
                                 old = q[j, s, c]
                                 if fused_increment:
-                                    new = fma32(alpha[i, j], f32(tc - old), old)
+                                    new = _ftz(fma32(alpha[i, j], _ftz(f32(tc - old)), old))
                                 else:
-                                    new = old + f32(alpha[i, j] * f32(tc - old))
+                                    new = _ftz(old + _ftz(f32(alpha[i, j] * _ftz(f32(tc - old)))))
                                 q[j, s, c] = new
                                 if c == 0 or new > top:
                                     top = new
@@ -745,14 +759,14 @@ def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s,
                                 gr[j, s] = greedy
                             continue
                         if fused_target:
-                            target = fma32(discount, best, r)
+                            target = _ftz(fma32(discount, best, r))
                         else:
-                            target = r + f32(discount * best)
+                            target = _ftz(r + _ftz(f32(discount * best)))
                     old = q[j, s, aj]
                     if fused_increment:
-                        new = fma32(alpha[i, j], f32(target - old), old)
+                        new = _ftz(fma32(alpha[i, j], _ftz(f32(target - old)), old))
                     else:
-                        new = old + f32(alpha[i, j] * f32(target - old))
+                        new = _ftz(old + _ftz(f32(alpha[i, j] * _ftz(f32(target - old)))))
                     q[j, s, aj] = new
                     greedy = gr[j, s]
                     if aj != greedy:
