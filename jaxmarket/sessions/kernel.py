@@ -10,7 +10,10 @@ compares the two). XLA:CPU decides by itself whether ``r + delta max Q`` and
 ``Q + alpha (target - Q)`` are fused multiply-adds (it depends on the grid and on the
 number of sessions), so the kernel plays whichever rounding XLA's program of the run
 uses (:func:`calibrate`). It plays the games of
-:func:`jaxmarket.sessions.game.kernel_reason`: Calvano et al.'s learner.
+:func:`jaxmarket.sessions.game.kernel_reason`: Calvano et al.'s learner in
+:func:`_run_sessions`, every other design whose sellers own their Q tables in
+:func:`_run_general` (:func:`plain` picks). XLA:CPU flushes denormal results to zero, and
+so does the kernel (:func:`_ftz`).
 
 Why a hand-written loop: a session-period is a short chain of dependent table reads and
 writes (``Q[s, a]``, ``max_a' Q[s', a']``, the greedy price), and XLA:CPU runs the
@@ -536,8 +539,8 @@ def _general_chunk(game, length: int, tail_start: int, rounding: tuple[bool, ...
 
 
 def calibrate(game, sessions, first_period: int, tail_start: int, xla_chunk,
-              periods: int = 64) -> tuple[bool, bool] | None:
-    """The rounding (:data:`ROUNDINGS`) under which the kernel plays ``periods`` periods
+              periods: int = 64) -> tuple[bool, ...] | None:
+    """The rounding (:func:`roundings`) under which the kernel plays ``periods`` periods
     of ``sessions`` (the run's own batch) exactly as XLA's program of the same update
     does (``xla_chunk(game, periods, tail_start)``), or None when none does. XLA:CPU
     contracts a multiply feeding an add into one fused multiply-add wherever both land
