@@ -136,3 +136,13 @@ def test_kernel_flushes_denormals_to_zero_as_xla_does():
     with jax.default_device(jax.devices("cpu")[0]):   # XLA's own rule, for the record
         x = jax.jit(lambda v: v * np.float32(0.25))(np.float32(tiny))
     assert float(x) == 0.0
+
+
+def test_auto_keeps_boltzmann_on_xla_and_says_why():
+    # Bug caught: auto sending Boltzmann exploration to the kernel, which plays it bit for
+    # bit but slower (XLA draws its Gumbel noise either way), or refusing it as kernel.
+    game = design_game("calvano2020_boltzmann")
+    backend, note = eng.choose_backend(game, "auto")
+    assert backend == "xla" and "Boltzmann exploration" in note and "slower" in note
+    assert eng.choose_backend(game, "kernel") == ("kernel", None)
+    assert eng.choose_backend(design_game("klein2021"), "auto") == ("kernel", None)

@@ -682,7 +682,8 @@ def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s,
                                 den = max(temperature, tiny)
                                 best = f32(0.0)
                                 for c in range(m):
-                                    v = gumbel[i, start + k, j, c] + _ftz(_ftz(f32(q[j, s, c] - top)) / den)
+                                    logit = _ftz(_ftz(f32(q[j, s, c] - top)) / den)
+                                    v = _ftz(gumbel[i, start + k, j, c] + logit)
                                     if c == 0 or v > best:
                                         best = v
                                         aj = c
