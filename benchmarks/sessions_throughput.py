@@ -14,8 +14,12 @@ backend of the row:
   reason);
 * ``xla-gpu``: the XLA backend on the GPU, when ``jax.default_backend() == "gpu"``.
 
-Designs (``--designs``): ``calvano`` (the duopoly of Calvano et al.), ``klein2021``
-(alternating moves: XLA only), ``asker2022_sync`` (100 prices, full feedback: XLA only).
+Designs (``--designs``, the first three by default): ``calvano`` (the duopoly of Calvano
+et al.: the kernel's plain loop), ``klein2021`` (alternating moves, Klein's sequential
+target), ``asker2022_sync`` (100 prices, full feedback, epsilon from 0), and on request
+``calvano2021`` (random period outcomes, an observation grid of its own),
+``banchio2022_first`` (random period outcomes, a stateless learner) and ``waltman2008``
+(Boltzmann exploration): all but ``calvano`` on the kernel's general loop.
 
 ``wall_s`` is the whole ``start()`` call: the outcome tables, compilation, the periods,
 the greedy cycles, the equilibrium and the run directory's files (what a user waits
@@ -56,7 +60,9 @@ from jaxmarket.sessions import run as session_run
 from jaxmarket.sessions.game import make_game
 
 ROOT = Path(__file__).resolve().parents[1]
-DESIGNS = ("calvano", "klein2021", "asker2022_sync")
+DESIGNS = ("calvano", "klein2021", "asker2022_sync", "calvano2021", "banchio2022_first",
+           "waltman2008")
+DEFAULT_DESIGNS = DESIGNS[:3]
 BACKENDS = ("xla-cpu", "kernel-cpu", "xla-gpu")
 
 
@@ -126,7 +132,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--sessions", type=int, default=100)
     parser.add_argument("--periods", type=int, default=20_000)
     parser.add_argument("--chunk", type=int, default=20_000, help="periods per chunk")
-    parser.add_argument("--designs", default=",".join(DESIGNS),
+    parser.add_argument("--designs", default=",".join(DEFAULT_DESIGNS),
                         help=f"comma-separated, of {', '.join(DESIGNS)}")
     parser.add_argument("--backends", default=",".join(BACKENDS),
                         help=f"comma-separated, of {', '.join(BACKENDS)}")

@@ -86,3 +86,11 @@ def test_an_unreadable_kept_answer_is_calibrated_and_written_again(game, cache):
     assert calibration.kept_rounding(game, 64, 1000, lambda: (False, True)) == (False, True)
     assert json.loads(path.read_text())["rounding"] == [False, True]
     assert calibration.kept_rounding(game, 64, 1000, lambda: (True, True)) == (False, True)
+
+
+def test_a_kept_answer_of_three_roundings_reads_back_whole(game, cache):
+    # the general kernel's answer has three flags (target, increment, pending sum)
+    assert calibration.kept_rounding(game, 64, 7, lambda: (True, False, True)) == \
+        (True, False, True)
+    assert calibration.kept_rounding(game, 64, 7, lambda: (False, False)) == \
+        (True, False, True)

@@ -249,21 +249,25 @@ def test_greedy_cycle_averages_exactly_one_limit_cycle():
 # -- the backend choice ------------------------------------------------------------------
 
 def test_choose_backend_refuses_a_kernel_it_cannot_run_and_auto_says_why(monkeypatch):
-    # Bugs caught: the kernel accepted for alternating moves or full feedback (games it
-    # would play wrongly), a refusal that is not a ValueError, or auto falling back to
-    # xla without the reason (or taking xla where the kernel can run).
+    # Bugs caught: the kernel accepted for sellers sharing a Q table (a game it would
+    # play wrongly), a refusal that is not a ValueError, auto falling back to xla
+    # without the reason (or taking xla where the kernel can run: alternating moves,
+    # full feedback and an epsilon from 0 run on it).
+    import dataclasses
     klein = game_of("klein2021")
-    with pytest.raises(ValueError, match="backend kernel: sellers move in turns; use "
+    shared = dataclasses.replace(klein, settings=dataclasses.replace(
+        klein.settings, exclusive_policies=False))
+    with pytest.raises(ValueError, match="backend kernel: sellers sharing a Q table; use "
                                          "backend xla"):
-        eng.choose_backend(klein, "kernel")
-    assert eng.choose_backend(klein, "auto") == (
-        "xla", "session backend xla: sellers move in turns")
-    assert eng.choose_backend(klein, "xla") == ("xla", None)
+        eng.choose_backend(shared, "kernel")
+    assert eng.choose_backend(shared, "auto") == (
+        "xla", "session backend xla: sellers sharing a Q table")
+    assert eng.choose_backend(shared, "xla") == ("xla", None)
+    with pytest.raises(ValueError, match="backend kernel: sellers sharing"):
+        eng.Runner(shared, Settings(2, 10, backend="kernel"))
+    assert eng.choose_backend(klein, "auto") == ("kernel", None)
     asker = game_of("asker2022_sync")   # epsilon from 0, full feedback, no state
-    assert eng.choose_backend(asker, "auto") == (
-        "xla", "session backend xla: an epsilon schedule with start != 1")
-    with pytest.raises(ValueError, match="backend kernel: an epsilon schedule"):
-        eng.Runner(asker, Settings(2, 10, backend="kernel"))
+    assert eng.choose_backend(asker, "auto") == ("kernel", None)
 
     game = calvano(2)
     assert eng.choose_backend(game, "auto") == ("kernel", None)   # CPU, numba installed

@@ -77,7 +77,7 @@ def _settings(config: dict, sessions: int) -> eng.Settings:
 
 
 def play_block(game: Any, config: dict, leaves: list[np.ndarray], done: int,
-               until: int | None, rounding: tuple[bool, bool], threads: int = 1
+               until: int | None, rounding: tuple[bool, ...], threads: int = 1
                ) -> tuple[list[np.ndarray], int, dict]:
     """One block (a Ray task) of the driver's ``game`` (its
     :class:`~jaxmarket.sessions.game.SessionGame`, sent once to every node): its

@@ -90,8 +90,8 @@ def fingerprint(game: Any, size: int, tail_start: int) -> str:
 
 
 def kept_rounding(game: Any, size: int, tail_start: int,
-                  calibrate: Callable[[], tuple[bool, bool] | None]
-                  ) -> tuple[bool, bool] | None:
+                  calibrate: Callable[[], tuple[bool, ...] | None]
+                  ) -> tuple[bool, ...] | None:
     """The answer kept for ``(game, size, tail_start)``, else ``calibrate()``'s, kept
     (written to a temporary name, then renamed)."""
     folder = cache_dir()
@@ -100,8 +100,10 @@ def kept_rounding(game: Any, size: int, tail_start: int,
     path = folder / f"{fingerprint(game, size, tail_start)}.json"
     try:
         kept = json.loads(path.read_text())["rounding"]
-        return None if kept is None else (bool(kept[0]), bool(kept[1]))
-    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        if kept is None or (isinstance(kept, list) and kept
+                            and all(isinstance(x, bool) for x in kept)):
+            return None if kept is None else tuple(kept)
+    except (OSError, ValueError, KeyError, TypeError):
         pass
     found = calibrate()
     try:

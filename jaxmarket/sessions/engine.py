@@ -33,7 +33,8 @@ Backends (``backend``): ``xla`` runs the learner's ``act``/``update`` (any devic
 CPU, GPU, TPU); ``kernel`` (:mod:`jaxmarket.sessions.kernel`, numba) plays each
 session's periods of a chunk in one compiled loop per thread, the same sessions bit for
 bit; ``auto`` takes the kernel where numba is installed, the platform is a CPU and the
-game is one the kernel plays (:func:`~jaxmarket.sessions.game.kernel_reason`), else
+game is one the kernel plays (:func:`~jaxmarket.sessions.game.kernel_reason`) faster
+than XLA (not Boltzmann exploration, whose Gumbel noise the kernel reads from XLA), else
 ``xla``. With ``xla`` and ``stop: converged``, the running batch is compacted to the
 sessions still learning (padded with converged ones, batch sizes on a fixed ladder, a
 function of the count alone), so converged sessions stop costing time.
@@ -141,6 +142,11 @@ def choose_backend(game: SessionGame, backend: str = "auto") -> tuple[str, str |
         return "xla", None
     if reason is None and jax.default_backend() != "cpu":
         reason = f"the platform is {jax.default_backend()} (the kernel runs on CPU threads)"
+    if reason is None and game.settings.boltzmann is not None:
+        # bit for bit on the kernel too (backend: kernel), but slower: XLA draws the
+        # Gumbel noise of every price and period either way, and the kernel reads it back
+        reason = ("Boltzmann exploration (backend kernel plays it bit for bit, but slower: "
+                  "its Gumbel noise is XLA's)")
     return ("xla", f"session backend xla: {reason}") if reason else ("kernel", None)
 
 
@@ -337,7 +343,7 @@ class Runner:
     checkpoints between chunks. ``finished(sessions, done)`` says when to stop."""
 
     def __init__(self, game: SessionGame, settings: Settings, compact: bool | None = None,
-                 rounding: tuple[bool, bool] | None = None):
+                 rounding: tuple[bool, ...] | None = None):
         self.game, self.settings = game, settings
         # a block of a larger run plays the rounding calibrated at the run's own size
         self._fixed_rounding = rounding
@@ -351,7 +357,7 @@ class Runner:
         self.compact = default if compact is None else compact
         self.session_periods = 0
         self._chunks: dict[tuple[int, int], Callable] = {}
-        self._rounding: dict[int, tuple[bool, bool]] = {}
+        self._rounding: dict[int, tuple[bool, ...]] = {}
         if self.backend == "kernel":   # before the run's sessions exist (its memory peak)
             try:
                 self.rounding(settings.sessions)
@@ -372,7 +378,7 @@ class Runner:
                 self._chunks[key] = xla_chunk(self.game, length, self.tail_start, use)
         return self._chunks[key]
 
-    def rounding(self, size: int) -> tuple[bool, bool]:
+    def rounding(self, size: int) -> tuple[bool, ...]:
         """The kernel's rounding of the update (:func:`jaxmarket.sessions.kernel.calibrate`)
         for batches of ``size`` sessions: asked of XLA's program on fresh sessions
         (``key(0)``) of the run's own batch size (XLA's choice depends on it: both
@@ -392,7 +398,7 @@ class Runner:
             self._rounding[size] = found
         return self._rounding[size]
 
-    def _calibrate(self, size: int) -> tuple[bool, bool] | None:
+    def _calibrate(self, size: int) -> tuple[bool, ...] | None:
         from jaxmarket.sessions.kernel import calibrate
         probe = init_sessions(self.game, size, jax.random.key(0))
         with jax.threefry_partitionable(False):

@@ -225,28 +225,18 @@ def pure_nash(game: SessionGame) -> np.ndarray:
 
 def kernel_reason(game: SessionGame) -> str | None:
     """Why the per-thread kernel (:mod:`jaxmarket.sessions.kernel`) cannot play ``game``
-    (None: it can). The kernel plays Calvano et al.'s learner: every seller moves every
-    period, its state is the price profile in force (each seller's state index of
-    ``obs[j]`` is ``j``), exploration ``eps_t = exp(-beta t)``, the Q-learning update
-    on the price it took, one Q table per seller, one discount ``delta`` for every seller
-    (each seller's own ``alpha`` and ``beta`` come from the learner state)."""
+    (None: it can). The kernel plays the ``q_learning`` learner of every session design
+    whose sellers each own their Q table: epsilon-greedy (any ``epsilon.start``) or
+    Boltzmann exploration, the update on the price taken or on every price
+    (``feedback: full``), Calvano's or Klein's sequential target, simultaneous or
+    alternating moves, deterministic or random period outcomes, any state that is a
+    function of the profile in force (and the outcome), each seller's own ``alpha`` and
+    ``beta`` (from the learner state), one discount ``delta`` for every seller."""
     s = game.settings
-    checks = ((game.probs is None, "random period outcomes"),
-              (game.turns is None, "sellers move in turns"),
-              (s.boltzmann is None, "Boltzmann exploration"),
-              (s.epsilon_start == 1.0, "an epsilon schedule with start != 1"),
-              (s.feedback == "taken", "full feedback"),
-              (s.target == "simultaneous", "sequential targets"),
-              (s.exclusive_policies, "sellers sharing a Q table"),
-              (not isinstance(s.discount, tuple), f"per-firm discounts {list(s.discount)} "
-               f"(the kernel plays one delta)" if isinstance(s.discount, tuple) else ""))
-    for ok, what in checks:
-        if not ok:
-            return what
-    rows = np.arange(game.reward.shape[0])
-    states = np.asarray(obs_grid_of(s).state_index(game.obs))      # [J, n]
-    if states.shape != (rows.size, game.sellers) or np.any(states != rows[:, None]):
-        return "a state other than the price profile in force (memory 1, every seller's price)"
+    if not s.exclusive_policies or tuple(s.policy_index) != tuple(range(game.sellers)):
+        return "sellers sharing a Q table"
+    if isinstance(s.discount, tuple):
+        return f"per-firm discounts {list(s.discount)} (the kernel plays one delta)"
     return None
 
 

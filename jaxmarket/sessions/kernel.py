@@ -10,7 +10,10 @@ compares the two). XLA:CPU decides by itself whether ``r + delta max Q`` and
 ``Q + alpha (target - Q)`` are fused multiply-adds (it depends on the grid and on the
 number of sessions), so the kernel plays whichever rounding XLA's program of the run
 uses (:func:`calibrate`). It plays the games of
-:func:`jaxmarket.sessions.game.kernel_reason`: Calvano et al.'s learner.
+:func:`jaxmarket.sessions.game.kernel_reason`: Calvano et al.'s learner in
+:func:`_run_sessions`, every other design whose sellers own their Q tables in
+:func:`_run_general` (:func:`plain` picks). XLA:CPU flushes denormal results to zero, and
+so does the kernel (:func:`_ftz`).
 
 Why a hand-written loop: a session-period is a short chain of dependent table reads and
 writes (``Q[s, a]``, ``max_a' Q[s', a']``, the greedy price), and XLA:CPU runs the
@@ -54,6 +57,20 @@ def fma32(typingctx, a, b, c):
         return builder.fma(*args)
 
     return sig, codegen
+
+
+#: the smallest normal float32: XLA:CPU runs with denormals flushed to zero (FTZ/DAZ)
+_FLT_MIN = np.float32(np.finfo(np.float32).tiny)
+
+
+@njit(inline="always")
+def _ftz(x):
+    """``x`` flushed to a zero of its sign where it is a denormal, as XLA:CPU's float
+    arithmetic leaves every result (a Q value decaying towards 0, as under
+    ``feedback: full`` where a price never sells, would otherwise differ)."""
+    if x != x or abs(x) >= _FLT_MIN:
+        return x
+    return f32(x * f32(0.0))
 
 
 @njit(inline="always")
@@ -201,15 +218,15 @@ def _run_sessions(rows, state_index, step, stable, converged, k0, k1, alpha, bet
                     # the row's maximum is its cached greedy entry
                     best = q[j, nxt, gr[j, nxt]]
                     if fused_target:
-                        target = fma32(discount, best, table[nxt, j])
+                        target = _ftz(fma32(discount, best, table[nxt, j]))
                     else:
-                        target = table[nxt, j] + f32(discount * best)
+                        target = _ftz(table[nxt, j] + _ftz(f32(discount * best)))
                     aj = a[j]
                     old = q[j, s, aj]
                     if fused_increment:
-                        new = fma32(alpha[i, j], f32(target - old), old)
+                        new = _ftz(fma32(alpha[i, j], _ftz(f32(target - old)), old))
                     else:
-                        new = old + f32(alpha[i, j] * f32(target - old))
+                        new = _ftz(old + _ftz(f32(alpha[i, j] * _ftz(f32(target - old)))))
                     q[j, s, aj] = new
                     greedy = gr[j, s]
                     if aj != greedy:   # only Q[s, a] moved: it wins or ties first
@@ -248,13 +265,52 @@ def _run_sessions(rows, state_index, step, stable, converged, k0, k1, alpha, bet
 ROUNDINGS = ((True, True), (True, False), (False, True), (False, False))
 
 
+def plain(game) -> bool:
+    """Whether ``game`` is Calvano et al.'s (:func:`_run_sessions`): a deterministic
+    period, every seller moving, epsilon-greedy from 1, the update on the price taken
+    with Calvano's target, each seller's state the price profile in force. Every other
+    game :func:`jaxmarket.sessions.game.kernel_reason` accepts runs
+    :func:`_run_general`."""
+    s = game.settings
+    if (game.probs is not None or game.turns is not None or s.boltzmann is not None
+            or s.epsilon_start != 1.0 or s.feedback != "taken" or s.target != "simultaneous"):
+        return False
+    rows = np.arange(game.reward.shape[0])[:, None]
+    want = (rows.size, game.sellers)
+    return all(states.shape == want and bool(np.all(states == rows))
+               for states in (state_table(game)[0],))
+
+
+def state_table(game) -> np.ndarray:
+    """``[K, J, n]`` int32: seller ``j``'s state index after profile row ``J`` under
+    outcome ``K``, as the learner's ``act`` and ``update`` number the observation tables
+    (on ``obs_grid_of``), clipped to the Q table as XLA's gather clips."""
+    from jaxmarket.learners.qlearning import obs_grid_of
+    grid = obs_grid_of(game.settings)
+    states = np.asarray(grid.state_index(game.obs), np.int32)
+    states = np.minimum(states, game.settings.num_states - 1)
+    return states if game.probs is not None else states[None]
+
+
+def roundings(game) -> tuple[tuple[bool, ...], ...]:
+    """The roundings :func:`calibrate` tries for ``game``, XLA:CPU's usual choice first:
+    :data:`ROUNDINGS` for :func:`_run_sessions`; for :func:`_run_general` (fused target,
+    fused increment, fused pending sum), the last one only under a sequential target."""
+    if plain(game):
+        return ROUNDINGS
+    carry = (True, False) if game.settings.target == "sequential" else (True,)
+    return tuple((t, i, c) for c in carry for t, i in ROUNDINGS)
+
+
 def make_kernel_chunk(game, length: int, tail_start: int,
-                      rounding: tuple[bool, bool] = ROUNDINGS[0]):
+                      rounding: tuple[bool, ...] | None = None):
     """``(sessions, first_period) -> sessions`` as
     :func:`jaxmarket.sessions.engine.xla_chunk` returns it, run by :func:`_run_sessions`
-    on every core (numba's threads)."""
-    if game.probs is not None:
-        raise ValueError("kernel backend: random period outcomes (use the xla backend)")
+    (or :func:`_run_general`: :func:`plain`) on every core (numba's threads)."""
+    if rounding is None:
+        rounding = roundings(game)[0]
+    if not plain(game):
+        return _general_chunk(game, length, tail_start, rounding)
     n, m = game.sellers, game.grid.size
     discount = np.float32(game.settings.discount)
     window = int(game.settings.convergence_window)
@@ -320,9 +376,169 @@ def make_kernel_chunk(game, length: int, tail_start: int,
     return chunk
 
 
+#: float32 values of the Gumbel noise a Boltzmann chunk asks XLA for at a time
+NOISE_VALUES = 1 << 24
+
+
+def _general_chunk(game, length: int, tail_start: int, rounding: tuple[bool, ...]):
+    """:func:`make_kernel_chunk` of a game that is not :func:`plain`: the tables of
+    :func:`_run_general` and, per call, the sessions' state in and out. What XLA
+    computes and the kernel looks up (its float32 ``exp``, ``log`` and ``pow`` differ
+    from the C library's in the last bit): ``eps_t`` (times ``epsilon.start``), the
+    Boltzmann temperature ``T_t``, ``delta^lag`` of the pending sums, the counterfactual
+    payoffs (the learner's own :func:`~jaxmarket.learners.qlearning.counterfactual_payoffs`
+    of every profile) and, chunk piece by piece, the Gumbel noise of Boltzmann sampling
+    (``jax.random.gumbel(key_t, (n, m))``, what ``jax.random.categorical`` adds)."""
+    from jaxmarket.learners.qlearning import counterfactual_payoffs
+    settings = game.settings
+    n, m = game.sellers, game.grid.size
+    fused_target, fused_increment, fused_carry = (tuple(rounding) + (True,))[:3]
+    discount = np.float32(settings.discount)
+    window = int(settings.convergence_window)
+    radix = np.asarray(game.radix, np.int32)
+    table = np.array(game.reward, np.float32)
+    states = np.ascontiguousarray(state_table(game))
+    act_states = states   # act numbers the observation as update does
+    if game.probs is None:
+        table = table[None]
+        cum = np.zeros(0, np.float32)
+    else:
+        cum = np.cumsum(np.asarray(game.probs, np.float64))[:-1].astype(np.float32)
+    full = settings.feedback == "full"
+    digits = (np.arange(table.shape[1])[:, None] // radix) % m                 # [J, n]
+    cf = (np.array(counterfactual_payoffs(settings, game.grid.prices[digits][..., None]),
+                   np.float32) if full else np.zeros((1, 1, 1), np.float32))
+    num_turns = settings.turn_period
+    seat = np.asarray(settings.slot_phase(), np.int32)
+    if game.turns is not None:   # the engine's seats: (first + j) mod turns
+        seat = ((game.turns[1] + np.arange(n)) % game.turns[0]).astype(np.int32)
+        num_turns = game.turns[0]
+    sequential = settings.target == "sequential"
+    discount_n = np.float32(settings.discount ** settings.turn_period)
+    weights = np.array(jax.jit(lambda lag: jnp.power(np.float32(settings.discount),
+                                                     lag.astype(jnp.float32)))(
+        jnp.arange(max(num_turns, settings.turn_period), dtype=jnp.int32)), np.float32)
+    boltzmann = settings.boltzmann is not None
+    eps0 = settings.epsilon_start
+    half = (n + 1) // 2
+    counts = np.arange(2 * half, dtype=np.uint32)
+    counts[n:] = 0
+    c0, c1 = counts[:half].copy(), counts[half:].copy()
+    tail_start = np.int64(tail_start)
+
+    @jax.jit
+    def eps_table(neg_beta, step_lo, span):
+        """``eps0 exp(-beta t)`` as the learner computes it, ``[B, span]``."""
+        t = (step_lo + jnp.arange(span.shape[0], dtype=jnp.int32)).astype(jnp.float32)
+        eps = jnp.exp(neg_beta[:, None] * t[None, :])
+        return eps0 * eps if eps0 != 1.0 else eps
+
+    @jax.jit
+    def temp_table(step_lo, span):
+        """``T0 rho^t`` as the learner computes it, ``[span]``."""
+        t0, rho = settings.boltzmann
+        t = (step_lo + jnp.arange(span.shape[0], dtype=jnp.int32)).astype(jnp.float32)
+        return t0 * jnp.exp(t * np.float32(np.log(rho)))
+
+    @jax.jit
+    def noise(keys, first, span):
+        """``gumbel(fold_in(key, first + k), (n, m))``, ``[S, span, n, m]``."""
+        t = first + jnp.arange(span.shape[0], dtype=jnp.uint32)
+        one = lambda key: jax.vmap(lambda tt: jax.random.gumbel(   # noqa: E731
+            jax.random.fold_in(key, tt), (n, m), jnp.float32))(t)
+        return jax.vmap(one)(keys)
+
+    def call(rows, profile, outcome, step, stable, converged, clock, pending, key_data,
+             alpha, beta_row, eps, temp, gumbel, step_lo, first, count, tail):
+        _run_general(rows, profile, outcome, step, stable, converged, clock, *pending,
+                     np.ascontiguousarray(key_data[:, 0]), np.ascontiguousarray(key_data[:, 1]),
+                     alpha, beta_row, eps, temp, gumbel, step_lo, table, cf, act_states,
+                     states, cum,
+                     radix, seat, num_turns, weights, c0, c1, np.uint32(first), int(count),
+                     discount, discount_n, window, tail, tail_start, boltzmann, full,
+                     sequential, bool(fused_target), bool(fused_increment), bool(fused_carry))
+
+    def chunk(sessions, first_period):
+        state = sessions.learner
+        first_period = int(first_period)
+        policy = np.asarray(state.policy_index)
+        neg_beta = -np.take_along_axis(np.asarray(state.hyper["exploration_decay"],
+                                                  np.float32), policy, axis=1)
+        alpha = np.ascontiguousarray(np.take_along_axis(
+            np.asarray(state.hyper["learning_rate"], np.float32), policy, axis=1))
+        betas, beta_row = np.unique(neg_beta, return_inverse=True)
+        beta_row = beta_row.reshape(neg_beta.shape).astype(np.int32)
+        step = np.array(state.step, np.int32)
+        converged = np.array(state.converged, bool)
+        learning = step[~converged]
+        step_lo = int(learning.min()) if learning.size else 0
+        span = (int(learning.max()) - step_lo if learning.size else 0) + int(length)
+        if boltzmann:
+            eps = np.zeros((1, 1), np.float32)
+            temp = np.array(temp_table(jnp.int32(step_lo), jnp.zeros(span, jnp.int8)))
+        else:
+            eps = np.array(eps_table(jnp.asarray(betas, jnp.float32), jnp.int32(step_lo),
+                                     jnp.zeros(span, jnp.int8)))
+            temp = np.zeros(1, np.float32)
+        index = np.asarray(sessions.index, np.int32)
+        profile = (index * radix).sum(axis=-1).astype(np.int32)
+        outcome = np.array(sessions.outcome, np.int32)
+        key_data = np.array(jax.random.key_data(sessions.key), np.uint32)
+        rows = np.array(state.rows, np.float32)
+        stable = np.array(state.stable_periods, np.int32)
+        tail = np.array(sessions.tail, np.float32)
+        total = rows.shape[0]
+        if sequential:
+            pending = (np.array(state.pending["s"], np.int32),
+                       np.array(state.pending["a"], np.int32),
+                       np.array(state.pending["acc"], np.float32),
+                       np.array(state.pending["valid"], bool))
+            clock = np.array(state.clock, np.int32)
+        else:
+            pending = (np.zeros((total, n), np.int32), np.zeros((total, n), np.int32),
+                       np.zeros((total, n), np.float32), np.zeros((total, n), bool))
+            clock = np.zeros(total, np.int32)
+        piece = (max(1, min(int(length), NOISE_VALUES // max(1, total * n * m)))
+                 if boltzmann else int(length))
+        keys = sessions.key
+        for off in range(0, int(length), piece):
+            count = min(piece, int(length) - off)
+            gumbel = (np.asarray(noise(keys, jnp.uint32(first_period + off),
+                                       jnp.zeros(count, jnp.int8)))
+                      if boltzmann else np.zeros((1, 1, 1, 1), np.float32))
+            call(rows, profile, outcome, step, stable, converged, clock, pending, key_data,
+                 alpha, beta_row, eps, temp, gumbel, step_lo, first_period + off, count, tail)
+        index = ((profile[:, None] // radix) % m).astype(np.int32)      # [S, n]
+        extra = {}
+        if sequential:
+            extra = {"pending": {"s": jnp.asarray(pending[0]), "a": jnp.asarray(pending[1]),
+                                 "acc": jnp.asarray(pending[2]),
+                                 "valid": jnp.asarray(pending[3])},
+                     "clock": jnp.asarray(clock)}
+        state = state.replace(rows=jnp.asarray(rows), step=jnp.asarray(step),
+                              stable_periods=jnp.asarray(stable),
+                              converged=jnp.asarray(converged), **extra)
+        return sessions._replace(learner=state, index=jnp.asarray(index),
+                                 tail=jnp.asarray(tail), outcome=jnp.asarray(outcome))
+
+    # numba compiles on the first call (or loads its cache): one session of one period
+    started = time.perf_counter()
+    states_n = int(game.settings.num_states)
+    one = np.zeros((1, n), np.int32)
+    call(np.zeros((1, n, states_n, m + 1), np.float32), np.zeros(1, np.int32),
+         np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int32),
+         np.zeros(1, bool), np.zeros(1, np.int32),
+         (one, one.copy(), np.zeros((1, n), np.float32), np.zeros((1, n), bool)),
+         np.zeros((1, 2), np.uint32), np.zeros((1, n), np.float32), one.copy(),
+         np.ones((1, 1), np.float32), np.zeros(1, np.float32),
+         np.zeros((1, 1, n, m), np.float32), 0, 0, 1, np.zeros((1, n), np.float32))
+    chunk.compile_s = time.perf_counter() - started
+    return chunk
+
+
 def calibrate(game, sessions, first_period: int, tail_start: int, xla_chunk,
-              periods: int = 64) -> tuple[bool, bool] | None:
-    """The rounding (:data:`ROUNDINGS`) under which the kernel plays ``periods`` periods
+              periods: int = 64) -> tuple[bool, ...] | None:
+    """The rounding (:func:`roundings`) under which the kernel plays ``periods`` periods
     of ``sessions`` (the run's own batch) exactly as XLA's program of the same update
     does (``xla_chunk(game, periods, tail_start)``), or None when none does. XLA:CPU
     contracts a multiply feeding an add into one fused multiply-add wherever both land
@@ -330,13 +546,12 @@ def calibrate(game, sessions, first_period: int, tail_start: int, xla_chunk,
     fused; of 5: the increment rounded on its own), so the kernel asks the program."""
 
     def fields(s):
-        st = s.learner
-        return [np.asarray(x) for x in (st.rows, st.step, st.stable_periods, st.converged,
-                                         s.index, s.tail)]
+        return [np.asarray(x) for x in jax.tree.leaves((s.learner, s.index, s.tail,
+                                                         s.outcome))]
 
     want = fields(xla_chunk(game, periods, tail_start)(
         jax.tree.map(lambda x: x.copy(), sessions), np.uint32(first_period)))
-    for rounding in ROUNDINGS:
+    for rounding in roundings(game):
         got = fields(make_kernel_chunk(game, periods, tail_start, rounding)(
             sessions, np.uint32(first_period)))
         same = all(np.array_equal(a, b) for a, b in zip(want, got))
@@ -350,3 +565,241 @@ def numba_threads() -> int:
     """Threads :func:`_run_sessions` spreads sessions over."""
     import numba
     return int(numba.get_num_threads())
+
+
+# -- the general loop -------------------------------------------------------------------
+
+@njit(cache=True)
+def _draw_outcome_bits(keys, count, out):
+    """``out[k]``: ``jax.random.bits(fold_in(key_k, 1), ())`` of the period keys
+    ``keys[:, k]`` (the stream :func:`jaxmarket.sessions.engine.draw_outcome` reads: its
+    uniform is ``(bits >> 9) 2^-23``)."""
+    for k in range(count):
+        a0, a1 = threefry2x32(keys[0, k], keys[1, k], u32(0), u32(1))
+        out[k], _ = threefry2x32(a0, a1, u32(0), u32(0))
+
+
+@njit(cache=True)
+def _fold_keys(k0, k1, first, count, keys):
+    """``keys[:, k]``: ``fold_in(key, first + k)``."""
+    for k in range(count):
+        keys[0, k], keys[1, k] = threefry2x32(k0, k1, u32(0), u32(first + u32(k)))
+
+
+@njit(cache=True)
+def _act_bits(keys, c0, c1, count, out):
+    """``out[:, k]``: ``bits(keys[:, k], (n,))`` (the counters of :func:`_draw_bits`)."""
+    half = c0.shape[0]
+    for h in range(half):
+        for k in range(count):
+            out[h, k], out[half + h, k] = threefry2x32(keys[0, k], keys[1, k], c0[h], c1[h])
+
+
+@njit(parallel=True, cache=True)
+def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s, pend_a,
+                 pend_acc, pend_valid, k0, k1, alpha, beta_row, eps, temp, gumbel, step_lo,
+                 table, cf, act_states, states, cum, radix, seat, num_turns, weights, c0, c1, first,
+                 length, discount, discount_n, window, tail, tail_start, boltzmann, full,
+                 sequential, fused_target, fused_increment, fused_carry):
+    """Advance every session ``length`` periods in place: the learner's ``act``/``update``
+    of any game :func:`jaxmarket.sessions.game.kernel_reason` accepts, in the order and
+    float32 arithmetic of :func:`jaxmarket.sessions.engine.xla_chunk`'s period.
+
+    ``rows [S, n, N, m + 1]``: seller ``j``'s Q rows of its ``N`` states (column ``m``: its
+    greedy price). ``states [K, J, n]``: seller ``j``'s state after profile row ``J`` under
+    outcome ``K`` (the update's ``state_index`` of ``obs``); ``act_states``: the
+    state ``act`` reads (the same numbering). ``table [K, J, n]``: the rewards.
+    A period ``t`` of session ``i``:
+
+    * act: epsilon-greedy on ``u_j = bits(key_t)_j 2^-32`` and ``eps [B, L]`` (0 once
+      converged), or, with ``boltzmann``, the first argmax of
+      ``gumbel[i, t - first, j] + (Q_j[s_j] - max Q_j[s_j]) / max(T_t, 1e-30)`` where
+      ``T_t = temp[t - step_lo] > 0`` (else greedy); under turns (``num_turns > 1``) only
+      the sellers with ``t mod num_turns == seat_j`` change their price;
+    * random outcomes (``cum``, ``K > 1``): the outcome is ``#{c: u >= cum_c}``,
+      ``u = (bits(fold_in(key_t, 1)) >> 9) 2^-23``;
+    * update: Calvano's target ``r_j + delta max Q_j[s'_j]`` on the price taken, or with
+      ``full`` on every price (``cf [J, n, m]``: what each would have earned, the taken one
+      its reward), or with ``sequential`` Klein's pending update (``pend_*``, ``clock``,
+      ``weights[lag] = delta^lag``, ``discount_n = delta^turns``); ``fused_*``: whether the
+      target, the increment and the pending sum are fused multiply-adds (the rounding XLA's
+      program chose, :func:`calibrate`);
+    * the stable count, convergence, the step and the tail as in :func:`_run_sessions`."""
+    sessions, n = rows.shape[0], rows.shape[1]
+    m = rows.shape[3] - 1
+    half = c0.shape[0]
+    random = cum.shape[0] > 0
+    mf = f32(m)
+    scale = f32(2.0 ** -32)
+    scale23 = f32(2.0 ** -23)
+    tiny = f32(1e-30)
+    for i in prange(sessions):
+        q = rows[i]
+        prow = profile[i]
+        o = outcome[i]
+        st = step[i]
+        stb = stable[i]
+        done = converged[i]
+        clk = clock[i]
+        a = np.empty(n, np.int32)
+        sj = np.empty(n, np.int32)
+        sa = np.empty(n, np.int32)
+        bits = np.empty((2 * half, PASS), np.uint32)
+        obits = np.empty(PASS, np.uint32)
+        keys = np.empty((2, PASS), np.uint32)
+        gr = np.empty((n, q.shape[1]), np.int32)
+        for j in range(n):
+            for r in range(q.shape[1]):
+                gr[j, r] = i32(q[j, r, m])
+        for start in range(0, length, PASS):
+            todo = min(PASS, length - start)
+            draw_act = not boltzmann and not done
+            if draw_act or random:
+                _fold_keys(k0[i], k1[i], u32(first + start), todo, keys)
+            if draw_act:
+                _act_bits(keys, c0, c1, todo, bits)
+            if random:
+                _draw_outcome_bits(keys, todo, obits)
+            for k in range(todo):
+                t = u32(first + start + k)
+                learning = not done
+                row = st - step_lo
+                for j in range(n):
+                    sj[j] = states[o, prow, j]
+                    sa[j] = act_states[o, prow, j]
+                # act
+                for j in range(n):
+                    s = sa[j]
+                    aj = gr[j, s]
+                    if learning:
+                        if boltzmann:
+                            temperature = temp[row]
+                            if temperature > 0:
+                                top = q[j, s, aj]
+                                den = max(temperature, tiny)
+                                best = f32(0.0)
+                                for c in range(m):
+                                    logit = _ftz(_ftz(f32(q[j, s, c] - top)) / den)
+                                    v = _ftz(gumbel[i, start + k, j, c] + logit)
+                                    if c == 0 or v > best:
+                                        best = v
+                                        aj = c
+                        else:
+                            u = f32(bits[j, k]) * scale
+                            e = eps[beta_row[i, j], row]
+                            if u < e:
+                                aj = min(i32(u / max(e, tiny) * mf), i32(m - 1))
+                    a[j] = aj
+                # the new profile
+                nxt = 0
+                for j in range(n):
+                    d = a[j]
+                    if num_turns > 1 and t % u32(num_turns) != u32(seat[j]):
+                        d = (prow // radix[j]) % m
+                    nxt += d * radix[j]
+                if random:
+                    uo = f32(obits[k] >> u32(9)) * scale23
+                    o = 0
+                    for c in range(cum.shape[0]):
+                        if uo >= cum[c]:
+                            o += 1
+                # the update
+                changed = False
+                for j in range(n):
+                    r = table[o, nxt, j]
+                    s = sj[j]
+                    if sequential:
+                        lag = (clk - seat[j]) % num_turns
+                        if lag < 0:
+                            lag += num_turns
+                        now = q[j, s, gr[j, s]]
+                        if fused_target:
+                            target = _ftz(fma32(discount_n, now, pend_acc[i, j]))
+                        else:
+                            target = _ftz(pend_acc[i, j] + _ftz(f32(discount_n * now)))
+                        us, ua = pend_s[i, j], pend_a[i, j]
+                        due = lag == 0 and pend_valid[i, j]
+                        if lag == 0:
+                            pend_s[i, j] = s
+                            pend_a[i, j] = a[j]
+                            pend_acc[i, j] = r
+                            pend_valid[i, j] = True
+                        elif fused_carry:
+                            pend_acc[i, j] = _ftz(fma32(weights[lag], r, pend_acc[i, j]))
+                        else:
+                            pend_acc[i, j] = _ftz(pend_acc[i, j] + _ftz(f32(weights[lag] * r)))
+                        if not (learning and due):
+                            continue
+                        s, aj = us, ua
+                    else:
+                        if not learning:
+                            continue
+                        sn = states[o, nxt, j]
+                        best = q[j, sn, gr[j, sn]]
+                        aj = a[j]
+                        if full:
+                            greedy = 0
+                            top = f32(0.0)
+                            for c in range(m):
+                                pay = r if c == aj else cf[nxt, j, c]
+                                if fused_target:
+                                    tc = _ftz(fma32(discount, best, pay))
+                                else:
+                                    tc = _ftz(pay + _ftz(f32(discount * best)))
+                                old = q[j, s, c]
+                                if fused_increment:
+                                    new = _ftz(fma32(alpha[i, j], _ftz(f32(tc - old)), old))
+                                else:
+                                    new = _ftz(old + _ftz(f32(alpha[i, j] * _ftz(f32(tc - old)))))
+                                q[j, s, c] = new
+                                if c == 0 or new > top:
+                                    top = new
+                                    greedy = c
+                            if greedy != gr[j, s]:
+                                changed = True
+                                gr[j, s] = greedy
+                            continue
+                        if fused_target:
+                            target = _ftz(fma32(discount, best, r))
+                        else:
+                            target = _ftz(r + _ftz(f32(discount * best)))
+                    old = q[j, s, aj]
+                    if fused_increment:
+                        new = _ftz(fma32(alpha[i, j], _ftz(f32(target - old)), old))
+                    else:
+                        new = _ftz(old + _ftz(f32(alpha[i, j] * _ftz(f32(target - old)))))
+                    q[j, s, aj] = new
+                    greedy = gr[j, s]
+                    if aj != greedy:
+                        top = q[j, s, greedy]
+                        if new > top or (new == top and aj < greedy):
+                            greedy = aj
+                    elif new < old:
+                        top = q[j, s, 0]
+                        greedy = 0
+                        for c in range(1, m):
+                            if q[j, s, c] > top:
+                                top = q[j, s, c]
+                                greedy = c
+                    if greedy != gr[j, s]:
+                        changed = True
+                        gr[j, s] = greedy
+                if learning:
+                    stb = 0 if changed else stb + 1
+                    if st < _INT32_MAX:
+                        st += 1
+                    done = stb >= window
+                clk = i32(clk + 1)
+                prow = nxt
+                if first + start + k >= tail_start:
+                    for j in range(n):
+                        tail[i, j] += table[o, nxt, j]
+        for j in range(n):
+            for r in range(q.shape[1]):
+                q[j, r, m] = f32(gr[j, r])
+        profile[i] = prow
+        outcome[i] = o
+        step[i] = st
+        stable[i] = stb
+        converged[i] = done
+        clock[i] = clk
