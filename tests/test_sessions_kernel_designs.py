@@ -35,7 +35,7 @@ CASES = {
     # alpha 0.5: the Q of a price that never sells decays into denormals within the run
     "asker2022_sync": ({"convergence_window": 1000, "learning_rate": 0.5}, False),
     "klein2021": ({"epsilon": {"start": 1.0, "decay": 2e-2}, "convergence_window": 30}, True),
-    "calvano2021": ({"exploration_decay": 2e-2, "convergence_window": 30, "discount": 0.5,
+    "calvano2021": ({"exploration_decay": 1e-1, "convergence_window": 10, "discount": 0.3,
                      "learning_rate": 0.5}, True),
     "asker2022_async": ({"convergence_window": 40}, False),
     "calvano2020_boltzmann": ({"boltzmann": {"temperature": 1.0, "decay": 0.95},
