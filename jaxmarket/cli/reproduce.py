@@ -11,7 +11,8 @@ verdict (docs/reproductions.md). NAME is a shipped design (--list shows them); a
 DESIGN.yaml file is a design of your own. --sessions, --periods and --seed set
 train.num_seeds, train.num_iterations and seed after the design's overrides; further
 key=value overrides follow them. --ray plays a session-engine design's sessions as
-blocks on a Ray cluster (docs/cluster.md), with the files a single process writes. --json prints reproduction.json as the last line
+blocks on a Ray cluster (docs/cluster.md), with the files a single process writes.
+--json prints reproduction.json as the last line
 (with --list: the designs as one JSON list)."""
 
 from __future__ import annotations

@@ -380,6 +380,18 @@ def make_kernel_chunk(game, length: int, tail_start: int,
 NOISE_VALUES = 1 << 24
 
 
+def _pending_in(state, sequential: bool, total: int, n: int):
+    """The kernel's copies of Klein's pending updates ``(s, a, acc, valid)`` and the
+    clock (zeros without a sequential target)."""
+    if sequential:
+        return ((np.array(state.pending["s"], np.int32), np.array(state.pending["a"], np.int32),
+                 np.array(state.pending["acc"], np.float32),
+                 np.array(state.pending["valid"], bool)), np.array(state.clock, np.int32))
+    return ((np.zeros((total, n), np.int32), np.zeros((total, n), np.int32),
+             np.zeros((total, n), np.float32), np.zeros((total, n), bool)),
+            np.zeros(total, np.int32))
+
+
 def _general_chunk(game, length: int, tail_start: int, rounding: tuple[bool, ...]):
     """:func:`make_kernel_chunk` of a game that is not :func:`plain`: the tables of
     :func:`_run_general` and, per call, the sessions' state in and out. What XLA
@@ -488,16 +500,7 @@ def _general_chunk(game, length: int, tail_start: int, rounding: tuple[bool, ...
         stable = np.array(state.stable_periods, np.int32)
         tail = np.array(sessions.tail, np.float32)
         total = rows.shape[0]
-        if sequential:
-            pending = (np.array(state.pending["s"], np.int32),
-                       np.array(state.pending["a"], np.int32),
-                       np.array(state.pending["acc"], np.float32),
-                       np.array(state.pending["valid"], bool))
-            clock = np.array(state.clock, np.int32)
-        else:
-            pending = (np.zeros((total, n), np.int32), np.zeros((total, n), np.int32),
-                       np.zeros((total, n), np.float32), np.zeros((total, n), bool))
-            clock = np.zeros(total, np.int32)
+        pending, clock = _pending_in(state, sequential, total, n)
         piece = (max(1, min(int(length), NOISE_VALUES // max(1, total * n * m)))
                  if boltzmann else int(length))
         keys = sessions.key
@@ -595,6 +598,116 @@ def _act_bits(keys, c0, c1, count, out):
             out[h, k], out[half + h, k] = threefry2x32(keys[0, k], keys[1, k], c0[h], c1[h])
 
 
+@njit(inline="always")
+def _target(reward, discount, best, fused):
+    """``reward + discount best`` rounded as XLA's program rounds it (``fused``: one
+    fused multiply-add)."""
+    if fused:
+        return _ftz(fma32(discount, best, reward))
+    return _ftz(reward + _ftz(f32(discount * best)))
+
+
+@njit(inline="always")
+def _increment(old, target, alpha, fused):
+    """``old + alpha (target - old)`` rounded as XLA's program rounds it."""
+    if fused:
+        return _ftz(fma32(alpha, _ftz(f32(target - old)), old))
+    return _ftz(old + _ftz(f32(alpha * _ftz(f32(target - old)))))
+
+
+@njit(inline="always")
+def _boltzmann_price(qs, noise, m, temperature, tiny, greedy):
+    """The first argmax over prices ``c`` of ``noise_c + (Q_c - Q_greedy) / max(T, tiny)``."""
+    top = qs[greedy]
+    den = max(temperature, tiny)
+    best = f32(0.0)
+    price = greedy
+    for c in range(m):
+        v = _ftz(noise[c] + _ftz(_ftz(f32(qs[c] - top)) / den))
+        if c == 0 or v > best:
+            best = v
+            price = c
+    return price
+
+
+@njit(inline="always")
+def _full_row(qs, m, taken, reward, cf_row, discount, best, alpha, fused_target,
+              fused_increment):
+    """Full feedback: every price ``c``'s Q moved toward ``cf_c + discount best`` (the
+    taken price's payoff its ``reward``); returns the row's new first argmax."""
+    greedy = 0
+    top = f32(0.0)
+    for c in range(m):
+        pay = reward if c == taken else cf_row[c]
+        new = _increment(qs[c], _target(pay, discount, best, fused_target), alpha,
+                         fused_increment)
+        qs[c] = new
+        if c == 0 or new > top:
+            top = new
+            greedy = c
+    return greedy
+
+
+@njit(inline="always")
+def _greedy_after(qs, m, taken, new, old, greedy):
+    """The first argmax of a row after only ``taken``'s value moved from ``old`` to
+    ``new`` (a full rescan only where the greedy price itself fell)."""
+    if taken != greedy:
+        top = qs[greedy]
+        if new > top or (new == top and taken < greedy):
+            return taken
+        return greedy
+    if new < old:
+        top = qs[0]
+        greedy = 0
+        for c in range(1, m):
+            if qs[c] > top:
+                top = qs[c]
+                greedy = c
+    return greedy
+
+
+@njit(inline="always")
+def _greedy_columns(q, m):
+    """``[n, N]`` int32: each seller's greedy price per state (column ``m`` of its rows)."""
+    gr = np.empty((q.shape[0], q.shape[1]), np.int32)
+    for j in range(q.shape[0]):
+        for r in range(q.shape[1]):
+            gr[j, r] = i32(q[j, r, m])
+    return gr
+
+
+@njit(inline="always")
+def _store_greedy(q, gr, m):
+    """Column ``m`` of the rows: the greedy prices ``gr``."""
+    for j in range(q.shape[0]):
+        for r in range(q.shape[1]):
+            q[j, r, m] = f32(gr[j, r])
+
+
+@njit(inline="always")
+def _next_profile(a, prow, radix, m, num_turns, seat, t):
+    """The profile row after prices ``a``: under turns only the sellers whose turn it is
+    change theirs."""
+    nxt = 0
+    for j in range(a.shape[0]):
+        d = a[j]
+        if num_turns > 1 and t % u32(num_turns) != u32(seat[j]):
+            d = (prow // radix[j]) % m
+        nxt += d * radix[j]
+    return nxt
+
+
+@njit(inline="always")
+def _outcome_of(u, cum):
+    """The period's outcome: ``#{c: u >= cum_c}``."""
+    o = 0
+    for c in range(cum.shape[0]):
+        if u >= cum[c]:
+            o += 1
+    return o
+
+
 @njit(parallel=True, cache=True)
 def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s, pend_a,
                  pend_acc, pend_valid, k0, k1, alpha, beta_row, eps, temp, gumbel, step_lo,
@@ -647,10 +760,7 @@ def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s,
         bits = np.empty((2 * half, PASS), np.uint32)
         obits = np.empty(PASS, np.uint32)
         keys = np.empty((2, PASS), np.uint32)
-        gr = np.empty((n, q.shape[1]), np.int32)
-        for j in range(n):
-            for r in range(q.shape[1]):
-                gr[j, r] = i32(q[j, r, m])
+        gr = _greedy_columns(q, m)
         for start in range(0, length, PASS):
             todo = min(PASS, length - start)
             draw_act = not boltzmann and not done
@@ -673,36 +783,18 @@ def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s,
                     aj = gr[j, s]
                     if learning:
                         if boltzmann:
-                            temperature = temp[row]
-                            if temperature > 0:
-                                top = q[j, s, aj]
-                                den = max(temperature, tiny)
-                                best = f32(0.0)
-                                for c in range(m):
-                                    logit = _ftz(_ftz(f32(q[j, s, c] - top)) / den)
-                                    v = _ftz(gumbel[i, start + k, j, c] + logit)
-                                    if c == 0 or v > best:
-                                        best = v
-                                        aj = c
+                            if temp[row] > 0:
+                                aj = _boltzmann_price(q[j, s], gumbel[i, start + k, j], m,
+                                                      temp[row], tiny, aj)
                         else:
                             u = f32(bits[j, k]) * scale
                             e = eps[beta_row[i, j], row]
                             if u < e:
                                 aj = min(i32(u / max(e, tiny) * mf), i32(m - 1))
                     a[j] = aj
-                # the new profile
-                nxt = 0
-                for j in range(n):
-                    d = a[j]
-                    if num_turns > 1 and t % u32(num_turns) != u32(seat[j]):
-                        d = (prow // radix[j]) % m
-                    nxt += d * radix[j]
+                nxt = _next_profile(a, prow, radix, m, num_turns, seat, t)   # the new profile
                 if random:
-                    uo = f32(obits[k] >> u32(9)) * scale23
-                    o = 0
-                    for c in range(cum.shape[0]):
-                        if uo >= cum[c]:
-                            o += 1
+                    o = _outcome_of(f32(obits[k] >> u32(9)) * scale23, cum)
                 # the update
                 changed = False
                 for j in range(n):
@@ -712,11 +804,8 @@ def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s,
                         lag = (clk - seat[j]) % num_turns
                         if lag < 0:
                             lag += num_turns
-                        now = q[j, s, gr[j, s]]
-                        if fused_target:
-                            target = _ftz(fma32(discount_n, now, pend_acc[i, j]))
-                        else:
-                            target = _ftz(pend_acc[i, j] + _ftz(f32(discount_n * now)))
+                        target = _target(pend_acc[i, j], discount_n, q[j, s, gr[j, s]],
+                                         fused_target)
                         us, ua = pend_s[i, j], pend_a[i, j]
                         due = lag == 0 and pend_valid[i, j]
                         if lag == 0:
@@ -724,10 +813,8 @@ def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s,
                             pend_a[i, j] = a[j]
                             pend_acc[i, j] = r
                             pend_valid[i, j] = True
-                        elif fused_carry:
-                            pend_acc[i, j] = _ftz(fma32(weights[lag], r, pend_acc[i, j]))
-                        else:
-                            pend_acc[i, j] = _ftz(pend_acc[i, j] + _ftz(f32(weights[lag] * r)))
+                        else:   # pend_acc + delta^lag r
+                            pend_acc[i, j] = _target(pend_acc[i, j], weights[lag], r, fused_carry)
                         if not (learning and due):
                             continue
                         s, aj = us, ua
@@ -738,49 +825,17 @@ def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s,
                         best = q[j, sn, gr[j, sn]]
                         aj = a[j]
                         if full:
-                            greedy = 0
-                            top = f32(0.0)
-                            for c in range(m):
-                                pay = r if c == aj else cf[nxt, j, c]
-                                if fused_target:
-                                    tc = _ftz(fma32(discount, best, pay))
-                                else:
-                                    tc = _ftz(pay + _ftz(f32(discount * best)))
-                                old = q[j, s, c]
-                                if fused_increment:
-                                    new = _ftz(fma32(alpha[i, j], _ftz(f32(tc - old)), old))
-                                else:
-                                    new = _ftz(old + _ftz(f32(alpha[i, j] * _ftz(f32(tc - old)))))
-                                q[j, s, c] = new
-                                if c == 0 or new > top:
-                                    top = new
-                                    greedy = c
+                            greedy = _full_row(q[j, s], m, aj, r, cf[nxt, j], discount, best,
+                                               alpha[i, j], fused_target, fused_increment)
                             if greedy != gr[j, s]:
                                 changed = True
                                 gr[j, s] = greedy
                             continue
-                        if fused_target:
-                            target = _ftz(fma32(discount, best, r))
-                        else:
-                            target = _ftz(r + _ftz(f32(discount * best)))
+                        target = _target(r, discount, best, fused_target)
                     old = q[j, s, aj]
-                    if fused_increment:
-                        new = _ftz(fma32(alpha[i, j], _ftz(f32(target - old)), old))
-                    else:
-                        new = _ftz(old + _ftz(f32(alpha[i, j] * _ftz(f32(target - old)))))
+                    new = _increment(old, target, alpha[i, j], fused_increment)
                     q[j, s, aj] = new
-                    greedy = gr[j, s]
-                    if aj != greedy:
-                        top = q[j, s, greedy]
-                        if new > top or (new == top and aj < greedy):
-                            greedy = aj
-                    elif new < old:
-                        top = q[j, s, 0]
-                        greedy = 0
-                        for c in range(1, m):
-                            if q[j, s, c] > top:
-                                top = q[j, s, c]
-                                greedy = c
+                    greedy = _greedy_after(q[j, s], m, aj, new, old, gr[j, s])
                     if greedy != gr[j, s]:
                         changed = True
                         gr[j, s] = greedy
@@ -794,9 +849,7 @@ def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s,
                 if first + start + k >= tail_start:
                     for j in range(n):
                         tail[i, j] += table[o, nxt, j]
-        for j in range(n):
-            for r in range(q.shape[1]):
-                q[j, r, m] = f32(gr[j, r])
+        _store_greedy(q, gr, m)
         profile[i] = prow
         outcome[i] = o
         step[i] = st
