@@ -331,18 +331,7 @@ def make_kernel_chunk(game, length: int, tail_start: int,
 
     def chunk(sessions, first_period):
         state = sessions.learner
-        policy = np.asarray(state.policy_index)
-        neg_beta = -np.take_along_axis(np.asarray(state.hyper["exploration_decay"],
-                                                  np.float32), policy, axis=1)
-        alpha = np.ascontiguousarray(np.take_along_axis(
-            np.asarray(state.hyper["learning_rate"], np.float32), policy, axis=1))
-        betas, beta_row = np.unique(neg_beta, return_inverse=True)
-        beta_row = beta_row.reshape(neg_beta.shape).astype(np.int32)
-        step = np.array(state.step, np.int32)
-        converged = np.array(state.converged, bool)
-        learning = step[~converged]
-        step_lo = int(learning.min()) if learning.size else 0
-        span = (int(learning.max()) - step_lo if learning.size else 0) + int(length)
+        alpha, betas, beta_row, step, converged, step_lo, span = _slot_hyper(state, length)
         eps = np.array(eps_table(jnp.asarray(betas, jnp.float32), jnp.int32(step_lo),
                                  jnp.zeros(span, jnp.int8)))
         index = np.asarray(sessions.index, np.int32)
@@ -378,6 +367,26 @@ def make_kernel_chunk(game, length: int, tail_start: int,
 
 #: float32 values of the Gumbel noise a Boltzmann chunk asks XLA for at a time
 NOISE_VALUES = 1 << 24
+
+
+def _slot_hyper(state, length: int):
+    """Each seller's ``alpha [S, n]``, the distinct ``-beta`` values and each seller's row
+    among them (``beta_row [S, n]``), the step and convergence of every session, and the
+    steps a chunk of ``length`` periods spans from the lowest learning step (``step_lo``,
+    ``span``): what the kernels read of the learner state."""
+    policy = np.asarray(state.policy_index)
+    neg_beta = -np.take_along_axis(np.asarray(state.hyper["exploration_decay"], np.float32),
+                                   policy, axis=1)
+    alpha = np.ascontiguousarray(np.take_along_axis(
+        np.asarray(state.hyper["learning_rate"], np.float32), policy, axis=1))
+    betas, beta_row = np.unique(neg_beta, return_inverse=True)
+    beta_row = beta_row.reshape(neg_beta.shape).astype(np.int32)
+    step = np.array(state.step, np.int32)
+    converged = np.array(state.converged, bool)
+    learning = step[~converged]
+    step_lo = int(learning.min()) if learning.size else 0
+    span = (int(learning.max()) - step_lo if learning.size else 0) + int(length)
+    return alpha, betas, beta_row, step, converged, step_lo, span
 
 
 def _pending_in(state, sequential: bool, total: int, n: int):
@@ -473,18 +482,7 @@ def _general_chunk(game, length: int, tail_start: int, rounding: tuple[bool, ...
     def chunk(sessions, first_period):
         state = sessions.learner
         first_period = int(first_period)
-        policy = np.asarray(state.policy_index)
-        neg_beta = -np.take_along_axis(np.asarray(state.hyper["exploration_decay"],
-                                                  np.float32), policy, axis=1)
-        alpha = np.ascontiguousarray(np.take_along_axis(
-            np.asarray(state.hyper["learning_rate"], np.float32), policy, axis=1))
-        betas, beta_row = np.unique(neg_beta, return_inverse=True)
-        beta_row = beta_row.reshape(neg_beta.shape).astype(np.int32)
-        step = np.array(state.step, np.int32)
-        converged = np.array(state.converged, bool)
-        learning = step[~converged]
-        step_lo = int(learning.min()) if learning.size else 0
-        span = (int(learning.max()) - step_lo if learning.size else 0) + int(length)
+        alpha, betas, beta_row, step, converged, step_lo, span = _slot_hyper(state, length)
         if boltzmann:
             eps = np.zeros((1, 1), np.float32)
             temp = np.array(temp_table(jnp.int32(step_lo), jnp.zeros(span, jnp.int8)))
