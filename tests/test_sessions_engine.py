@@ -71,8 +71,8 @@ def assert_same(a: dict, b: dict, names=None) -> None:
 
 @pytest.mark.parametrize("firms, sessions, periods, chunk, m",
                          [(2, 8, 600, 140, 15), (3, 6, 400, 90, 15), (2, 8, 600, 140, 5),
-                          (2, 8, 600, 140, 7), (2, 8, 600, 140, 10)],
-                         ids=["duopoly", "three", "grid5", "grid7", "grid10"])
+                          (2, 8, 600, 140, 7), (2, 8, 600, 140, 10), (2, 8, 1500, 1500, 15)],
+                         ids=["duopoly", "three", "grid5", "grid7", "grid10", "one_chunk"])
 def test_kernel_backend_plays_the_xla_sessions_bit_for_bit(firms, sessions, periods, chunk, m):
     # Bugs caught: a kernel whose hash, exploration test (eps_t at the wrong step), the
     # rounding of its two multiply-adds, its greedy cache (the tie rule, the rescan when
@@ -80,7 +80,9 @@ def test_kernel_backend_plays_the_xla_sessions_bit_for_bit(firms, sessions, peri
     # tail window or the profile it hands back departs from the learner's act/update
     # (the xla backend) by one bit, for two sellers and for three (an odd number of
     # draws, m^3 states); chunks that do not divide the periods; grids where XLA would
-    # have fused the update's products into multiply-adds differently (5, 7, 10 prices).
+    # have fused the update's products into multiply-adds differently (5, 7, 10 prices);
+    # a greedy stretch skipped to the tail by the wrong number of periods (one_chunk: a
+    # session converged early skips a thousand periods of greedy play in one go).
     game = calvano(firms) if m == 15 else calvano(firms, grid_size=m)
     key = jax.random.key(7)
     settings = {"sessions": sessions, "periods": periods, "chunk": chunk, "window": 150,

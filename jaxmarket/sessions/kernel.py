@@ -127,6 +127,58 @@ def _greedy_period(gr, s, radix, table, tail, in_tail):
     return nxt
 
 
+@njit(inline="always")
+def _greedy_next(gr, s, radix):
+    """The profile after ``s`` when every seller plays its greedy price."""
+    nxt = 0
+    for j in range(gr.shape[0]):
+        nxt += gr[j, s] * radix[j]
+    return nxt
+
+
+@njit(inline="always")
+def _greedy_skip(gr, s, radix, count):
+    """The profile after ``count`` periods of greedy play from ``s``, in at most about
+    three times the periods to the greedy cycle and round it (Brent's cycle detection:
+    play is deterministic, so it enters a cycle of length ``lam`` after ``mu`` periods,
+    and the profile after ``count >= mu`` periods is the one after
+    ``mu + (count - mu) mod lam``)."""
+    if count <= 64:
+        for _ in range(count):
+            s = _greedy_next(gr, s, radix)
+        return s
+    power, lam = 1, 1
+    tortoise, hare = s, _greedy_next(gr, s, radix)
+    while tortoise != hare:   # lam: the cycle's length
+        if power == lam:
+            tortoise, power, lam = hare, power * 2, 0
+        hare = _greedy_next(gr, hare, radix)
+        lam += 1
+    tortoise, hare = s, s
+    for _ in range(lam):
+        hare = _greedy_next(gr, hare, radix)
+    mu = 0
+    while tortoise != hare:   # mu: the periods before the cycle
+        tortoise, hare = _greedy_next(gr, tortoise, radix), _greedy_next(gr, hare, radix)
+        mu += 1
+    steps = count if count <= mu else mu + (count - mu) % lam
+    for _ in range(steps):
+        s = _greedy_next(gr, s, radix)
+    return s
+
+
+@njit(inline="always")
+def _greedy_rest(gr, s, radix, table, tail, first, count, tail_start):
+    """``count`` periods of greedy play from ``s`` starting at period ``first``: the
+    periods before ``tail_start`` are skipped (:func:`_greedy_skip`), the ones in the tail
+    played one by one, their rewards added to ``tail`` in order."""
+    skip = min(max(tail_start - first, 0), count)
+    s = _greedy_skip(gr, s, radix, skip)
+    for _ in range(count - skip):
+        s = _greedy_period(gr, s, radix, table, tail, True)
+    return s
+
+
 #: Periods whose random bits one session draws at a time (a loop over independent
 #: periods, which the compiler vectorises), before playing them one after the other.
 PASS = 64
@@ -192,9 +244,8 @@ def _run_sessions(rows, state_index, step, stable, converged, k0, k1, alpha, bet
                 gr[j, r] = i32(q[j, r, m])
         for start in range(0, length, PASS):
             if done:   # greedy play to the end of the chunk
-                for k in range(length - start):
-                    s = _greedy_period(gr, s, radix, table, tail[i],
-                                       first + start + k >= tail_start)
+                s = _greedy_rest(gr, s, radix, table, tail[i], first + start, length - start,
+                                 tail_start)
                 break
             todo = min(PASS, length - start)
             _draw_bits(k0[i], k1[i], c0, c1, u32(first + start), todo, keys, bits)
