@@ -684,15 +684,15 @@ def _full_row(qs, m, taken, reward, cf_row, discount, best, alpha, fused_target,
               fused_increment):
     """Full feedback: every price ``c``'s Q moved toward ``cf_c + discount best`` (the
     taken price's payoff its ``reward``); returns the row's new first argmax."""
-    greedy = 0
-    top = f32(0.0)
-    for c in range(m):
+    for c in range(m):   # independent prices: one vector loop
         pay = reward if c == taken else cf_row[c]
-        new = _increment(qs[c], _target(pay, discount, best, fused_target), alpha,
-                         fused_increment)
-        qs[c] = new
-        if c == 0 or new > top:
-            top = new
+        qs[c] = _increment(qs[c], _target(pay, discount, best, fused_target), alpha,
+                           fused_increment)
+    greedy = 0
+    top = qs[0]
+    for c in range(1, m):
+        if qs[c] > top:
+            top = qs[c]
             greedy = c
     return greedy
 
