@@ -270,13 +270,25 @@ def calvano(get: Loader) -> str:
 
 def sessions_throughput(get: Loader) -> str:
     r = get("sessions_throughput")
-    rows = [[row["design"], row["backend"], f"{row['sessions']:,} x {row['periods']:,}",
-             f"**{n(row['session_periods_per_s'])}**", n(row["wall_s"], 1),
-             n(row["compile_s"], 1)] for row in r["results.designs"]]
-    rows += [[row["design"], row["backend"], "skipped", row["reason"], "", ""]
+    ratio = {row["design"]: row for row in r.get("results.ratios") or []}
+    rows = []
+    for row in r["results.designs"]:
+        kept = ratio.get(row["design"]) if row["backend"] == "kernel-cpu" else None
+        rows.append([row["design"], row["backend"], f"{row['sessions']:,} x {row['periods']:,}",
+                     f"**{n(row['session_periods_per_s'])}**",
+                     n(row.get("session_periods_per_cpu_s")), n(row["wall_s"], 1),
+                     n(row.get("cpu_s"), 1), n(row["compile_s"], 1),
+                     "" if kept is None else f"**{kept['kernel_over_xla']:.2f}x**"])
+    rows += [[row["design"], row["backend"], "skipped", row["reason"], "", "", "", "", ""]
              for row in r["results.skipped"] if row["backend"] != "xla-gpu"]
-    return table(["design", "backend", "sessions x periods", "session-periods / s", "wall s",
-                  "compile s"], rows, "llllrr") + "\n\n" + source(r)
+    met = [row for row in ratio.values() if row["target_met"]]
+    target = "" if not ratio else \
+        f"\n\nTarget (kernel at least {next(iter(ratio.values()))['target']:.0f}x XLA for " \
+        f"every design): **{'met' if len(met) == len(ratio) else 'not met'}** " \
+        f"({len(met)} of {len(ratio)} designs)."
+    return table(["design", "backend", "sessions x periods", "session-periods / s",
+                  "per CPU-s", "wall s", "CPU s", "compile s", "kernel / xla"], rows,
+                 "llllrrrrr") + target + "\n\n" + source(r)
 
 
 def cluster(get: Loader) -> str:
