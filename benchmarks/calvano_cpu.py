@@ -1,7 +1,8 @@
 """CPU seconds of Calvano et al.'s 1000 sessions as a user runs them, ``python -m
 jaxmarket.train configs/calvano.yaml``, start-up included, beside a plain C session loop
-built by the user (``--yardstick BINARY``), and the first run on a fresh machine beside
-a second one (``--cold``).
+(``--yardstick``: ``benchmarks/yardsticks/calvano_period.c``, built here with ``cc -O3
+-march=native -fopenmp``; ``--yardstick BINARY``: a program of your own), and the first
+run on a fresh machine beside a second one (``--cold``).
 
 Each command runs as a child process; its CPU time is the user + system time the
 operating system charges to it and its threads (``os.wait4``), its wall time from start
@@ -24,9 +25,8 @@ temporary folders: a fresh clone after ``pip install``, which leaves the install
 packages' bytecode compiled), then again with the caches the first run left (target: the
 first at most 1.3x the second, wall time).
 
-    cc -O3 -march=native -fopenmp calvano_period.c -o /tmp/calvano_period -lm
-    python benchmarks/calvano_cpu.py --yardstick /tmp/calvano_period --json
-    python benchmarks/calvano_cpu.py --cold --sessions 1000 --json --write
+    python benchmarks/calvano_cpu.py --yardstick --cold --json --write
+    python benchmarks/calvano_cpu.py --yardstick ./my_loop --sessions 100
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ import record  # noqa: E402  (benchmarks/record.py: --write, --json-out)
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "configs/calvano.yaml"
+SOURCE = ROOT / "benchmarks" / "yardsticks" / "calvano_period.c"
 #: the product's session-periods per CPU-second over the yardstick's, at least
 RATIO_TARGET = 1.0
 #: the first run's wall time over the second's, at most
@@ -83,6 +84,18 @@ def product(sessions: int, run_dir: Path, env: dict | None = None) -> dict:
             "profit_gain": summary["profit_gain"]["sellers"]}
 
 
+def build(where: Path) -> str:
+    """``benchmarks/yardsticks/calvano_period.c`` built with ``cc`` into ``where``."""
+    binary = where / "calvano_period"
+    command = ["cc", "-O3", "-march=native", "-fopenmp", str(SOURCE), "-o", str(binary),
+               "-lm"]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"--yardstick: {' '.join(command[:4])} {SOURCE.name} failed "
+                         f"(a C compiler with OpenMP is needed):\n{done.stderr[-1000:]}")
+    return str(binary)
+
+
 def yardstick(binary: str, sessions: int) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(os.cpu_count()))
     wall, cpu, out = timed([binary, str(sessions)], env)
@@ -108,8 +121,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="calvano_cpu.py",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--sessions", type=int, default=1000)
-    parser.add_argument("--yardstick", metavar="BINARY",
-                        help="a program: BINARY SESSIONS prints JSON with session_periods")
+    parser.add_argument("--yardstick", nargs="?", const="", default=None, metavar="BINARY",
+                        help="the C loop of benchmarks/yardsticks/ (built with cc), or a "
+                             "program: BINARY SESSIONS prints JSON with session_periods")
     parser.add_argument("--cold", action="store_true",
                         help="also the first run with empty caches, then a second")
     parser.add_argument("--json", action="store_true", help="print a JSON object last")
@@ -122,6 +136,8 @@ def main(argv: list[str] | None = None) -> dict:
     result = {"sessions": args.sessions, "cpus": os.cpu_count()}
     with tempfile.TemporaryDirectory(prefix="calvano-cpu-") as tmp:
         where = Path(tmp)
+        if args.yardstick == "":
+            args.yardstick = build(where)
         if args.yardstick:
             result["yardstick"] = yardstick(args.yardstick, args.sessions)
             print(f"yardstick: {result['yardstick']['cpu_s']:.1f} CPU-s, "
@@ -145,8 +161,8 @@ def main(argv: list[str] | None = None) -> dict:
                   f"{s['cold_over_warm']:.2f}x (target at most {COLD_TARGET}x)")
     if args.json:
         print(json.dumps(result))
-    shown = None if argv is None else [
-        "BINARY" if a == args.yardstick else a for a in argv]   # no path of this machine
+    shown = None if argv is None else [   # no path of this machine
+        "BINARY" if a == args.yardstick else a for a in argv]
     record.write(args, result, __file__, shown, "calvano_cpu")
     return result
 

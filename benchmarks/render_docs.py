@@ -291,6 +291,37 @@ def sessions_throughput(get: Loader) -> str:
                  "llllrrrrr") + target + "\n\n" + source(r)
 
 
+def calvano_cpu(get: Loader) -> str:
+    r = get("calvano_cpu")
+    x = r["results"]
+    rows = []
+    if "yardstick" in x:
+        y = x["yardstick"]
+        rows.append(["plain C loop (`--yardstick`)", f"{y['sessions']:,}", n(y["wall_s"], 1),
+                     f"**{n(y['cpu_s'], 1)}**", n(y["session_periods"]),
+                     f"**{n(y['session_periods_per_cpu_s'])}**", f"{y['profit_gain']:.4f}"])
+    p = x["product"]
+    rows.append([f"`{p['command']}`", f"{p['sessions']:,}", n(p["wall_s"], 1),
+                 f"**{n(p['cpu_s'], 1)}**", n(p["session_periods"]),
+                 f"**{n(p['session_periods_per_cpu_s'])}**", f"{p['profit_gain']:.4f}"])
+    text = table(["command", "sessions", "wall s", "CPU s", "session-periods learnt",
+                  "per CPU-s", "profit gain Delta"], rows, "lrrrrrr")
+    if "ratio" in x:
+        q = x["ratio"]
+        text += f"\n\nPer CPU-second, start-up included: **{q['product_over_yardstick']:.2f}x** " \
+                f"the C loop (target {q['target']:.1f}x: " \
+                f"**{'met' if q['target_met'] else 'not met'}**)."
+    if "start" in x:
+        c = x["start"]
+        text += "\n\n" + table(
+            ["run", "wall s", "CPU s"],
+            [["first, empty caches", n(c["cold"]["wall_s"], 1), n(c["cold"]["cpu_s"], 1)],
+             ["second", n(c["warm"]["wall_s"], 1), n(c["warm"]["cpu_s"], 1)]], "lrr") + \
+            f"\n\nFirst run over second: **{c['cold_over_warm']:.2f}x** (target at most " \
+            f"{c['target']:.1f}x: **{'met' if c['target_met'] else 'not met'}**)."
+    return text + "\n\n" + source(r)
+
+
 def cluster(get: Loader) -> str:
     r = get("cluster")
     x = r["results"]
@@ -549,7 +580,7 @@ def cost_model(get: Loader) -> str:
 BLOCKS: dict[str, Callable[[Loader], str]] = {f.__name__: f for f in (
     throughput, throughput_against_minimal, throughput_breakdown, throughput_sweep,
     train_throughput, train_throughput_profile, bandit_update, ppo_cartpole, ppo_market,
-    ppo_market_profile, sb3_vec, calvano, sessions_throughput, cluster, population_throughput,
+    ppo_market_profile, sb3_vec, calvano, sessions_throughput, calvano_cpu, cluster, population_throughput,
     pbt_efficacy, device_throughput, offline, offline_vs_d3rlpy, poi_efficacy, ground_truths,
     train_throughput_devices, throughput_devices, device_equality, startup, roofline,
     cost_model)}
