@@ -18,8 +18,11 @@ Designs (``--designs``, the first three by default): ``calvano`` (the duopoly of
 et al.: the kernel's plain loop), ``klein2021`` (alternating moves, Klein's sequential
 target), ``asker2022_sync`` (100 prices, full feedback, epsilon from 0), and on request
 ``calvano2021`` (random period outcomes, an observation grid of its own),
-``banchio2022_first`` (random period outcomes, a stateless learner) and ``waltman2008``
-(Boltzmann exploration): all but ``calvano`` on the kernel's general loop.
+``banchio2022_first`` (random period outcomes, a stateless learner), ``waltman2008``
+(Boltzmann exploration) and ``calvano2020_boltzmann`` (the shipped design
+``jaxmarket/designs/calvano2020_boltzmann.yaml``: Calvano's duopoly with Boltzmann
+exploration, its config with the design's ``learners.*`` overrides): all but ``calvano``
+on the kernel's general loop.
 
 ``wall_s`` is the whole ``start()`` call: the outcome tables, compilation, the periods,
 the greedy cycles, the equilibrium and the run directory's files (what a user waits
@@ -58,16 +61,24 @@ from jaxmarket.config.loader import load_config
 from jaxmarket.sessions import engine as eng
 from jaxmarket.sessions import run as session_run
 from jaxmarket.sessions.game import make_game
+from jaxmarket.sessions.reproduce import find_design
 
 ROOT = Path(__file__).resolve().parents[1]
 DESIGNS = ("calvano", "klein2021", "asker2022_sync", "calvano2021", "banchio2022_first",
-           "waltman2008")
+           "waltman2008", "calvano2020_boltzmann")
+#: designs of jaxmarket/designs: their config with their learner overrides
+SHIPPED_DESIGNS = ("calvano2020_boltzmann",)
 DEFAULT_DESIGNS = DESIGNS[:3]
 BACKENDS = ("xla-cpu", "kernel-cpu", "xla-gpu")
 
 
 def config_of(design: str, sessions: int, periods: int, chunk: int, backend: str) -> dict:
-    return load_config(ROOT / "configs" / f"{design}.yaml", [
+    path, extra = ROOT / "configs" / f"{design}.yaml", []
+    if design in SHIPPED_DESIGNS:
+        shipped = find_design(design)
+        path = shipped.config
+        extra = [o for o in shipped.overrides if o.startswith("learners.")]
+    return load_config(path, extra + [
         f"train.num_seeds={sessions}", f"train.num_iterations={periods}",
         f"train.chunk_size={min(chunk, periods)}", "train.session_stop=periods",
         f"train.session_backend={backend}"])
