@@ -10,9 +10,10 @@ compares the two). XLA:CPU decides by itself whether ``r + delta max Q`` and
 ``Q + alpha (target - Q)`` are fused multiply-adds (it depends on the grid and on the
 number of sessions), so the kernel plays whichever rounding XLA's program of the run
 uses (:func:`calibrate`). It plays the games of
-:func:`jaxmarket.sessions.game.kernel_reason`: Calvano et al.'s learner in
-:func:`_run_sessions`, every other design whose sellers own their Q tables in
-:func:`_run_general` (:func:`plain` picks). XLA:CPU flushes denormal results to zero, and
+:func:`jaxmarket.sessions.game.kernel_reason`: Calvano et al.'s learner (one ``delta``)
+in :func:`_run_sessions`, every other design whose sellers own their Q tables (each
+seller its own ``alpha``, ``beta`` and ``delta``) in :func:`_run_general` (:func:`plain`
+picks). XLA:CPU flushes denormal results to zero, and
 so does the kernel (:func:`_ftz`).
 
 Why a hand-written loop: a session-period is a short chain of dependent table reads and
@@ -27,7 +28,11 @@ What is not computed here is ``eps_t = exp(-beta t)``: XLA's float32 ``exp`` and
 library's differ in the last bit for about one ``t`` in ten, and an exploration test
 ``u < eps_t`` that flips changes a session. The chunk's ``eps_t`` (one row per distinct
 ``beta``, one column per step the chunk can reach) is computed by XLA with the learner's
-own expression and looked up.
+own expression and looked up. So is Boltzmann sampling's Gumbel noise: the kernel draws
+``jax.random.gumbel(key_t, (n, m))``'s random words ``b`` itself and reads
+``-log(-log(u(b)))`` from a table of every value jax's own ``gumbel`` gives a word's top
+23 bits (:func:`gumbel_table`), so ``argmax_c g_c + (Q_c - max Q) / T`` is
+``jax.random.categorical``'s draw bit for bit.
 """
 
 from __future__ import annotations
@@ -667,6 +672,24 @@ def _draw_noise(keys, g0, g1, count, bits, table, noise):
 
 
 @njit(inline="always")
+def _draw_pass(k0, k1, first, count, acting, boltzmann, random, keys, c0, c1, bits, g0, g1,
+               gbits, gtable, noise, obits):
+    """One pass's draws of :func:`_run_general`, periods ``first + k``, ``k < count``:
+    ``keys[:, k] = fold_in(key, first + k)``; while ``acting`` (learning), the act's
+    uniforms' words ``bits`` or, with ``boltzmann``, its Gumbel ``noise``
+    (:func:`_draw_noise`); with ``random`` outcomes, their words ``obits``."""
+    if acting or random:
+        _fold_keys(k0, k1, first, count, keys)
+    if acting:
+        if boltzmann:
+            _draw_noise(keys, g0, g1, count, gbits, gtable, noise)
+        else:
+            _act_bits(keys, c0, c1, count, bits)
+    if random:
+        _draw_outcome_bits(keys, count, obits)
+
+
+@njit(inline="always")
 def _target(reward, discount, best, fused):
     """``reward + discount best`` rounded as XLA's program rounds it (``fused``: one
     fused multiply-add)."""
@@ -837,15 +860,8 @@ def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s,
         gr = _greedy_columns(q, m)
         for start in range(0, length, PASS):
             todo = min(PASS, length - start)
-            if not done or random:
-                _fold_keys(k0[i], k1[i], u32(first + start), todo, keys)
-            if not done:
-                if boltzmann:
-                    _draw_noise(keys, g0, g1, todo, gbits, gtable, noise)
-                else:
-                    _act_bits(keys, c0, c1, todo, bits)
-            if random:
-                _draw_outcome_bits(keys, todo, obits)
+            _draw_pass(k0[i], k1[i], u32(first + start), todo, not done, boltzmann, random,
+                       keys, c0, c1, bits, g0, g1, gbits, gtable, noise, obits)
             for k in range(todo):
                 t = u32(first + start + k)
                 learning = not done
