@@ -594,7 +594,8 @@ def _act_bits(keys, c0, c1, count, out):
             out[h, k], out[half + h, k] = threefry2x32(keys[0, k], keys[1, k], c0[h], c1[h])
 
 
-#: float32 Gumbel values, one per 23-bit mantissa (:func:`gumbel_table`), per mode
+#: float32 Gumbel values, one per 23-bit mantissa (:func:`gumbel_table`), per mode and
+#: platform
 _GUMBEL = {}
 
 
@@ -641,7 +642,8 @@ def gumbel_table(mode: str = "low") -> np.ndarray:
     Computed once per process (about 0.1 s, 32 MB, on 2 MB pages where Linux allows)."""
     if mode != "low":
         raise ValueError(f"gumbel_table: mode {mode!r} reads more than one word per value")
-    if mode not in _GUMBEL:
+    where = (mode, jax.default_backend())   # XLA's log of the platform the run uses
+    if where not in _GUMBEL:
         from jax.extend.random import define_prng_impl
         impl = define_prng_impl(
             key_shape=(1,), seed=lambda s: jnp.zeros((1,), jnp.uint32),
@@ -649,8 +651,8 @@ def gumbel_table(mode: str = "low") -> np.ndarray:
             random_bits=_mantissa_bits, fold_in=lambda k, d: k, name="mantissas")
         key = jax.random.wrap_key_data(jnp.zeros((1,), jnp.uint32), impl=impl)
         table = jax.jit(lambda k: jax.random.gumbel(k, (1 << 23,), jnp.float32, mode))(key)
-        _GUMBEL[mode] = _huge_page_array(np.asarray(table, np.float32))
-    return _GUMBEL[mode]
+        _GUMBEL[where] = _huge_page_array(np.asarray(table, np.float32))
+    return _GUMBEL[where]
 
 
 def gumbel_mode() -> str:
