@@ -91,7 +91,7 @@ def test_one_update_discounts_each_firm_with_its_own_delta():
     got = np.array([q[0, 0, 1], q[1, 0, 3]])
     np.testing.assert_allclose(got, 0.5 * 10 + 0.5 * (np.array([0.3, 0.4])
                                                      + np.array([0.9, 0.2]) * 10), rtol=1e-6)
-    assert "discount" in kernel_reason(g)
+    assert kernel_reason(g) is None   # the kernel's general loop plays per-firm deltas
 
 
 def test_random_rival_q0_divides_each_firm_by_its_own_one_minus_delta():
@@ -131,12 +131,24 @@ def test_kernel_plays_per_firm_alpha_and_beta_as_xla_bit_for_bit():
                               np.asarray(xla.sessions.learner.rows))
 
 
-def test_auto_backend_falls_back_to_xla_for_per_firm_discounts():
-    g = game("learners.sellers.discount=[0.9, 0.5]")
-    backend, note = eng.choose_backend(g, "auto")
-    assert backend == "xla" and "per-firm discounts [0.9, 0.5]" in note
-    with pytest.raises(ValueError, match="discount"):
-        eng.choose_backend(g, "kernel")
+def test_kernel_plays_per_firm_discounts_as_xla_bit_for_bit_and_auto_takes_it():
+    # Bug caught: a kernel that plays one delta for every seller (firm 0's, or the plain
+    # loop's scalar), or auto still sending per-firm discounts to xla.
+    g = game("learners.sellers.discount=[0.9, 0.3]", "learners.sellers.learning_rate=0.3",
+             "learners.sellers.exploration_decay=0.02")
+    assert eng.choose_backend(g, "auto") == ("kernel", None)
+    assert eng.choose_backend(g, "kernel") == ("kernel", None)
+    xla, kernel = run(g, "xla", 3), run(g, "kernel", 3)
+    assert (xla.backend, kernel.backend) == ("xla", "kernel")
+    for a, b in ((xla.sessions.learner.rows, kernel.sessions.learner.rows),
+                 (xla.sessions.index, kernel.sessions.index),
+                 (xla.sessions.tail, kernel.sessions.tail)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # the second firm's delta matters: not the run of firm 0's delta for both
+    same = run(game("learners.sellers.discount=0.9", "learners.sellers.learning_rate=0.3",
+                    "learners.sellers.exploration_decay=0.02"), "xla", 3)
+    assert not np.array_equal(np.asarray(same.sessions.learner.rows)[:, 1],
+                              np.asarray(xla.sessions.learner.rows)[:, 1])
 
 
 def test_equal_lists_play_exactly_as_the_scalar():

@@ -2,7 +2,9 @@
 against the XLA backend, design by design: every shipped session design whose game is
 not Calvano et al.'s plain one (full feedback, an epsilon schedule from below 1,
 Boltzmann exploration, alternating moves with Klein's sequential target, random period
-outcomes, a stateless learner, an observation grid of its own).
+outcomes, a stateless learner, an observation grid of its own), and designs given one
+discount per firm (``name:delta`` cases: Calvano's plain game, full feedback, Klein's
+sequential target), which the kernel plays in its general loop.
 
 Each game is the design's own config with faster exploration, a short convergence
 window and (where the design's would make sessions sit still) a lower discount, so that
@@ -19,6 +21,7 @@ from __future__ import annotations
 import functools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -48,14 +51,22 @@ CASES = {
                            "learning_rate": 0.5, "discount": 0.3}, False),
     "calvano2020_demand015": ({"exploration_decay": 3e-2, "convergence_window": 20,
                                "discount": 0.3, "learning_rate": 0.5}, True),
+    # per-firm discounts: each seller's target r + delta_j max Q with its own delta_j
+    "calvano2020:delta": ({"exploration_decay": 3e-2, "convergence_window": 20,
+                           "discount": [0.5, 0.2], "learning_rate": 0.5}, True),
+    "asker2022_sync:delta": ({"convergence_window": 1000, "learning_rate": 0.5,
+                              "discount": [0.95, 0.6]}, False),
+    "klein2021:delta": ({"epsilon": {"start": 1.0, "decay": 2e-2}, "convergence_window": 30,
+                         "discount": [0.95, 0.7]}, True),
 }
 #: quick enough for every run of the suite; the others are marked slow
-QUICK = ("asker2022_sync", "klein2021")
+QUICK = ("asker2022_sync", "klein2021", "calvano2020:delta")
 
 
 @functools.cache
 def design_game(name: str):
-    design = find_design(name)
+    """The game of case ``name`` (``design`` or ``design:variant``) of :data:`CASES`."""
+    design = find_design(name.split(":")[0])
     group = next(iter(load_config(design.config, list(design.overrides))["learners"]))
     learner, _ = CASES[name]
     items = list(design.overrides) + [f"learners.{group}.{k}={v!r}"
@@ -138,11 +149,75 @@ def test_kernel_flushes_denormals_to_zero_as_xla_does():
     assert float(x) == 0.0
 
 
-def test_auto_keeps_boltzmann_on_xla_and_says_why():
-    # Bug caught: auto sending Boltzmann exploration to the kernel, which plays it bit for
-    # bit but slower (XLA draws its Gumbel noise either way), or refusing it as kernel.
+def test_per_firm_discounts_reach_the_kernel_as_each_sellers_own():
+    # Bug caught: a case list whose per-firm discounts were lost on the way (one delta
+    # for both sellers would not test the per-seller lookup), or a per-firm game sent to
+    # the plain loop, which plays one delta.
+    for name in ("calvano2020:delta", "asker2022_sync:delta", "klein2021:delta"):
+        game = design_game(name)
+        assert isinstance(game.settings.discount, tuple), name
+        assert len(set(game.settings.discount)) == 2 and not plain(game), name
+    design = find_design("calvano2020")   # one delta: the plain loop
+    assert plain(make_game(session_plan(load_config(design.config, list(design.overrides)))))
+
+
+def test_auto_takes_the_kernel_for_boltzmann_and_per_firm_discounts():
+    # Bug caught: auto keeping Boltzmann exploration (now noise the kernel draws itself)
+    # or per-firm discounts on xla, or refusing them as kernel; and auto sending
+    # Boltzmann to the kernel under jax_high_dynamic_range_gumbel, whose noise reads two
+    # words per value (the kernel's table is of mode low).
+    for name in ("calvano2020_boltzmann", "waltman2008_n3", "calvano2020:delta",
+                 "klein2021"):
+        game = design_game(name)
+        assert eng.choose_backend(game, "auto") == ("kernel", None), name
+        assert eng.choose_backend(game, "kernel") == ("kernel", None), name
     game = design_game("calvano2020_boltzmann")
-    backend, note = eng.choose_backend(game, "auto")
-    assert backend == "xla" and "Boltzmann exploration" in note and "slower" in note
-    assert eng.choose_backend(game, "kernel") == ("kernel", None)
-    assert eng.choose_backend(design_game("klein2021"), "auto") == ("kernel", None)
+    jax.config.update("jax_high_dynamic_range_gumbel", True)
+    try:
+        backend, note = eng.choose_backend(game, "auto")
+        assert eng.choose_backend(design_game("klein2021"), "auto") == ("kernel", None)
+    finally:
+        jax.config.update("jax_high_dynamic_range_gumbel", False)
+    assert backend == "xla" and "jax_high_dynamic_range_gumbel" in note
+
+
+def test_gumbel_table_is_jaxs_gumbel_and_categorical():
+    # Bugs caught: a table indexed other than by the word's top 23 bits, of another
+    # mode or minval, or noise drawn with other counters than gumbel(key_t, (n, m)) and
+    # categorical(key_t, logits) use (the kernel's words are _act_bits of the (n m)
+    # counters, checked here against jax.random.bits).
+    from jaxmarket.sessions.kernel import _act_bits, _fold_keys, gumbel_table
+    table = gumbel_table()
+    assert table.shape == (1 << 23,) and table.dtype == np.float32
+    n, m, periods = 3, 15, 4096
+    with jax.threefry_partitionable(False):
+        key = jax.random.key(11)
+        keys = jax.vmap(lambda t: jax.random.fold_in(key, t))(np.arange(periods, dtype=np.uint32))
+        want = np.asarray(jax.vmap(lambda k: jax.random.gumbel(k, (n, m), jnp.float32))(keys))
+        words = np.asarray(jax.vmap(lambda k: jax.random.bits(k, (n * m,), jnp.uint32))(keys))
+        logits = jax.random.normal(jax.random.key(2), (n, m)) * 3.0
+        sample = np.asarray(jax.vmap(lambda k: jax.random.categorical(k, logits))(keys))
+    np.testing.assert_array_equal(table[words >> 9], want.reshape(periods, -1))
+    # the kernel's own words of the same keys
+    half = (n * m + 1) // 2
+    counts = np.arange(2 * half, dtype=np.uint32)
+    counts[n * m:] = 0
+    kd = np.asarray(jax.random.key_data(key), np.uint32)
+    folded = np.empty((2, periods), np.uint32)
+    _fold_keys(kd[0], kd[1], np.uint32(0), periods, folded)
+    out = np.empty((2 * half, periods), np.uint32)
+    _act_bits(folded, counts[:half].copy(), counts[half:].copy(), periods, out)
+    np.testing.assert_array_equal(out[:n * m].T, words)
+    # categorical: the first argmax of noise + logits (the same float32 sum)
+    noisy = table[words >> 9].reshape(periods, n, m) + np.asarray(logits, np.float32)
+    np.testing.assert_array_equal(np.argmax(noisy, axis=-1), sample)
+    # every entry: jax's mode-low formula on the word f << 9, restated
+    f = jnp.arange(1 << 23, dtype=jnp.uint32)
+    tiny = np.float32(np.finfo(np.float32).tiny)
+
+    @jax.jit
+    def restated(f):
+        x = jax.lax.bitcast_convert_type((f | np.uint32(0x3F800000)), jnp.float32) - 1.0
+        u = jnp.maximum(tiny, x * (np.float32(1.0) - tiny) + tiny)
+        return -jnp.log(-jnp.log(u))
+    np.testing.assert_array_equal(table, np.asarray(restated(f)))

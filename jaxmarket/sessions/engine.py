@@ -33,8 +33,7 @@ Backends (``backend``): ``xla`` runs the learner's ``act``/``update`` (any devic
 CPU, GPU, TPU); ``kernel`` (:mod:`jaxmarket.sessions.kernel`, numba) plays each
 session's periods of a chunk in one compiled loop per thread, the same sessions bit for
 bit; ``auto`` takes the kernel where numba is installed, the platform is a CPU and the
-game is one the kernel plays (:func:`~jaxmarket.sessions.game.kernel_reason`) faster
-than XLA (not Boltzmann exploration, whose Gumbel noise the kernel reads from XLA), else
+game is one the kernel plays (:func:`~jaxmarket.sessions.game.kernel_reason`), else
 ``xla``. With ``xla`` and ``stop: converged``, the running batch is compacted to the
 sessions still learning (padded with converged ones, batch sizes on a fixed ladder, a
 function of the count alone), so converged sessions stop costing time.
@@ -142,11 +141,6 @@ def choose_backend(game: SessionGame, backend: str = "auto") -> tuple[str, str |
         return "xla", None
     if reason is None and jax.default_backend() != "cpu":
         reason = f"the platform is {jax.default_backend()} (the kernel runs on CPU threads)"
-    if reason is None and game.settings.boltzmann is not None:
-        # bit for bit on the kernel too (backend: kernel), but slower: XLA draws the
-        # Gumbel noise of every price and period either way, and the kernel reads it back
-        reason = ("Boltzmann exploration (backend kernel plays it bit for bit, but slower: "
-                  "its Gumbel noise is XLA's)")
     return ("xla", f"session backend xla: {reason}") if reason else ("kernel", None)
 
 

@@ -230,13 +230,17 @@ def kernel_reason(game: SessionGame) -> str | None:
     Boltzmann exploration, the update on the price taken or on every price
     (``feedback: full``), Calvano's or Klein's sequential target, simultaneous or
     alternating moves, deterministic or random period outcomes, any state that is a
-    function of the profile in force (and the outcome), each seller's own ``alpha`` and
-    ``beta`` (from the learner state), one discount ``delta`` for every seller."""
+    function of the profile in force (and the outcome), each seller's own ``alpha``,
+    ``beta`` (from the learner state) and ``delta`` (one for every seller or one per
+    firm). Boltzmann exploration's Gumbel noise is read from a table of ``mode="low"``
+    values (:func:`jaxmarket.sessions.kernel.gumbel_table`), so not under jax's
+    ``jax_high_dynamic_range_gumbel``."""
     s = game.settings
     if not s.exclusive_policies or tuple(s.policy_index) != tuple(range(game.sellers)):
         return "sellers sharing a Q table"
-    if isinstance(s.discount, tuple):
-        return f"per-firm discounts {list(s.discount)} (the kernel plays one delta)"
+    if s.boltzmann is not None and jax.config.jax_high_dynamic_range_gumbel:
+        return ("Boltzmann exploration under jax_high_dynamic_range_gumbel (the kernel's "
+                "Gumbel table is of mode low)")
     return None
 
 

@@ -10,9 +10,10 @@ compares the two). XLA:CPU decides by itself whether ``r + delta max Q`` and
 ``Q + alpha (target - Q)`` are fused multiply-adds (it depends on the grid and on the
 number of sessions), so the kernel plays whichever rounding XLA's program of the run
 uses (:func:`calibrate`). It plays the games of
-:func:`jaxmarket.sessions.game.kernel_reason`: Calvano et al.'s learner in
-:func:`_run_sessions`, every other design whose sellers own their Q tables in
-:func:`_run_general` (:func:`plain` picks). XLA:CPU flushes denormal results to zero, and
+:func:`jaxmarket.sessions.game.kernel_reason`: Calvano et al.'s learner (one ``delta``)
+in :func:`_run_sessions`, every other design whose sellers own their Q tables (each
+seller its own ``alpha``, ``beta`` and ``delta``) in :func:`_run_general` (:func:`plain`
+picks). XLA:CPU flushes denormal results to zero, and
 so does the kernel (:func:`_ftz`).
 
 Why a hand-written loop: a session-period is a short chain of dependent table reads and
@@ -27,7 +28,11 @@ What is not computed here is ``eps_t = exp(-beta t)``: XLA's float32 ``exp`` and
 library's differ in the last bit for about one ``t`` in ten, and an exploration test
 ``u < eps_t`` that flips changes a session. The chunk's ``eps_t`` (one row per distinct
 ``beta``, one column per step the chunk can reach) is computed by XLA with the learner's
-own expression and looked up.
+own expression and looked up. So is Boltzmann sampling's Gumbel noise: the kernel draws
+``jax.random.gumbel(key_t, (n, m))``'s random words ``b`` itself and reads
+``-log(-log(u(b)))`` from a table of every value jax's own ``gumbel`` gives a word's top
+23 bits (:func:`gumbel_table`), so ``argmax_c g_c + (Q_c - max Q) / T`` is
+``jax.random.categorical``'s draw bit for bit.
 """
 
 from __future__ import annotations
@@ -319,12 +324,14 @@ ROUNDINGS = ((True, True), (True, False), (False, True), (False, False))
 def plain(game) -> bool:
     """Whether ``game`` is Calvano et al.'s (:func:`_run_sessions`): a deterministic
     period, every seller moving, epsilon-greedy from 1, the update on the price taken
-    with Calvano's target, each seller's state the price profile in force. Every other
+    with Calvano's target and one ``delta``, each seller's state the price profile in
+    force. Every other
     game :func:`jaxmarket.sessions.game.kernel_reason` accepts runs
     :func:`_run_general`."""
     s = game.settings
     if (game.probs is not None or game.turns is not None or s.boltzmann is not None
-            or s.epsilon_start != 1.0 or s.feedback != "taken" or s.target != "simultaneous"):
+            or s.epsilon_start != 1.0 or s.feedback != "taken" or s.target != "simultaneous"
+            or isinstance(s.discount, tuple)):
         return False
     rows = np.arange(game.reward.shape[0])[:, None]
     want = (rows.size, game.sellers)
@@ -416,10 +423,6 @@ def make_kernel_chunk(game, length: int, tail_start: int,
     return chunk
 
 
-#: float32 values of the Gumbel noise a Boltzmann chunk asks XLA for at a time
-NOISE_VALUES = 1 << 24
-
-
 def _slot_hyper(state, length: int):
     """Each seller's ``alpha [S, n]``, the distinct ``-beta`` values and each seller's row
     among them (``beta_row [S, n]``), the step and convergence of every session, and the
@@ -459,13 +462,18 @@ def _general_chunk(game, length: int, tail_start: int, rounding: tuple[bool, ...
     from the C library's in the last bit): ``eps_t`` (times ``epsilon.start``), the
     Boltzmann temperature ``T_t``, ``delta^lag`` of the pending sums, the counterfactual
     payoffs (the learner's own :func:`~jaxmarket.learners.qlearning.counterfactual_payoffs`
-    of every profile) and, chunk piece by piece, the Gumbel noise of Boltzmann sampling
-    (``jax.random.gumbel(key_t, (n, m))``, what ``jax.random.categorical`` adds)."""
+    of every profile) and, once per process, the Gumbel value of every random word
+    (:func:`gumbel_table`: what ``jax.random.categorical`` adds is
+    ``jax.random.gumbel(key_t, (n, m))``, whose words the kernel draws itself). Each
+    seller ``j`` discounts with its firm's ``delta_j`` (``learners.<group>.discount``, one
+    value or one per firm)."""
     from jaxmarket.learners.qlearning import counterfactual_payoffs
     settings = game.settings
     n, m = game.sellers, game.grid.size
     fused_target, fused_increment, fused_carry = (tuple(rounding) + (True,))[:3]
-    discount = np.float32(settings.discount)
+    deltas = (settings.discount if isinstance(settings.discount, tuple)
+              else (settings.discount,) * n)
+    discount = np.asarray(deltas, np.float32)                                  # [n]
     window = int(settings.convergence_window)
     radix = np.asarray(game.radix, np.int32)
     table = np.array(game.reward, np.float32)
@@ -486,11 +494,17 @@ def _general_chunk(game, length: int, tail_start: int, rounding: tuple[bool, ...
         seat = ((game.turns[1] + np.arange(n)) % game.turns[0]).astype(np.int32)
         num_turns = game.turns[0]
     sequential = settings.target == "sequential"
-    discount_n = np.float32(settings.discount ** settings.turn_period)
-    weights = np.array(jax.jit(lambda lag: jnp.power(np.float32(settings.discount),
-                                                     lag.astype(jnp.float32)))(
+    # delta_j^turns as the learner's slot_values computes it (in float64, then float32)
+    discount_n = np.asarray([d ** settings.turn_period for d in deltas], np.float32)
+    weights = np.array(jax.jit(lambda lag: jnp.power(discount[:, None],
+                                                     lag.astype(jnp.float32)[None, :]))(
         jnp.arange(max(num_turns, settings.turn_period), dtype=jnp.int32)), np.float32)
     boltzmann = settings.boltzmann is not None
+    gtable = gumbel_table(gumbel_mode()) if boltzmann else np.zeros(1, np.float32)
+    g_half = (n * m + 1) // 2 if boltzmann else 1
+    g_counts = np.arange(2 * g_half, dtype=np.uint32)
+    g_counts[n * m if boltzmann else 0:] = 0
+    g0, g1 = g_counts[:g_half].copy(), g_counts[g_half:].copy()
     eps0 = settings.epsilon_start
     half = (n + 1) // 2
     counts = np.arange(2 * half, dtype=np.uint32)
@@ -512,20 +526,12 @@ def _general_chunk(game, length: int, tail_start: int, rounding: tuple[bool, ...
         t = (step_lo + jnp.arange(span.shape[0], dtype=jnp.int32)).astype(jnp.float32)
         return t0 * jnp.exp(t * np.float32(np.log(rho)))
 
-    @jax.jit
-    def noise(keys, first, span):
-        """``gumbel(fold_in(key, first + k), (n, m))``, ``[S, span, n, m]``."""
-        t = first + jnp.arange(span.shape[0], dtype=jnp.uint32)
-        one = lambda key: jax.vmap(lambda tt: jax.random.gumbel(   # noqa: E731
-            jax.random.fold_in(key, tt), (n, m), jnp.float32))(t)
-        return jax.vmap(one)(keys)
-
     def call(rows, profile, outcome, step, stable, converged, clock, pending, key_data,
-             alpha, beta_row, eps, temp, gumbel, step_lo, first, count, tail):
+             alpha, beta_row, eps, temp, step_lo, first, count, tail):
         _run_general(rows, profile, outcome, step, stable, converged, clock, *pending,
                      np.ascontiguousarray(key_data[:, 0]), np.ascontiguousarray(key_data[:, 1]),
-                     alpha, beta_row, eps, temp, gumbel, step_lo, table, cf, act_states,
-                     states, cum,
+                     alpha, beta_row, eps, temp, gtable, g0, g1, step_lo, table, cf,
+                     act_states, states, cum,
                      radix, seat, num_turns, weights, c0, c1, np.uint32(first), int(count),
                      discount, discount_n, window, tail, tail_start, boltzmann, full,
                      sequential, bool(fused_target), bool(fused_increment), bool(fused_carry))
@@ -550,16 +556,8 @@ def _general_chunk(game, length: int, tail_start: int, rounding: tuple[bool, ...
         tail = np.array(sessions.tail, np.float32)
         total = rows.shape[0]
         pending, clock = _pending_in(state, sequential, total, n)
-        piece = (max(1, min(int(length), NOISE_VALUES // max(1, total * n * m)))
-                 if boltzmann else int(length))
-        keys = sessions.key
-        for off in range(0, int(length), piece):
-            count = min(piece, int(length) - off)
-            gumbel = (np.asarray(noise(keys, jnp.uint32(first_period + off),
-                                       jnp.zeros(count, jnp.int8)))
-                      if boltzmann else np.zeros((1, 1, 1, 1), np.float32))
-            call(rows, profile, outcome, step, stable, converged, clock, pending, key_data,
-                 alpha, beta_row, eps, temp, gumbel, step_lo, first_period + off, count, tail)
+        call(rows, profile, outcome, step, stable, converged, clock, pending, key_data,
+             alpha, beta_row, eps, temp, step_lo, first_period, int(length), tail)
         index = ((profile[:, None] // radix) % m).astype(np.int32)      # [S, n]
         extra = {}
         if sequential:
@@ -582,8 +580,8 @@ def _general_chunk(game, length: int, tail_start: int, rounding: tuple[bool, ...
          np.zeros(1, bool), np.zeros(1, np.int32),
          (one, one.copy(), np.zeros((1, n), np.float32), np.zeros((1, n), bool)),
          np.zeros((1, 2), np.uint32), np.zeros((1, n), np.float32), one.copy(),
-         np.ones((1, 1), np.float32), np.zeros(1, np.float32),
-         np.zeros((1, 1, n, m), np.float32), 0, 0, 1, np.zeros((1, n), np.float32))
+         np.ones((1, 1), np.float32), np.zeros(1, np.float32), 0, 0, 1,
+         np.zeros((1, n), np.float32))
     chunk.compile_s = time.perf_counter() - started
     return chunk
 
@@ -647,6 +645,103 @@ def _act_bits(keys, c0, c1, count, out):
             out[h, k], out[half + h, k] = threefry2x32(keys[0, k], keys[1, k], c0[h], c1[h])
 
 
+#: float32 Gumbel values, one per 23-bit mantissa (:func:`gumbel_table`), per mode and
+#: platform
+_GUMBEL = {}
+
+
+def _mantissa_bits(key, bit_width, shape):
+    """The random bits of :func:`gumbel_table`'s generator: element ``f`` of the
+    (flattened) ``shape`` is ``(key + f) << 9``, the 32-bit word whose top 23 bits are
+    ``key + f``."""
+    size = int(np.prod(shape))
+    return jax.lax.shift_left(jax.lax.iota(jnp.uint32, size).reshape(shape) + key[0],
+                              jnp.uint32(9))
+
+
+def _huge_page_array(like: np.ndarray) -> np.ndarray:
+    """A copy of ``like`` in memory the kernel asks Linux to back with 2 MB pages
+    (``madvise(MADV_HUGEPAGE)``): random reads of a 32 MB table otherwise miss the TLB
+    on almost every read (about 1.5x on the Boltzmann chunk). A plain copy where the
+    platform has no such advice."""
+    import mmap
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if advice is None:
+        return like.copy()
+    page = 2 << 20
+    buf = mmap.mmap(-1, like.nbytes + page, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        buf.madvise(advice)
+    except OSError:
+        pass
+    raw = np.frombuffer(buf, np.uint8)
+    start = (-raw.ctypes.data) % page
+    out = raw[start:start + like.nbytes].view(like.dtype)
+    out[:] = like
+    return out
+
+
+def gumbel_table(mode: str = "low") -> np.ndarray:
+    """``[2^23]`` float32: ``jax.random.gumbel``'s value for every random word ``b``,
+    indexed by ``b >> 9``. Its ``mode="low"`` float32 sample reads one word per value:
+    ``u = max(tiny, (f - 1) (1 - tiny) + tiny)`` with ``f`` the float32 of bits
+    ``(b >> 9) | 0x3F800000`` (in ``[1, 2)``), then ``-log(-log(u))``: a function of the
+    word's top 23 bits. The table is jax's own ``gumbel`` (jitted, XLA's float32 ``log``)
+    run on a generator (``jax.extend.random.define_prng_impl``) whose words are
+    ``f << 9`` for ``f = 0 .. 2^23 - 1``, so ``table[b >> 9]`` is XLA's noise bit for bit
+    by construction (``tests/test_sessions_kernel_designs.py`` checks it on real keys).
+    Computed once per process (about 0.1 s, 32 MB, on 2 MB pages where Linux allows)."""
+    if mode != "low":
+        raise ValueError(f"gumbel_table: mode {mode!r} reads more than one word per value")
+    where = (mode, jax.default_backend())   # XLA's log of the platform the run uses
+    if where not in _GUMBEL:
+        from jax.extend.random import define_prng_impl
+        impl = define_prng_impl(
+            key_shape=(1,), seed=lambda s: jnp.zeros((1,), jnp.uint32),
+            split=lambda k, shape: jnp.zeros(tuple(shape) + (1,), jnp.uint32),
+            random_bits=_mantissa_bits, fold_in=lambda k, d: k, name="mantissas")
+        key = jax.random.wrap_key_data(jnp.zeros((1,), jnp.uint32), impl=impl)
+        table = jax.jit(lambda k: jax.random.gumbel(k, (1 << 23,), jnp.float32, mode))(key)
+        _GUMBEL[where] = _huge_page_array(np.asarray(table, np.float32))
+    return _GUMBEL[where]
+
+
+def gumbel_mode() -> str:
+    """The ``mode`` of ``jax.random.categorical``'s Gumbel noise under the present jax
+    config (``jax_high_dynamic_range_gumbel``: ``"high"``, else ``"low"``)."""
+    return "high" if jax.config.jax_high_dynamic_range_gumbel else "low"
+
+
+@njit(cache=True)
+def _draw_noise(keys, g0, g1, count, bits, table, noise):
+    """``noise[k, f]``: ``gumbel(keys[:, k], (n, m))`` flattened (``f = j m + c``), as
+    ``table[bits >> 9]`` of that call's random words (``bits(keys[:, k], (n m,))``:
+    the counters ``(g0, g1)`` of :func:`_draw_bits` for ``n m`` values)."""
+    _act_bits(keys, g0, g1, count, bits)
+    size = noise.shape[1]
+    for k in range(count):
+        for f in range(size):
+            noise[k, f] = table[bits[f, k] >> u32(9)]
+
+
+@njit(inline="always")
+def _draw_pass(k0, k1, first, count, acting, boltzmann, random, keys, c0, c1, bits, g0, g1,
+               gbits, gtable, noise, obits):
+    """One pass's draws of :func:`_run_general`, periods ``first + k``, ``k < count``:
+    ``keys[:, k] = fold_in(key, first + k)``; while ``acting`` (learning), the act's
+    uniforms' words ``bits`` or, with ``boltzmann``, its Gumbel ``noise``
+    (:func:`_draw_noise`); with ``random`` outcomes, their words ``obits``."""
+    if acting or random:
+        _fold_keys(k0, k1, first, count, keys)
+    if acting:
+        if boltzmann:
+            _draw_noise(keys, g0, g1, count, gbits, gtable, noise)
+        else:
+            _act_bits(keys, c0, c1, count, bits)
+    if random:
+        _draw_outcome_bits(keys, count, obits)
+
+
 @njit(inline="always")
 def _target(reward, discount, best, fused):
     """``reward + discount best`` rounded as XLA's program rounds it (``fused``: one
@@ -665,14 +760,15 @@ def _increment(old, target, alpha, fused):
 
 
 @njit(inline="always")
-def _boltzmann_price(qs, noise, m, temperature, tiny, greedy):
-    """The first argmax over prices ``c`` of ``noise_c + (Q_c - Q_greedy) / max(T, tiny)``."""
+def _boltzmann_price(qs, noise, off, m, temperature, tiny, greedy):
+    """The first argmax over prices ``c`` of
+    ``noise_{off + c} + (Q_c - Q_greedy) / max(T, tiny)``."""
     top = qs[greedy]
     den = max(temperature, tiny)
     best = f32(0.0)
     price = greedy
     for c in range(m):
-        v = _ftz(noise[c] + _ftz(_ftz(f32(qs[c] - top)) / den))
+        v = _ftz(noise[off + c] + _ftz(_ftz(f32(qs[c] - top)) / den))
         if c == 0 or v > best:
             best = v
             price = c
@@ -759,10 +855,10 @@ def _outcome_of(u, cum):
 
 @njit(parallel=True, cache=True)
 def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s, pend_a,
-                 pend_acc, pend_valid, k0, k1, alpha, beta_row, eps, temp, gumbel, step_lo,
-                 table, cf, act_states, states, cum, radix, seat, num_turns, weights, c0, c1, first,
-                 length, discount, discount_n, window, tail, tail_start, boltzmann, full,
-                 sequential, fused_target, fused_increment, fused_carry):
+                 pend_acc, pend_valid, k0, k1, alpha, beta_row, eps, temp, gtable, g0, g1,
+                 step_lo, table, cf, act_states, states, cum, radix, seat, num_turns, weights,
+                 c0, c1, first, length, discount, discount_n, window, tail, tail_start,
+                 boltzmann, full, sequential, fused_target, fused_increment, fused_carry):
     """Advance every session ``length`` periods in place: the learner's ``act``/``update``
     of any game :func:`jaxmarket.sessions.game.kernel_reason` accepts, in the order and
     float32 arithmetic of :func:`jaxmarket.sessions.engine.xla_chunk`'s period.
@@ -775,15 +871,18 @@ def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s,
 
     * act: epsilon-greedy on ``u_j = bits(key_t)_j 2^-32`` and ``eps [B, L]`` (0 once
       converged), or, with ``boltzmann``, the first argmax of
-      ``gumbel[i, t - first, j] + (Q_j[s_j] - max Q_j[s_j]) / max(T_t, 1e-30)`` where
-      ``T_t = temp[t - step_lo] > 0`` (else greedy); under turns (``num_turns > 1``) only
+      ``g_jc + (Q_j[s_j, c] - max Q_j[s_j]) / max(T_t, 1e-30)`` where
+      ``T_t = temp[t - step_lo] > 0`` (else greedy) and ``g = gumbel(key_t, (n, m))``,
+      ``g_jc = gtable[bits(key_t, (n m,))_{j m + c} >> 9]`` (:func:`gumbel_table`, the
+      counters ``(g0, g1)``); under turns (``num_turns > 1``) only
       the sellers with ``t mod num_turns == seat_j`` change their price;
     * random outcomes (``cum``, ``K > 1``): the outcome is ``#{c: u >= cum_c}``,
       ``u = (bits(fold_in(key_t, 1)) >> 9) 2^-23``;
-    * update: Calvano's target ``r_j + delta max Q_j[s'_j]`` on the price taken, or with
-      ``full`` on every price (``cf [J, n, m]``: what each would have earned, the taken one
-      its reward), or with ``sequential`` Klein's pending update (``pend_*``, ``clock``,
-      ``weights[lag] = delta^lag``, ``discount_n = delta^turns``); ``fused_*``: whether the
+    * update: Calvano's target ``r_j + delta_j max Q_j[s'_j]`` (``discount [n]``: each
+      seller's own) on the price taken, or with ``full`` on every price (``cf [J, n, m]``:
+      what each would have earned, the taken one its reward), or with ``sequential``
+      Klein's pending update (``pend_*``, ``clock``, ``weights[j, lag] = delta_j^lag``,
+      ``discount_n[j] = delta_j^turns``); ``fused_*``: whether the
       target, the increment and the pending sum are fused multiply-adds (the rounding XLA's
       program chose, :func:`calibrate`);
     * the stable count, convergence, the step and the tail as in :func:`_run_sessions`."""
@@ -807,18 +906,15 @@ def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s,
         sj = np.empty(n, np.int32)
         sa = np.empty(n, np.int32)
         bits = np.empty((2 * half, PASS), np.uint32)
+        gbits = np.empty((2 * g0.shape[0], PASS), np.uint32)
+        noise = np.empty((PASS, n * m), np.float32)
         obits = np.empty(PASS, np.uint32)
         keys = np.empty((2, PASS), np.uint32)
         gr = _greedy_columns(q, m)
         for start in range(0, length, PASS):
             todo = min(PASS, length - start)
-            draw_act = not boltzmann and not done
-            if draw_act or random:
-                _fold_keys(k0[i], k1[i], u32(first + start), todo, keys)
-            if draw_act:
-                _act_bits(keys, c0, c1, todo, bits)
-            if random:
-                _draw_outcome_bits(keys, todo, obits)
+            _draw_pass(k0[i], k1[i], u32(first + start), todo, not done, boltzmann, random,
+                       keys, c0, c1, bits, g0, g1, gbits, gtable, noise, obits)
             for k in range(todo):
                 t = u32(first + start + k)
                 learning = not done
@@ -833,7 +929,7 @@ def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s,
                     if learning:
                         if boltzmann:
                             if temp[row] > 0:
-                                aj = _boltzmann_price(q[j, s], gumbel[i, start + k, j], m,
+                                aj = _boltzmann_price(q[j, s], noise[k], j * m, m,
                                                       temp[row], tiny, aj)
                         else:
                             u = f32(bits[j, k]) * scale
@@ -853,7 +949,7 @@ def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s,
                         lag = (clk - seat[j]) % num_turns
                         if lag < 0:
                             lag += num_turns
-                        target = _target(pend_acc[i, j], discount_n, q[j, s, gr[j, s]],
+                        target = _target(pend_acc[i, j], discount_n[j], q[j, s, gr[j, s]],
                                          fused_target)
                         us, ua = pend_s[i, j], pend_a[i, j]
                         due = lag == 0 and pend_valid[i, j]
@@ -863,7 +959,8 @@ def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s,
                             pend_acc[i, j] = r
                             pend_valid[i, j] = True
                         else:   # pend_acc + delta^lag r
-                            pend_acc[i, j] = _target(pend_acc[i, j], weights[lag], r, fused_carry)
+                            pend_acc[i, j] = _target(pend_acc[i, j], weights[j, lag], r,
+                                                     fused_carry)
                         if not (learning and due):
                             continue
                         s, aj = us, ua
@@ -874,13 +971,13 @@ def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s,
                         best = q[j, sn, gr[j, sn]]
                         aj = a[j]
                         if full:
-                            greedy = _full_row(q[j, s], m, aj, r, cf[nxt, j], discount, best,
+                            greedy = _full_row(q[j, s], m, aj, r, cf[nxt, j], discount[j], best,
                                                alpha[i, j], fused_target, fused_increment)
                             if greedy != gr[j, s]:
                                 changed = True
                                 gr[j, s] = greedy
                             continue
-                        target = _target(r, discount, best, fused_target)
+                        target = _target(r, discount[j], best, fused_target)
                     old = q[j, s, aj]
                     new = _increment(old, target, alpha[i, j], fused_increment)
                     q[j, s, aj] = new
