@@ -149,6 +149,35 @@ def test_kernel_flushes_denormals_to_zero_as_xla_does():
     assert float(x) == 0.0
 
 
+def test_kernel_loops_run_under_xlas_float_control_and_give_it_back():
+    # Bugs caught: on x86-64 the loops leave the flushing to the processor
+    # (flush-to-zero and denormals-are-zero in MXCSR, as XLA:CPU's threads run): a loop
+    # that forgot to switch them on would keep denormal Q values where XLA has zeros,
+    # and one that did not switch them back would change the float arithmetic of the
+    # rest of the process (numpy's denormals would vanish).
+    from numba import njit
+    from jaxmarket.sessions.kernel import HARDWARE_FTZ, _flush, _fp_enter, _fp_leave
+
+    @njit
+    def inside(x):   # x: an array, its value loaded as the loops load theirs
+        fp = _fp_enter()
+        y = _flush(x[0] * np.float32(0.25))
+        _fp_leave(fp)
+        return y
+
+    @njit
+    def after(x):
+        _fp_leave(_fp_enter())
+        return _flush(x[0] * np.float32(0.25))
+
+    tiny = np.float32(np.finfo(np.float32).tiny)
+    x = np.array([tiny], np.float32)
+    assert inside(x) == 0.0   # as XLA: jax.jit(lambda v: v * 0.25)(tiny) == 0
+    # the mode given back: denormals again (x86), or _ftz flushes them
+    assert after(x) == (tiny * np.float32(0.25) if HARDWARE_FTZ else 0.0)
+    assert np.float32(tiny) * np.float32(0.25) > 0   # numpy's own arithmetic untouched
+
+
 def test_per_firm_discounts_reach_the_kernel_as_each_sellers_own():
     # Bug caught: a case list whose per-firm discounts were lost on the way (one delta
     # for both sellers would not test the per-seller lookup), or a per-firm game sent to

@@ -37,6 +37,7 @@ own expression and looked up. So is Boltzmann sampling's Gumbel noise: the kerne
 
 from __future__ import annotations
 
+import platform
 import time
 
 import jax
@@ -46,7 +47,8 @@ from numba import float32 as f32
 from numba import int32 as i32
 from numba import njit, prange
 from numba import uint32 as u32
-from numba.core import types
+from llvmlite import ir
+from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 _INT32_MAX = np.iinfo(np.int32).max
@@ -76,6 +78,70 @@ def _ftz(x):
     if x != x or abs(x) >= _FLT_MIN:
         return x
     return f32(x * f32(0.0))
+
+
+#: x86-64: the loops run with the processor's own flush-to-zero and denormals-are-zero
+#: modes (MXCSR bits 15 and 6), as XLA:CPU's threads do, so no result needs
+#: :func:`_ftz`; elsewhere every result is flushed by :func:`_ftz`
+HARDWARE_FTZ = platform.machine().lower() in ("x86_64", "amd64")
+_FTZ_DAZ = 0x8040
+
+
+def _mxcsr_call(builder, name: str, pointer):
+    fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer()])
+    fn = cgutils.get_or_insert_function(builder.module, fnty, name)
+    builder.call(fn, [builder.bitcast(pointer, ir.IntType(8).as_pointer())])
+
+
+@intrinsic
+def _swap_mxcsr(typingctx, bits):
+    """The MXCSR register (x86 SSE's float control) before ``bits`` replace it. LLVM
+    takes float arithmetic for pure, so only values loaded after the switch are
+    computed under it: the loops' operands are loads from their arrays."""
+    sig = types.uint32(types.uint32)
+
+    def codegen(context, builder, signature, args):
+        old = cgutils.alloca_once(builder, ir.IntType(32))
+        _mxcsr_call(builder, "llvm.x86.sse.stmxcsr", old)
+        new = cgutils.alloca_once_value(builder, args[0])
+        _mxcsr_call(builder, "llvm.x86.sse.ldmxcsr", new)
+        # a compiler barrier: no load of the loop's arrays (and so no arithmetic on
+        # them) moves across the switch
+        barrier = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "", "~{memory}",
+                               side_effect=True)
+        builder.call(barrier, [])
+        return builder.load(old)
+
+    return sig, codegen
+
+
+if HARDWARE_FTZ:
+    @njit(inline="always")
+    def _fp_enter():
+        """Flush-to-zero and denormals-are-zero on (returns the previous MXCSR)."""
+        old = _swap_mxcsr(u32(0x1F80))
+        _swap_mxcsr(u32(old | u32(_FTZ_DAZ)))
+        return old
+
+    @njit(inline="always")
+    def _fp_leave(old):
+        """The float control :func:`_fp_enter` found, back."""
+        _swap_mxcsr(u32(old))
+
+    @njit(inline="always")
+    def _flush(x):
+        """A result as XLA:CPU leaves it: the processor flushes (:func:`_fp_enter`)."""
+        return x
+else:
+    @njit(inline="always")
+    def _fp_enter():
+        return u32(0)
+
+    @njit(inline="always")
+    def _fp_leave(old):
+        return None
+
+    _flush = _ftz
 
 
 @njit(inline="always")
@@ -234,6 +300,7 @@ def _run_sessions(rows, state_index, step, stable, converged, k0, k1, alpha, bet
     scale = f32(2.0 ** -32)
     tiny = f32(1e-30)
     for i in prange(sessions):
+        fp = _fp_enter()   # float control as XLA:CPU's threads (HARDWARE_FTZ)
         q = rows[i]
         s = state_index[i]
         st = step[i]
@@ -274,15 +341,15 @@ def _run_sessions(rows, state_index, step, stable, converged, k0, k1, alpha, bet
                     # the row's maximum is its cached greedy entry
                     best = q[j, nxt, gr[j, nxt]]
                     if fused_target:
-                        target = _ftz(fma32(discount, best, table[nxt, j]))
+                        target = _flush(fma32(discount, best, table[nxt, j]))
                     else:
-                        target = _ftz(table[nxt, j] + _ftz(f32(discount * best)))
+                        target = _flush(table[nxt, j] + _flush(f32(discount * best)))
                     aj = a[j]
                     old = q[j, s, aj]
                     if fused_increment:
-                        new = _ftz(fma32(alpha[i, j], _ftz(f32(target - old)), old))
+                        new = _flush(fma32(alpha[i, j], _flush(f32(target - old)), old))
                     else:
-                        new = _ftz(old + _ftz(f32(alpha[i, j] * _ftz(f32(target - old)))))
+                        new = _flush(old + _flush(f32(alpha[i, j] * _flush(f32(target - old)))))
                     q[j, s, aj] = new
                     greedy = gr[j, s]
                     if aj != greedy:   # only Q[s, a] moved: it wins or ties first
@@ -314,6 +381,7 @@ def _run_sessions(rows, state_index, step, stable, converged, k0, k1, alpha, bet
         step[i] = st
         stable[i] = stb
         converged[i] = done
+        _fp_leave(fp)
 
 
 #: the roundings of the update's two multiply-adds the kernel can play, XLA:CPU's usual
@@ -747,16 +815,16 @@ def _target(reward, discount, best, fused):
     """``reward + discount best`` rounded as XLA's program rounds it (``fused``: one
     fused multiply-add)."""
     if fused:
-        return _ftz(fma32(discount, best, reward))
-    return _ftz(reward + _ftz(f32(discount * best)))
+        return _flush(fma32(discount, best, reward))
+    return _flush(reward + _flush(f32(discount * best)))
 
 
 @njit(inline="always")
 def _increment(old, target, alpha, fused):
     """``old + alpha (target - old)`` rounded as XLA's program rounds it."""
     if fused:
-        return _ftz(fma32(alpha, _ftz(f32(target - old)), old))
-    return _ftz(old + _ftz(f32(alpha * _ftz(f32(target - old)))))
+        return _flush(fma32(alpha, _flush(f32(target - old)), old))
+    return _flush(old + _flush(f32(alpha * _flush(f32(target - old)))))
 
 
 @njit(inline="always")
@@ -768,7 +836,7 @@ def _boltzmann_price(qs, noise, off, m, temperature, tiny, greedy):
     best = f32(0.0)
     price = greedy
     for c in range(m):
-        v = _ftz(noise[off + c] + _ftz(_ftz(f32(qs[c] - top)) / den))
+        v = _flush(noise[off + c] + _flush(_flush(f32(qs[c] - top)) / den))
         if c == 0 or v > best:
             best = v
             price = c
@@ -895,6 +963,7 @@ def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s,
     scale23 = f32(2.0 ** -23)
     tiny = f32(1e-30)
     for i in prange(sessions):
+        fp = _fp_enter()   # float control as XLA:CPU's threads (HARDWARE_FTZ)
         q = rows[i]
         prow = profile[i]
         o = outcome[i]
@@ -1001,4 +1070,5 @@ def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s,
         step[i] = st
         stable[i] = stb
         converged[i] = done
+        _fp_leave(fp)
         clock[i] = clk
