@@ -14,7 +14,10 @@ uses (:func:`calibrate`). It plays the games of
 in :func:`_run_sessions`, every other design whose sellers own their Q tables (each
 seller its own ``alpha``, ``beta`` and ``delta``) in :func:`_run_general` (:func:`plain`
 picks). XLA:CPU flushes denormal results to zero, and
-so does the kernel (:func:`_ftz`).
+so does the kernel: on x86-64 each session runs under the processor's flush-to-zero and
+denormals-are-zero modes, as XLA:CPU's threads do (:func:`_fp_enter`), elsewhere each
+result is flushed (:func:`_ftz`). A converged session's greedy play before the tail
+window is skipped by cycle arithmetic (:func:`_greedy_skip`): the same profile.
 
 Why a hand-written loop: a session-period is a short chain of dependent table reads and
 writes (``Q[s, a]``, ``max_a' Q[s', a']``, the greedy price), and XLA:CPU runs the
