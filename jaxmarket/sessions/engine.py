@@ -504,10 +504,11 @@ class Runner:
         return self._rounding[size]
 
     def _calibrate(self, size: int) -> tuple[bool, ...] | None:
-        from jaxmarket.sessions.kernel import calibrate
+        from jaxmarket.sessions.kernel import calibrate, calibration_periods
         probe = init_sessions(self.game, size, jax.random.key(0))
         with jax.threefry_partitionable(False):
-            return calibrate(self.game, probe, 0, self.tail_start, xla_chunk)
+            return calibrate(self.game, probe, 0, self.tail_start, xla_chunk,
+                             calibration_periods(self.game))
 
     def learning(self, sessions: Sessions) -> np.ndarray:
         return ~np.asarray(sessions.learner.converged, bool)

@@ -292,9 +292,13 @@ def kernel_reason(game: SessionGame) -> str | None:
     Boltzmann exploration, the update on the price taken or on every price
     (``feedback: full``), Calvano's or Klein's sequential target, simultaneous or
     alternating moves, deterministic or random period outcomes, any state that is a
-    function of the profile in force (and the outcome), each seller's own ``alpha`` and
-    ``beta`` (from the learner state), one discount ``delta`` for every seller."""
+    function of the profile in force (and the outcome) or of the last ``k`` profiles
+    (memory ``k``), each seller's own ``alpha`` and ``beta`` (from the learner state),
+    one discount ``delta`` for every seller."""
     s = game.settings
+    if game.histories > np.iinfo(np.int32).max:
+        return (f"memory {game.memory}: {game.profiles}^{game.memory} histories do not fit "
+                f"the kernel's int32 state numbers")
     if not s.exclusive_policies or tuple(s.policy_index) != tuple(range(game.sellers)):
         return "sellers sharing a Q table"
     if isinstance(s.discount, tuple):
