@@ -281,3 +281,29 @@ def test_memory_two_refuses_what_it_cannot_play_exactly():
     shocked = session_plan(load_config(design.config, list(design.overrides) + MEMORY2))
     with pytest.raises(ValueError, match="history k=2 with random period outcomes"):
         check_game(shocked)
+
+
+# -- a run's files and the impulse responses ---------------------------------------------
+
+@pytest.mark.slow
+def test_a_memory_two_run_writes_its_history_and_the_impulse_replays_it(tmp_path):
+    # Bugs caught: strategies.npz without the history (last of the profile in force only,
+    # memory 1) or over the wrong state count, an equilibrium check labelled as over the
+    # last profile, or impulse responses whose replayed cycles are not the engine's.
+    from jaxmarket.analysis.impulse import _Game, limit_cycles, strategies_from_npz
+    from jaxmarket.sessions.run import start
+    items = MEMORY2 + ["learners.sellers.grid_size=3", "learners.sellers.exploration_decay=0.003",
+                       "learners.sellers.convergence_window=300", "train.num_iterations=4000",
+                       "train.chunk_size=1000", "train.num_seeds=6",
+                       "train.session_backend=xla"]
+    config = load_config("configs/calvano.yaml", items)
+    summary = start(config, session_plan(config), tmp_path)
+    assert "last 2 price profiles" in summary["equilibrium_check"]["method"]
+    npz = np.load(tmp_path / "strategies.npz")
+    assert int(npz["memory"]) == 2 and npz["greedy"].shape == (6, 2, 81)
+    assert npz["last"].shape == (6, 4)
+    s = strategies_from_npz(tmp_path)
+    length, _ = limit_cycles(_Game(s))
+    rows = (tmp_path / "sessions.csv").read_text().splitlines()
+    column = rows[0].split(",").index("cycle_length")
+    np.testing.assert_array_equal(length, [int(float(r.split(",")[column])) for r in rows[1:]])
