@@ -302,6 +302,8 @@ def test_a_memory_two_run_writes_its_history_and_the_impulse_replays_it(tmp_path
     npz = np.load(tmp_path / "strategies.npz")
     assert int(npz["memory"]) == 2 and npz["greedy"].shape == (6, 2, 81)
     assert npz["last"].shape == (6, 4)
+    from jaxmarket.analysis.equilibrium_check import equilibrium_check
+    assert equilibrium_check(tmp_path) == summary["equilibrium_check"]
     s = strategies_from_npz(tmp_path)
     length, _ = limit_cycles(_Game(s))
     rows = (tmp_path / "sessions.csv").read_text().splitlines()
