@@ -760,13 +760,11 @@ def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s,
     float32 arithmetic of :func:`jaxmarket.sessions.engine.xla_chunk`'s period.
 
     ``rows [S, n, N, m + 1]``: seller ``j``'s Q rows of its ``N`` states (column ``m``: its
-    greedy price). ``profile [S]``: each session's history number ``h`` (memory 1: the
-    profile row; memory ``k``: :func:`_next_history`, ``lead = J^(k-1)``, ``profiles =
-    J``, the profile in force ``h // lead``). ``states [K, J^k, n]``: seller ``j``'s
-    state after history ``h`` under outcome ``K`` (the update's ``state_index`` of
-    ``obs``); ``act_states``: the state ``act`` reads (the same numbering). ``table [K,
-    J, n]``: the rewards.
-    A period ``t`` of session ``i``:
+    greedy price). ``profile [S]``: each session's history number ``h`` (memory ``k``:
+    :func:`_next_history`, ``lead = J^(k-1)``, ``profiles = J``; the profile in force
+    ``h // lead``). ``states [K, J^k, n]``: seller ``j``'s state after history ``h``
+    under outcome ``K`` (the update's ``state_index`` of ``obs``); ``act_states``: the
+    state ``act`` reads. ``table [K, J, n]``: the rewards. A period ``t`` of session ``i``:
 
     * act: epsilon-greedy on ``u_j = bits(key_t)_j 2^-32`` and ``eps [B, L]`` (0 once
       converged), or, with ``boltzmann``, the first argmax of
@@ -836,9 +834,8 @@ def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s,
                             if u < e:
                                 aj = min(i32(u / max(e, tiny) * mf), i32(m - 1))
                     a[j] = aj
-                # the new profile (of the one in force, under turns) and the new history
                 nxt = _next_profile(a, prow // lead if lead > 1 else prow, radix, m,
-                                    num_turns, seat, t)
+                                    num_turns, seat, t)   # the new profile and history:
                 hn = _next_history(nxt, prow, lead, profiles)
                 if random:
                     o = _outcome_of(f32(obits[k] >> u32(9)) * scale23, cum)
