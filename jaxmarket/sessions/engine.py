@@ -52,8 +52,9 @@ strategies are played for a burn-in of ``m^n`` turn cycles (the play is then on 
 limit cycle) and each seller's reward is averaged over exactly one cycle: Calvano et
 al.'s measure of the converged play. Under memory ``k > 1`` the play's state is the
 history (``m^(kn)`` of them): Brent's cycle detection on the turn-cycle map finds the
-cycle (at most ``2 (mu + lambda)`` turn cycles, ``mu`` the periods before it), and the
-averages are over exactly one cycle from the point it found.
+cycle (in a number of turn cycles of the order of ``mu + lambda``, ``mu`` those before
+the cycle, ``lambda`` its length; no burn-in of ``m^(kn)``), and the averages are over
+exactly one cycle from the point it found.
 """
 
 from __future__ import annotations
