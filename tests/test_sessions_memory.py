@@ -1,4 +1,4 @@
-"""Memory ``k = 2`` on the session engine (the observation ``[{kind: history, k: 2}]``):
+"""Memory ``k = 2`` (and ``k = 3``) on the session engine (the observation ``[{kind: history, k: 2}]``):
 the state numbering against the general loop's own observation, the xla backend against
 the learner's ``act``/``update`` replayed period by period on a history built here, the
 kernel against xla bit for bit (Calvano's plain loop and the general one), the greedy
@@ -179,6 +179,28 @@ def test_kernel_plays_memory_two_as_xla_bit_for_bit(extra):
         np.testing.assert_array_equal(a, b)
     converged = np.asarray(xla.converged)
     assert converged.any() and np.asarray(xla.step)[converged].min() < 3000 - 300
+    np.testing.assert_array_equal(xla.cycle_length, kernel.cycle_length)
+
+
+@pytest.mark.slow
+def test_kernel_plays_memory_three_as_xla_bit_for_bit():
+    # Bugs caught: a history of two profiles hard-wired anywhere (the shift, the history
+    # number, index and past handed back, the greedy cycle over histories).
+    items = ["market.sellers[0].observation=[{kind: history, k: 3}]",
+             "learners.sellers.memory=3", "learners.sellers.grid_size=3"]
+    items += [f"learners.sellers.{k}={v!r}" for k, v in FAST.items()]
+    game = make_game(session_plan(load_config("configs/calvano.yaml", items)))
+    assert game.memory == 3 and game.histories == 9 ** 3 == game.settings.num_states
+    settings = {"sessions": 8, "periods": 3000, "chunk": 700, "window": 300,
+                "stop": "periods"}
+    key = jax.random.key(3)
+    xla = eng.run(game, Settings(**settings, backend="xla"), key, compact=False)
+    kernel = eng.run(game, Settings(**settings, backend="kernel"), key, compact=False)
+    assert (xla.backend, kernel.backend) == ("xla", "kernel")
+    assert np.asarray(xla.sessions.past).shape == (8, 2, 2)
+    for a, b in zip(leaves(xla.sessions), leaves(kernel.sessions)):
+        np.testing.assert_array_equal(a, b)
+    assert np.asarray(xla.converged).any()
     np.testing.assert_array_equal(xla.cycle_length, kernel.cycle_length)
 
 
