@@ -1,9 +1,10 @@
-"""Memory ``k = 2`` (and ``k = 3``) on the session engine (the observation ``[{kind: history, k: 2}]``):
-the state numbering against the general loop's own observation, the xla backend against
-the learner's ``act``/``update`` replayed period by period on a history built here, the
-kernel against xla bit for bit (Calvano's plain loop and the general one), the greedy
-limit cycle and the equilibrium check on a hand-built strategy that only a memory of two
-profiles can play, and the refusals.
+"""Memory ``k = 2`` (and ``k = 3``) on the session engine (the observation
+``[{kind: history, k: 2}]``): the state numbering against the general loop's own
+observation, the xla backend against the learner's ``act``/``update`` replayed period
+by period on a history built here, the kernel against xla bit for bit (Calvano's plain
+loop and the general one), the greedy limit cycle and the equilibrium check on a
+hand-built strategy that only a memory of two profiles can play, a run's files with the
+impulse responses replayed from them, and the refusals.
 
 The games are ``configs/calvano.yaml`` on coarse grids (3 or 4 prices: 81 or 256
 histories), with fast exploration and a low discount, so that a few thousand periods

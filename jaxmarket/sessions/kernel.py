@@ -753,8 +753,8 @@ def _outcome_of(u, cum):
 def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s, pend_a,
                  pend_acc, pend_valid, k0, k1, alpha, beta_row, eps, temp, gumbel, step_lo,
                  table, cf, act_states, states, cum, lead, profiles, radix, seat, num_turns,
-                 weights, c0, c1, first, length, discount, discount_n, window, tail, tail_start, boltzmann, full,
-                 sequential, fused_target, fused_increment, fused_carry):
+                 weights, c0, c1, first, length, discount, discount_n, window, tail, tail_start,
+                 boltzmann, full, sequential, fused_target, fused_increment, fused_carry):
     """Advance every session ``length`` periods in place: the learner's ``act``/``update``
     of any game :func:`jaxmarket.sessions.game.kernel_reason` accepts, in the order and
     float32 arithmetic of :func:`jaxmarket.sessions.engine.xla_chunk`'s period.
