@@ -21,10 +21,11 @@ def equilibrium_check(run_dir: str | Path) -> dict:
     run_dir = Path(run_dir)
     arrays = read_strategies(run_dir)
     game = make_game(session_plan(load_config(run_dir / "config.yaml")))
-    found = diagnostics(game, arrays["greedy"], arrays.get("q"), arrays.get("last"))
+    last = arrays.get("last")   # memory k > 1: the last k profiles, the most recent first
+    found = diagnostics(game, arrays["greedy"], arrays.get("q"), last, last)
     if isinstance(found, str):
         raise ConfigError("--check", str(run_dir), f"a design the check applies to ({found})")
-    return check_summary(found)
+    return check_summary(found, game.memory)
 
 
 __all__ = ["equilibrium_check"]

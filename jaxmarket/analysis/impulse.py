@@ -277,9 +277,10 @@ def strategies_from_npz(directory: str | Path) -> Strategies:
     states = d["greedy"].shape[2]
     if states != m ** (memory * n):
         raise ConfigError("market.sellers[0].observation", f"{path}: {states} states",
-                          f"the price history, [{{kind: history, k: 1}}] (impulse_response "
-                          f"replays strategies whose state is the last price profile; "
-                          f"these are over {states} states, not {m}^{memory * n})")
+                          f"the price history, [{{kind: history, k: {max(memory, 1)}}}] "
+                          f"on the action grid (impulse_response replays strategies whose "
+                          f"state is the last {max(memory, 1)} price profile(s); these are "
+                          f"over {states} states, not {m}^{memory * n})")
     table = d["profit_table"]
     return Strategies(greedy=d["greedy"].astype(np.int64), last=d["last"].astype(np.int64),
                       grid=d["grid"].astype(np.float64), memory=memory,

@@ -9,8 +9,8 @@ per question in ``<jax_compilation_cache_dir>/jaxmarket-rounding/``, named by th
 of everything the answer depends on:
 
 * the game: its outcome tables (``reward``, ``obs``, ``fees``), grid, turns, period
-  outcome probabilities and the learner's resolved settings (functions excluded: what
-  they compute is in the tables);
+  outcome probabilities, memory (``k > 1``) and the learner's resolved settings
+  (functions excluded: what they compute is in the tables);
 * the question: the batch size and the first period of the greedy tail;
 * the programs: the source of :mod:`jaxmarket.sessions` and :mod:`jaxmarket.learners`, and
   the JAX, jaxlib and numba versions;
@@ -83,9 +83,10 @@ def fingerprint(game: Any, size: int, tail_start: int) -> str:
         array = np.asarray(table)
         digest.update(f"{array.dtype}{array.shape}".encode())
         digest.update(array.tobytes())
+    memory = () if game.memory == 1 else (game.memory,)   # memory k > 1: the history
     digest.update(repr((type(game.grid).__name__, game.radix, game.turns, game.probs,
                         _settings_text(game.settings), int(size),
-                        int(tail_start))).encode())
+                        int(tail_start)) + memory).encode())
     return digest.hexdigest()
 
 

@@ -11,6 +11,12 @@ itself under ``history k: 1``, one state under memory 0), firm ``i`` plays
 profile ``j``. Everything below is exact (float64), computed from these tables for every
 session at once.
 
+Memory ``k > 1``: the system's state is the history of the last ``k`` profiles, ``y =
+sum_l j_l J^(k-1-l)`` (``Z = J^k`` states, the most recent profile ``y // J^(k-1)``),
+firm ``i``'s own state ``state[y, i]``, the next state ``next(y) = p J^(k-1) + y // J``
+after profile ``p`` is played, and the reward of a state is that of its most recent
+profile, ``R[y // J^(k-1)]``. Every formula below holds with ``j`` read as ``y``.
+
 * **Value of the profile**, ``V_i(j) = sum_{t>=0} delta^t R[next^{t+1}(j), i]`` (the
   path from ``j`` is deterministic and ends in a cycle), summed by doubling: with
   ``A_0 = R[next(.)]`` and ``N_0 = next``, ``A_{k+1} = A_k + delta^{2^k} A_k o N_k`` and
@@ -81,10 +87,11 @@ def profile_values(reward: np.ndarray, nxt: np.ndarray, delta: Any) -> np.ndarra
 
 
 def true_q(reward: np.ndarray, actions: np.ndarray, values: np.ndarray, m: int,
-           delta: Any) -> np.ndarray:
-    """``Q [S, J, n, m]``: firm ``i`` plays ``a`` once in state ``j``, the others their
-    ``actions [S, J, n]``, then everyone the profile (``values``: :func:`profile_values`);
-    ``delta``: one, or ``[n]`` each firm's own (``Q_i = R_i + delta_i V_i``)."""
+           delta: Any, memory: int = 1) -> np.ndarray:
+    """``Q [S, Z, n, m]``: firm ``i`` plays ``a`` once in state ``y``, the others their
+    ``actions [S, Z, n]``, then everyone the profile (``values``: :func:`profile_values`);
+    ``delta``: one, or ``[n]`` each firm's own (``Q_i = R_i + delta_i V_i``); the state
+    after profile ``p`` is ``p J^(k-1) + y // J`` (memory ``k``; ``Z = J^k``)."""
     S, J, n = actions.shape
     radix = m ** np.arange(n - 1, -1, -1)                     # [n]
     others = (actions * radix).sum(-1)[..., None] - actions * radix   # [S, J, n]
@@ -93,12 +100,17 @@ def true_q(reward: np.ndarray, actions: np.ndarray, values: np.ndarray, m: int,
     R = np.asarray(reward, np.float64)
     rows = np.arange(S)[:, None, None, None]
     d = delta if np.ndim(delta) == 0 else np.asarray(delta, np.float64)[:, None]   # [n, 1]
-    return R[prof, own] + d * values[rows, prof, own]
+    after = prof
+    if memory > 1:
+        profiles = R.shape[0]
+        after = prof * profiles ** (memory - 1) + (np.arange(J) // profiles)[:, None, None]
+    return R[prof, own] + d * values[rows, after, own]
 
 
 def limit_cycle(nxt: np.ndarray, start: np.ndarray) -> np.ndarray:
     """``[S, J]`` the states of the cycle the path from ``start [S]`` ends in (after ``J``
-    steps every path is on its cycle; ``J`` more mark it)."""
+    steps every path is on its cycle; ``J`` more mark it; ``J``: the states, histories
+    under memory ``k > 1``)."""
     S, J = nxt.shape
     rows = np.arange(S)
     x = np.asarray(start, np.int64)
@@ -116,33 +128,42 @@ MAX_ENTRIES = 1 << 24
 
 
 def diagnose(reward: np.ndarray, state: np.ndarray, greedy: np.ndarray, m: int,
-             delta: Any, start: np.ndarray, q: np.ndarray | None = None) -> Diagnostics:
+             delta: Any, start: np.ndarray, q: np.ndarray | None = None,
+             memory: int = 1) -> Diagnostics:
     """The diagnostics of every session (module docstring): ``reward [J, n]``, ``state
-    [J, n]`` (each firm's own state after each profile), ``greedy [S, n, Z]`` (action
-    indices), ``start [S]`` (the profile the limit cycle is followed from), ``q [S, n, Z,
-    m]`` the learned tables (None: no learned-Q error). Sessions go in blocks of at most
+    [Z, n]`` (each firm's own state after each history, ``Z = J^k``; memory 1: after each
+    profile), ``greedy [S, n, N]`` (action indices of the learners' ``N`` states),
+    ``start [S]`` (the history the limit cycle is followed from), ``q [S, n, N, m]`` the
+    learned tables (None: no learned-Q error). Sessions go in blocks of at most
     :data:`MAX_ENTRIES` true-Q entries (the memory bound of a 100-price grid)."""
     S = np.asarray(greedy).shape[0]
-    J, n = np.asarray(reward).shape
-    block = max(1, MAX_ENTRIES // (J * n * m))
+    n = np.asarray(reward).shape[1]
+    Z = np.asarray(state).shape[0]
+    block = max(1, MAX_ENTRIES // (Z * n * m))
     parts = [_diagnose(reward, state, greedy[b:b + block], m, delta, start[b:b + block],
-                       None if q is None else q[b:b + block])
+                       None if q is None else q[b:b + block], memory)
              for b in range(0, S, block)]   # blocks of sessions, each vectorised
     return Diagnostics(*(np.concatenate([getattr(p, f) for p in parts])
                          for f in Diagnostics.__dataclass_fields__))
 
 
 def _diagnose(reward: np.ndarray, state: np.ndarray, greedy: np.ndarray, m: int,
-              delta: Any, start: np.ndarray, q: np.ndarray | None) -> Diagnostics:
+              delta: Any, start: np.ndarray, q: np.ndarray | None,
+              memory: int = 1) -> Diagnostics:
     greedy = np.asarray(greedy, np.int64)
     S, n, _ = greedy.shape
-    J = np.asarray(reward).shape[0]
     firms = np.arange(n)
-    actions = greedy[:, firms, np.asarray(state, np.int64)]   # [S, J, n]
+    actions = greedy[:, firms, np.asarray(state, np.int64)]   # [S, Z, n]
     radix = m ** np.arange(n - 1, -1, -1)
-    nxt = (actions * radix).sum(-1)                           # [S, J]
-    values = profile_values(reward, nxt, delta)
-    Q = true_q(reward, actions, values, m, delta)             # [S, J, n, m]
+    nxt = (actions * radix).sum(-1)                           # [S, Z]
+    own_reward = reward
+    if memory > 1:   # states are histories: next(y) = p J^(k-1) + y // J
+        J = np.asarray(reward).shape[0]
+        y = np.arange(np.asarray(state).shape[0])
+        nxt = nxt * J ** (memory - 1) + y // J
+        own_reward = np.asarray(reward)[y // J ** (memory - 1)]   # [Z, n]
+    values = profile_values(own_reward, nxt, delta)
+    Q = true_q(reward, actions, values, m, delta, memory)     # [S, Z, n, m]
     best = Q.max(-1)                                          # [S, J, n]
     played = np.take_along_axis(Q, actions[..., None], -1)[..., 0]
     scale = np.maximum(np.abs(best), 1e-300)

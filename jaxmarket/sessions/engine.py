@@ -9,8 +9,16 @@ one-period transition. Sessions are ``vmap``ped, periods are a ``lax.scan`` in c
 and a session's randomness is ``fold_in(session_key, t)``: neither the chunk length
 nor which other sessions share a batch changes a session.
 
+Memory ``k > 1`` (the observation ``[{kind: history, k: k}]``): a session's state is its
+last ``k`` profiles, ``index`` (the one in force) and ``past`` (the ``k - 1`` before it,
+most recent first); the sellers observe the history (``SessionGame.history_obs``), and
+each period shifts it: ``past <- (index, past[:-1])``, ``index <-`` the new profile.
+
 Keys, in this order: ``init_key, start_key, run_key = split(key, 3)``; the first profile
-of every session is ``randint(start_key, (S, n), 0, m)``, session ``s`` runs on
+of every session is ``randint(start_key, (S, n), 0, m)`` (memory ``k``: the first history
+is ``randint(start_key, (S, k, n), 0, m)``, ``index`` its row 0 and ``past`` the rest: a
+random initial state, as Calvano et al.'s ``initState`` draws ``DepthState`` profiles),
+session ``s`` runs on
 ``split(run_key, S)[s]`` (period ``t``: ``key_t = fold_in(session_key, t)``), and a
 random initial Q (``q_init: uniform``) draws one ``init`` per session from
 ``split(init_key, S)``.
@@ -41,7 +49,11 @@ function of the count alone), so converged sessions stop costing time.
 The result of a session (:func:`greedy_cycle`): from its final state, the greedy
 strategies are played for a burn-in of ``m^n`` turn cycles (the play is then on its
 limit cycle) and each seller's reward is averaged over exactly one cycle: Calvano et
-al.'s measure of the converged play.
+al.'s measure of the converged play. Under memory ``k > 1`` the play's state is the
+history (``m^(kn)`` of them): Brent's cycle detection on the turn-cycle map finds the
+cycle (in a number of turn cycles of the order of ``mu + lambda``, ``mu`` those before
+the cycle, ``lambda`` its length; no burn-in of ``m^(kn)``), and the averages are over
+exactly one cycle from the point it found.
 """
 
 from __future__ import annotations
@@ -76,6 +88,9 @@ class Sessions(NamedTuple):
     tail: jax.Array       # [S, n] float32 rewards summed over the tail window
     key: jax.Array        # [S] the sessions' keys
     outcome: jax.Array    # [S] int32 the period outcome in force (0: a deterministic game)
+    # memory k > 1: [S, k - 1, n] int32 the profiles before ``index``, most recent first
+    # (None under memory 1)
+    past: jax.Array | None = None
 
 
 @dataclass(frozen=True)
@@ -161,7 +176,13 @@ def init_sessions(game: SessionGame, sessions: int, key: jax.Array) -> Sessions:
             one = game.learner.init(init_key, game.spec)
             states = jax.tree.map(
                 lambda x: jnp.array(jnp.broadcast_to(x, (sessions,) + x.shape)), one)
-        index = jax.random.randint(start_key, (sessions, game.sellers), 0, game.grid.size)
+        past = None
+        if game.memory == 1:
+            index = jax.random.randint(start_key, (sessions, game.sellers), 0, game.grid.size)
+        else:   # the first history: k profiles drawn at once (row 0 the one in force)
+            first = jax.random.randint(start_key, (sessions, game.memory, game.sellers), 0,
+                                       game.grid.size).astype(jnp.int32)
+            index, past = first[:, 0], first[:, 1:]
         keys = jax.random.split(run_key, sessions)
         if game.probs is None:
             outcome = jnp.zeros((sessions,), jnp.int32)
@@ -169,7 +190,19 @@ def init_sessions(game: SessionGame, sessions: int, key: jax.Array) -> Sessions:
             outcome = draw_outcome(game, jax.vmap(lambda k: jax.random.fold_in(k, 1))(
                 jax.random.split(jax.random.fold_in(start_key, 1), sessions)))
     tail = jnp.zeros((sessions, game.sellers), jnp.float32)
-    return Sessions(states, index.astype(jnp.int32), tail, keys, outcome)
+    return Sessions(states, index.astype(jnp.int32), tail, keys, outcome, past)
+
+
+def observe_history(game: SessionGame, index: jax.Array, past: jax.Array) -> jax.Array:
+    """The observation ``[n, k D1]`` of one session's history: ``index [n]`` in force,
+    ``past [k - 1, n]`` before it (memory ``k > 1``)."""
+    rows = jnp.concatenate([game.row(index)[None], game.row(past)])
+    return game.history_obs(rows)
+
+
+def shift_history(index: jax.Array, past: jax.Array) -> jax.Array:
+    """``past`` after a period: the profile that was in force, then ``past[:-1]``."""
+    return jnp.concatenate([index[None], past[:-1]])
 
 
 def draw_outcome(game: SessionGame, key: jax.Array) -> jax.Array:
@@ -196,11 +229,15 @@ def xla_chunk(game: SessionGame, length: int, tail_start: int, devices: int = 1)
     random = game.probs is not None
 
     def period(carry, t):
-        state, index, tail, session_key, outcome = carry
+        state, index, tail, session_key, outcome, past = carry
         key_t = jax.random.fold_in(session_key, t)
-        obs = game.obs[outcome, game.row(index)] if random else game.obs[game.row(index)]
+        if past is not None:   # memory k > 1: the history's observation
+            obs = observe_history(game, index, past)
+        else:
+            obs = game.obs[outcome, game.row(index)] if random else game.obs[game.row(index)]
         _, aux = learner.act(state, obs, key_t)
         chosen = aux["action_index"]
+        before = index
         index = chosen if seat is None else jnp.where(t % num_turns == seat, chosen, index)
         row = game.row(index)
         if random:   # this period's outcome, from its own stream of the period's key
@@ -208,12 +245,15 @@ def xla_chunk(game: SessionGame, length: int, tail_start: int, devices: int = 1)
             reward, next_obs = game.reward[outcome, row], game.obs[outcome, row]
         else:
             reward, next_obs = game.reward[row], game.obs[row]
+        if past is not None:
+            past = shift_history(before, past)
+            next_obs = observe_history(game, index, past)
         batch = Transition(obs=obs[None], action=game.grid.profile_price(index)[None, :, None],
                            reward=reward[None], next_obs=next_obs[None],
                            done=jnp.zeros((1, n), bool), aux={"action_index": chosen[None]})
         state, _ = learner.update(state, batch)
         tail = tail + jnp.where(t >= tail_start, reward, 0.0)
-        return (state, index, tail, session_key, outcome), None
+        return (state, index, tail, session_key, outcome, past), None
 
     def one_session(carry, first_period):
         periods = first_period + jnp.arange(length, dtype=jnp.uint32)
@@ -233,7 +273,9 @@ def greedy_cycle(game: SessionGame, sessions: Sessions, first_period: int):
     """``(reward [S, n], fees [S, n], price [S, n], length [S])``: greedy play from each
     session's state and profile, from period ``first_period`` on: a burn-in of ``m^n``
     turn cycles, then the averages over exactly one limit cycle and its length in
-    periods (module docstring)."""
+    periods (module docstring; memory ``k > 1``: :func:`history_cycle`)."""
+    if game.memory > 1:
+        return history_cycle(game, sessions, first_period)
     seat, num_turns = _seats(game)
     horizon = game.grid.size ** game.sellers   # states at a turn-cycle boundary
 
@@ -264,6 +306,66 @@ def greedy_cycle(game: SessionGame, sessions: Sessions, first_period: int):
     # the cycle starts where the last turn cycle ended: the profile after period
     # ``first_period - 1`` is the one from which ``first_period``'s seat moves
     return jax.jit(jax.vmap(one))(sessions.learner, sessions.index)
+
+
+def history_cycle(game: SessionGame, sessions: Sessions, first_period: int):
+    """:func:`greedy_cycle` of memory ``k > 1``: the state of greedy play is the history
+    ``x = (index, past)``; ``f`` plays one turn cycle from ``x``. Brent's algorithm finds
+    the cycle length ``lambda`` (in turn cycles) and a history ``x*`` on the cycle::
+
+        power = lambda = 1, tortoise = x, hare = f(x)
+        while tortoise != hare:
+            if power == lambda: tortoise = hare, power = 2 power, lambda = 0
+            hare = f(hare), lambda = lambda + 1
+
+    then the rewards, fees and prices are averaged over the ``lambda`` turn cycles from
+    ``x* = hare``; ``length = lambda num_turns`` periods."""
+    seat, num_turns = _seats(game)
+
+    def one(state, index, past):
+        greedy = state.replace(converged=jnp.ones_like(state.converged))
+
+        def period(x, t):
+            index, past = x
+            _, aux = game.learner.act(greedy, observe_history(game, index, past),
+                                      jax.random.key(0))
+            chosen = aux["action_index"]
+            new = chosen if seat is None else jnp.where(t % num_turns == seat, chosen, index)
+            row = game.row(new)
+            out = jnp.stack([game.reward[row], game.fees[row], game.grid.profile_price(new)])
+            return (new, shift_history(index, past)), out
+
+        def turn_cycle(x):
+            t = jnp.uint32(first_period) + jnp.arange(num_turns, dtype=jnp.uint32)
+            x, out = jax.lax.scan(period, x, t)
+            return x, out.sum(axis=0)
+
+        def differ(a, b):
+            return jnp.any(a[0] != b[0]) | jnp.any(a[1] != b[1])
+
+        def brent(c):
+            tortoise, hare, power, lam = c
+            reset = power == lam
+            tortoise = jax.tree.map(lambda h, x: jnp.where(reset, h, x), hare, tortoise)
+            power, lam = jnp.where(reset, 2 * power, power), jnp.where(reset, 0, lam)
+            return tortoise, turn_cycle(hare)[0], power, lam + 1
+
+        x = (index, past)
+        _, hare, _, lam = jax.lax.while_loop(lambda c: differ(c[0], c[1]), brent,
+                                             (x, turn_cycle(x)[0], jnp.int32(1),
+                                              jnp.int32(1)))
+
+        def add(c):
+            x, i, total = c
+            x, out = turn_cycle(x)
+            return x, i + 1, total + out
+
+        zero = jnp.zeros((3, game.sellers), jnp.float32)
+        _, _, total = jax.lax.while_loop(lambda c: c[1] < lam, add, (hare, jnp.int32(0), zero))
+        mean = total / (lam * num_turns).astype(jnp.float32)
+        return mean[0], mean[1], mean[2], lam * num_turns
+
+    return jax.jit(jax.vmap(one))(sessions.learner, sessions.index, sessions.past)
 
 
 def expected_play(game: SessionGame, sessions: Sessions):
@@ -304,13 +406,17 @@ def expected_play(game: SessionGame, sessions: Sessions):
 def _greedy_now(game: SessionGame, sessions: Sessions) -> jax.Array:
     """Each session's greedy grid indices ``[S, n]`` at the observation of its profile."""
 
-    def one(state, index, outcome):
+    def one(state, index, outcome, past):
         greedy = state.replace(converged=jnp.ones_like(state.converged))
-        obs = game.observe(outcome, game.row(index))
+        if past is None:
+            obs = game.observe(outcome, game.row(index))
+        else:
+            obs = observe_history(game, index, past)
         _, aux = game.learner.act(greedy, obs, jax.random.key(0))
         return aux["action_index"]
 
-    return jax.jit(jax.vmap(one))(sessions.learner, sessions.index, sessions.outcome)
+    return jax.jit(jax.vmap(one))(sessions.learner, sessions.index, sessions.outcome,
+                                  sessions.past)
 
 
 class _KernelMismatch(Exception):
@@ -393,10 +499,11 @@ class Runner:
         return self._rounding[size]
 
     def _calibrate(self, size: int) -> tuple[bool, ...] | None:
-        from jaxmarket.sessions.kernel import calibrate
+        from jaxmarket.sessions.kernel import calibrate, calibration_periods
         probe = init_sessions(self.game, size, jax.random.key(0))
         with jax.threefry_partitionable(False):
-            return calibrate(self.game, probe, 0, self.tail_start, xla_chunk)
+            return calibrate(self.game, probe, 0, self.tail_start, xla_chunk,
+                             calibration_periods(self.game))
 
     def learning(self, sessions: Sessions) -> np.ndarray:
         return ~np.asarray(sessions.learner.converged, bool)
@@ -519,5 +626,5 @@ def bootstrap_ci(values: np.ndarray, statistic: str = "mean", resamples: int = 2
 
 __all__ = ["BACKENDS", "STOPS", "Runner", "SessionResult", "Sessions", "Settings",
            "bootstrap_ci", "choose_backend", "firm_profit_gains", "greedy_cycle",
-           "init_sessions", "ladder",
+           "history_cycle", "init_sessions", "ladder", "observe_history", "shift_history",
            "profit_gain", "run", "run_sessions", "xla_chunk"]

@@ -16,9 +16,18 @@ with seller ``i`` at price ``grid_i[a_i]``: the learner's one grid, or each sell
 This is exact for markets whose period outcome depends only on the prices in force:
 one agent group (a seller group, the only one), constant demand, a deterministic
 distributor and observations of the current profile (``empty``, ``own_price``,
-``competitor_prices``, ``market_price``, ``history`` with ``k: 1``). Anything else is
-refused with the reason (:func:`check_game`); ``train.engine: auto`` then trains it with
-the general loop.
+``competitor_prices``, ``market_price``, ``history`` with ``k: 1``), or of the last ``k``
+profiles (``memory: k`` with the observation ``[{kind: history, k: k}]`` alone, a
+deterministic period). Anything else is refused with the reason (:func:`check_game`);
+``train.engine: auto`` then trains it with the general loop.
+
+Memory ``k``: the state of a session is the history of the last ``k`` profiles, most
+recent first, ``(j_0, j_1, ..., j_{k-1})``, numbered ``h = sum_l j_l J^(k-1-l)`` (``J =
+m^n``; ``k = 1``: ``h = j_0``). ``obs`` then holds the observation of one profile (the
+first ``D / k`` features of the history, the profile's prices), and a history's
+observation is ``concat_l obs[j_l]`` (:meth:`SessionGame.history_obs`): the history
+observation of the general loop, whose learner numbers it ``s = sum_d digit_d
+m^(kn-1-d)`` = ``h`` on the action grid.
 """
 
 from __future__ import annotations
@@ -67,6 +76,7 @@ class SessionGame:
     # a random period of K > 1 outcomes: their probabilities (the tables gain a leading
     # outcome axis); None for a deterministic period
     probs: tuple[float, ...] | None = None
+    memory: int = 1            # k: the profiles in a session's state (module docstring)
 
     @property
     def num_outcomes(self) -> int:
@@ -94,6 +104,29 @@ class SessionGame:
     def row(self, index: jax.Array) -> jax.Array:
         """Table row of grid-index profiles ``[..., n]``."""
         return jnp.sum(index * jnp.asarray(self.radix, jnp.int32), axis=-1)
+
+    @property
+    def profiles(self) -> int:
+        """``J = m^n``, the joint profiles (table rows)."""
+        return int(self.reward.shape[-2])
+
+    @property
+    def histories(self) -> int:
+        """``J^k``: the states of a session (its last ``k`` profiles)."""
+        return self.profiles ** self.memory
+
+    def history_obs(self, rows: jax.Array) -> jax.Array:
+        """The observation ``[..., n, k D1]`` of histories of table rows ``[..., k]`` (most
+        recent first): each profile's observation, concatenated (deterministic games)."""
+        parts = [self.obs[rows[..., lag]] for lag in range(self.memory)]
+        return jnp.concatenate(parts, axis=-1)
+
+    def history_rows(self) -> np.ndarray:
+        """``[J^k, k]`` int32: the profile rows of every history number ``h`` (most recent
+        first: ``j_l = (h // J^(k-1-l)) mod J``)."""
+        J, k = self.profiles, self.memory
+        h = np.arange(J ** k, dtype=np.int64)[:, None]
+        return ((h // J ** np.arange(k - 1, -1, -1)) % J).astype(np.int32)
 
 
 def check_game(plan: RunPlan) -> str:
@@ -129,14 +162,40 @@ def check_game(plan: RunPlan) -> str:
                          f"draw")
     if len(found) > 1 and getattr(env.spec, "move_order", "simultaneous") != "simultaneous":
         raise ValueError("session engine: random period outcomes with alternating moves")
-    for part in thaw(g.observation) or []:
+    parts = thaw(g.observation) or []
+    if observed_memory(parts) > 1:
+        _check_memory(g.name, parts, len(found))
+        return g.name
+    for part in parts:
         obs_kind = part.get("kind") if isinstance(part, Mapping) else part
-        if obs_kind not in PROFILE_OBSERVATIONS or (obs_kind == "history"
-                                                    and part.get("k", 1) != 1):
+        if obs_kind not in PROFILE_OBSERVATIONS:
             raise ValueError(f"session engine: observation {part!r} is not a function of the "
                              f"current prices (allowed: {', '.join(PROFILE_OBSERVATIONS)}, "
-                             f"history with k: 1)")
+                             f"history with k >= 1)")
     return g.name
+
+
+def observed_memory(parts) -> int:
+    """``k`` of the group's ``history`` observation (1 without one)."""
+    ks = [int(p.get("k", 1)) for p in parts if isinstance(p, Mapping)
+          and p.get("kind") == "history"]
+    return max(ks, default=1)
+
+
+def _check_memory(group: str, parts, outcomes_found: int) -> None:
+    """A history of ``k > 1`` profiles: only as the whole observation, of a
+    deterministic period (a ``ValueError`` naming the field otherwise)."""
+    k = observed_memory(parts)
+    kinds = [p.get("kind") if isinstance(p, Mapping) else p for p in parts]
+    if [x for x in kinds if x != "empty"] != ["history"]:
+        raise ValueError(f"session engine: {group}.observation {parts!r} mixes a history of "
+                         f"k={k} profiles with other components; allowed with k > 1: "
+                         f"[{{kind: history, k: {k}}}] alone (the state is the last k "
+                         f"profiles)")
+    if outcomes_found > 1:
+        raise ValueError(f"session engine: {group}.observation history k={k} with random "
+                         f"period outcomes; allowed: k: 1 where the period is random (the "
+                         f"state would hold past outcomes)")
 
 
 def _with_options(env: MarketEnv) -> str:
@@ -205,9 +264,12 @@ def make_game(plan: RunPlan) -> SessionGame:
 
     spec = dataclasses.replace(env_spec, payoff=payoff)
     learner = LEARNERS["q_learning"].make(hyper, spec)
+    memory = observed_memory(thaw(plan.env.spec.group(group).observation) or [])
+    if memory > 1:   # one profile's observation: the most recent of the history
+        obs = obs[..., :obs.shape[-1] // memory]
     return SessionGame(group, learner, spec, grid, radix, reward.astype(jnp.float32),
                        obs.astype(jnp.float32), fees.astype(jnp.float32), spec.turns,
-                       settings, probs)
+                       settings, probs, memory)
 
 
 def pure_nash(game: SessionGame) -> np.ndarray:
@@ -230,12 +292,16 @@ def kernel_reason(game: SessionGame) -> str | None:
     Boltzmann exploration, the update on the price taken or on every price
     (``feedback: full``), Calvano's or Klein's sequential target, simultaneous or
     alternating moves, deterministic or random period outcomes, any state that is a
-    function of the profile in force (and the outcome), each seller's own ``alpha``,
-    ``beta`` (from the learner state) and ``delta`` (one for every seller or one per
-    firm). Boltzmann exploration's Gumbel noise is read from a table of ``mode="low"``
-    values (:func:`jaxmarket.sessions.kernel.gumbel_table`), so not under jax's
+    function of the profile in force (and the outcome) or of the last ``k`` profiles
+    (memory ``k``), each seller's own ``alpha``, ``beta`` (from the learner state) and
+    ``delta`` (one for every seller or one per firm). Boltzmann exploration's Gumbel
+    noise is read from a table of ``mode="low"`` values
+    (:func:`jaxmarket.sessions.kernel.gumbel_table`), so not under jax's
     ``jax_high_dynamic_range_gumbel``."""
     s = game.settings
+    if game.histories > np.iinfo(np.int32).max:
+        return (f"memory {game.memory}: {game.profiles}^{game.memory} histories do not fit "
+                f"the kernel's int32 state numbers")
     if not s.exclusive_policies or tuple(s.policy_index) != tuple(range(game.sellers)):
         return "sellers sharing a Q table"
     if s.boltzmann is not None and jax.config.jax_high_dynamic_range_gumbel:

@@ -189,67 +189,79 @@ def threefry2x32(k0, k1, x0, x1):
 
 
 @njit(inline="always")
-def _greedy_period(gr, s, radix, table, tail, in_tail):
-    """One period of greedy play from profile ``s``: the next profile; its rewards are
-    added to ``tail`` when ``in_tail``."""
+def _greedy_period(gr, s, radix, table, tail, in_tail, lead, profiles):
+    """One period of greedy play from state ``s``: the next state; the rewards of the
+    profile played are added to ``tail`` when ``in_tail``. Memory ``k``: ``s`` is the
+    history number, ``lead = J^(k-1)``, ``profiles = J`` (:func:`_next_history`)."""
     nxt = 0
     for j in range(gr.shape[0]):
         nxt += gr[j, s] * radix[j]
     if in_tail:
         for j in range(gr.shape[0]):
             tail[j] += table[nxt, j]
-    return nxt
+    return _next_history(nxt, s, lead, profiles)
 
 
 @njit(inline="always")
-def _greedy_next(gr, s, radix):
-    """The profile after ``s`` when every seller plays its greedy price."""
+def _next_history(profile, h, lead, profiles):
+    """The history after profile row ``profile`` was played in history ``h``:
+    ``profile J^(k-1) + h // J`` (memory 1, ``lead = 1``: the profile)."""
+    if lead > 1:
+        return profile * lead + h // profiles
+    return profile
+
+
+@njit(inline="always")
+def _greedy_next(gr, s, radix, lead, profiles):
+    """The state after ``s`` when every seller plays its greedy price (memory ``k``:
+    :func:`_next_history`)."""
     nxt = 0
     for j in range(gr.shape[0]):
         nxt += gr[j, s] * radix[j]
-    return nxt
+    return _next_history(nxt, s, lead, profiles)
 
 
 @njit(inline="always")
-def _greedy_skip(gr, s, radix, count):
-    """The profile after ``count`` periods of greedy play from ``s``, in at most about
+def _greedy_skip(gr, s, radix, count, lead, profiles):
+    """The state after ``count`` periods of greedy play from ``s``, in at most about
     three times the periods to the greedy cycle and round it (Brent's cycle detection:
     play is deterministic, so it enters a cycle of length ``lam`` after ``mu`` periods,
-    and the profile after ``count >= mu`` periods is the one after
+    and the state after ``count >= mu`` periods is the one after
     ``mu + (count - mu) mod lam``)."""
     if count <= 64:
         for _ in range(count):
-            s = _greedy_next(gr, s, radix)
+            s = _greedy_next(gr, s, radix, lead, profiles)
         return s
     power, lam = 1, 1
-    tortoise, hare = s, _greedy_next(gr, s, radix)
+    tortoise, hare = s, _greedy_next(gr, s, radix, lead, profiles)
     while tortoise != hare:   # lam: the cycle's length
         if power == lam:
             tortoise, power, lam = hare, power * 2, 0
-        hare = _greedy_next(gr, hare, radix)
+        hare = _greedy_next(gr, hare, radix, lead, profiles)
         lam += 1
     tortoise, hare = s, s
     for _ in range(lam):
-        hare = _greedy_next(gr, hare, radix)
+        hare = _greedy_next(gr, hare, radix, lead, profiles)
     mu = 0
     while tortoise != hare:   # mu: the periods before the cycle
-        tortoise, hare = _greedy_next(gr, tortoise, radix), _greedy_next(gr, hare, radix)
+        tortoise = _greedy_next(gr, tortoise, radix, lead, profiles)
+        hare = _greedy_next(gr, hare, radix, lead, profiles)
         mu += 1
     steps = count if count <= mu else mu + (count - mu) % lam
     for _ in range(steps):
-        s = _greedy_next(gr, s, radix)
+        s = _greedy_next(gr, s, radix, lead, profiles)
     return s
 
 
 @njit(inline="always")
-def _greedy_rest(gr, s, radix, table, tail, first, count, tail_start):
+def _greedy_rest(gr, s, radix, table, tail, first, count, tail_start, lead, profiles):
     """``count`` periods of greedy play from ``s`` starting at period ``first``: the
     periods before ``tail_start`` are skipped (:func:`_greedy_skip`), the ones in the tail
     played one by one, their rewards added to ``tail`` in order."""
     skip = min(max(tail_start - first, 0), count)
-    s = _greedy_skip(gr, s, radix, skip)
+    s = _greedy_skip(gr, s, radix, skip, lead, profiles)
     for _ in range(count - skip):
-        s = _greedy_period(gr, s, radix, table, tail, True)
+        s = _greedy_period(gr, s, radix, table, tail, True, lead, profiles)
     return s
 
 
@@ -275,7 +287,7 @@ def _draw_bits(k0, k1, c0, c1, first, count, keys, out):
 @njit(parallel=True, cache=True)
 def _run_sessions(rows, state_index, step, stable, converged, k0, k1, alpha, beta_row,
                   eps, step_lo, table, radix, c0, c1, first, length, discount, window,
-                  tail, tail_start, fused_target, fused_increment):
+                  tail, tail_start, fused_target, fused_increment, lead, profiles):
     """Advance every session ``length`` periods in place.
 
     ``rows [S, n, m^n, m + 1]`` float32: seller ``j``'s Q row of state ``s`` and, in column
@@ -287,7 +299,8 @@ def _run_sessions(rows, state_index, step, stable, converged, k0, k1, alpha, bet
       plays its greedy price;
     * ``Q_j[s, a_j] += alpha_j (pi_j(a) + delta max_a' Q_j[s', a'] - Q_j[s, a_j])`` (two
       fused multiply-adds) with
-      ``s' = a``, the greedy price re-taken (first index of the row's maximum);
+      ``s' = a`` (memory ``k``: ``s' = a J^(k-1) + s // J``, ``lead = J^(k-1)``,
+      ``profiles = J``), the greedy price re-taken (first index of the row's maximum);
     * the stable count restarts when any greedy price changed; convergence once it
       reaches ``window``; the step advances (to at most 2^31 - 1).
 
@@ -320,16 +333,16 @@ def _run_sessions(rows, state_index, step, stable, converged, k0, k1, alpha, bet
         for start in range(0, length, PASS):
             if done:   # greedy play to the end of the chunk
                 s = _greedy_rest(gr, s, radix, table, tail[i], first + start, length - start,
-                                 tail_start)
+                                 tail_start, lead, profiles)
                 break
             todo = min(PASS, length - start)
             _draw_bits(k0[i], k1[i], c0, c1, u32(first + start), todo, keys, bits)
             for k in range(todo):
                 if done:
                     s = _greedy_period(gr, s, radix, table, tail[i],
-                                       first + start + k >= tail_start)
+                                       first + start + k >= tail_start, lead, profiles)
                     continue
-                nxt = 0
+                prof = 0
                 row = st - step_lo
                 for j in range(n):
                     u = f32(bits[j, k]) * scale
@@ -338,15 +351,16 @@ def _run_sessions(rows, state_index, step, stable, converged, k0, k1, alpha, bet
                     if u < e:
                         aj = min(i32(u / max(e, tiny) * mf), i32(m - 1))
                     a[j] = aj
-                    nxt += aj * radix[j]
+                    prof += aj * radix[j]
+                nxt = _next_history(prof, s, lead, profiles)
                 changed = False
                 for j in range(n):
                     # the row's maximum is its cached greedy entry
                     best = q[j, nxt, gr[j, nxt]]
                     if fused_target:
-                        target = _flush(fma32(discount, best, table[nxt, j]))
+                        target = _flush(fma32(discount, best, table[prof, j]))
                     else:
-                        target = _flush(table[nxt, j] + _flush(f32(discount * best)))
+                        target = _flush(table[prof, j] + _flush(f32(discount * best)))
                     aj = a[j]
                     old = q[j, s, aj]
                     if fused_increment:
@@ -376,7 +390,7 @@ def _run_sessions(rows, state_index, step, stable, converged, k0, k1, alpha, bet
                 s = nxt
                 if first + start + k >= tail_start:
                     for j in range(n):
-                        tail[i, j] += table[s, j]
+                        tail[i, j] += table[prof, j]
         for j in range(n):
             for r in range(q.shape[1]):
                 q[j, r, m] = f32(gr[j, r])
@@ -404,7 +418,7 @@ def plain(game) -> bool:
             or s.epsilon_start != 1.0 or s.feedback != "taken" or s.target != "simultaneous"
             or isinstance(s.discount, tuple)):
         return False
-    rows = np.arange(game.reward.shape[0])[:, None]
+    rows = np.arange(game.histories)[:, None]
     want = (rows.size, game.sellers)
     return all(states.shape == want and bool(np.all(states == rows))
                for states in (state_table(game)[0],))
@@ -413,12 +427,35 @@ def plain(game) -> bool:
 def state_table(game) -> np.ndarray:
     """``[K, J, n]`` int32: seller ``j``'s state index after profile row ``J`` under
     outcome ``K``, as the learner's ``act`` and ``update`` number the observation tables
-    (on ``obs_grid_of``), clipped to the Q table as XLA's gather clips."""
+    (on ``obs_grid_of``), clipped to the Q table as XLA's gather clips. Memory ``k > 1``:
+    ``[1, J^k, n]``, the state after each history number (``game.history_obs``)."""
     from jaxmarket.learners.qlearning import obs_grid_of
     grid = obs_grid_of(game.settings)
-    states = np.asarray(grid.state_index(game.obs), np.int32)
+    obs = game.obs if game.memory == 1 else game.history_obs(game.history_rows())
+    states = np.asarray(grid.state_index(obs), np.int32)
     states = np.minimum(states, game.settings.num_states - 1)
     return states if game.probs is not None else states[None]
+
+
+def history_in(game, sessions) -> np.ndarray:
+    """``[S]`` int32 each session's history number ``h = sum_l j_l J^(k-1-l)`` of its
+    profile in force ``j_0`` and ``past`` (memory 1: the profile's row)."""
+    radix = np.asarray(game.radix, np.int64)
+    h = (np.asarray(sessions.index, np.int64) * radix).sum(axis=-1)
+    if game.memory > 1:
+        past = (np.asarray(sessions.past, np.int64) * radix).sum(axis=-1)     # [S, k - 1]
+        for lag in range(game.memory - 1):   # the k - 1 digits of the number, not a step
+            h = h * game.profiles + past[:, lag]
+    return h.astype(np.int32)
+
+
+def history_out(game, sessions, h: np.ndarray):
+    """``sessions`` with ``index`` (and ``past``) of history numbers ``h [S]``."""
+    rows = game.history_rows()[np.asarray(h, np.int64)]                      # [S, k]
+    radix, m = np.asarray(game.radix, np.int64), game.grid.size
+    digits = ((rows[..., None] // radix) % m).astype(np.int32)               # [S, k, n]
+    past = jnp.asarray(digits[:, 1:]) if game.memory > 1 else None
+    return sessions._replace(index=jnp.asarray(digits[:, 0]), past=past)
 
 
 def roundings(game) -> tuple[tuple[bool, ...], ...]:
@@ -450,6 +487,8 @@ def make_kernel_chunk(game, length: int, tail_start: int,
     counts[n:] = 0
     c0, c1 = counts[:half].copy(), counts[half:].copy()
     tail_start = np.int64(tail_start)
+    profiles = game.profiles
+    lead = profiles ** (game.memory - 1)
 
     @jax.jit
     def eps_table(neg_beta, step_lo, span):
@@ -463,8 +502,7 @@ def make_kernel_chunk(game, length: int, tail_start: int,
         alpha, betas, beta_row, step, converged, step_lo, span = _slot_hyper(state, length)
         eps = np.array(eps_table(jnp.asarray(betas, jnp.float32), jnp.int32(step_lo),
                                  jnp.zeros(span, jnp.int8)))
-        index = np.asarray(sessions.index, np.int32)
-        state_index = (index * radix).sum(axis=-1).astype(np.int32)
+        state_index = history_in(game, sessions)
         key_data = np.array(jax.random.key_data(sessions.key), np.uint32)
         rows = np.array(state.rows, np.float32)
         stable = np.array(state.stable_periods, np.int32)
@@ -473,23 +511,22 @@ def make_kernel_chunk(game, length: int, tail_start: int,
                       np.ascontiguousarray(key_data[:, 0]), np.ascontiguousarray(key_data[:, 1]),
                       alpha, beta_row, eps, step_lo, table, radix, c0, c1,
                       np.uint32(first_period), int(length), discount, window, tail, tail_start,
-                      bool(rounding[0]), bool(rounding[1]))
-        index = ((state_index[:, None] // radix) % m).astype(np.int32)      # [S, n]
+                      bool(rounding[0]), bool(rounding[1]), lead, profiles)
         state = state.replace(rows=jnp.asarray(rows), step=jnp.asarray(step),
                               stable_periods=jnp.asarray(stable),
                               converged=jnp.asarray(converged))
-        return sessions._replace(learner=state, index=jnp.asarray(index),
-                                 tail=jnp.asarray(tail))
+        return history_out(game, sessions, state_index)._replace(learner=state,
+                                                                 tail=jnp.asarray(tail))
 
     # numba compiles on the first call (or loads its cache): do it here, on one session of
     # one period, and say how long it took
     started = time.perf_counter()
-    _run_sessions(np.zeros((1, n, m ** n, m + 1), np.float32), np.zeros(1, np.int32),
+    _run_sessions(np.zeros((1, n, game.histories, m + 1), np.float32), np.zeros(1, np.int32),
                   np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, bool),
                   np.zeros(1, np.uint32), np.zeros(1, np.uint32), np.zeros((1, n), np.float32),
                   np.zeros((1, n), np.int32), np.ones((1, 1), np.float32), 0, table, radix,
                   c0, c1, np.uint32(0), 1, discount, window, np.zeros((1, n), np.float32),
-                  np.int64(0), True, True)
+                  np.int64(0), True, True, lead, profiles)
     chunk.compile_s = time.perf_counter() - started
     return chunk
 
@@ -582,6 +619,8 @@ def _general_chunk(game, length: int, tail_start: int, rounding: tuple[bool, ...
     counts[n:] = 0
     c0, c1 = counts[:half].copy(), counts[half:].copy()
     tail_start = np.int64(tail_start)
+    profiles = game.profiles
+    lead = profiles ** (game.memory - 1)
 
     @jax.jit
     def eps_table(neg_beta, step_lo, span):
@@ -602,7 +641,7 @@ def _general_chunk(game, length: int, tail_start: int, rounding: tuple[bool, ...
         _run_general(rows, profile, outcome, step, stable, converged, clock, *pending,
                      np.ascontiguousarray(key_data[:, 0]), np.ascontiguousarray(key_data[:, 1]),
                      alpha, beta_row, eps, temp, gtable, g0, g1, step_lo, table, cf,
-                     act_states, states, cum,
+                     act_states, states, cum, lead, profiles,
                      radix, seat, num_turns, weights, c0, c1, np.uint32(first), int(count),
                      discount, discount_n, window, tail, tail_start, boltzmann, full,
                      sequential, bool(fused_target), bool(fused_increment), bool(fused_carry))
@@ -618,8 +657,7 @@ def _general_chunk(game, length: int, tail_start: int, rounding: tuple[bool, ...
             eps = np.array(eps_table(jnp.asarray(betas, jnp.float32), jnp.int32(step_lo),
                                      jnp.zeros(span, jnp.int8)))
             temp = np.zeros(1, np.float32)
-        index = np.asarray(sessions.index, np.int32)
-        profile = (index * radix).sum(axis=-1).astype(np.int32)
+        profile = history_in(game, sessions)
         outcome = np.array(sessions.outcome, np.int32)
         key_data = np.array(jax.random.key_data(sessions.key), np.uint32)
         rows = np.array(state.rows, np.float32)
@@ -629,7 +667,6 @@ def _general_chunk(game, length: int, tail_start: int, rounding: tuple[bool, ...
         pending, clock = _pending_in(state, sequential, total, n)
         call(rows, profile, outcome, step, stable, converged, clock, pending, key_data,
              alpha, beta_row, eps, temp, step_lo, first_period, int(length), tail)
-        index = ((profile[:, None] // radix) % m).astype(np.int32)      # [S, n]
         extra = {}
         if sequential:
             extra = {"pending": {"s": jnp.asarray(pending[0]), "a": jnp.asarray(pending[1]),
@@ -639,8 +676,8 @@ def _general_chunk(game, length: int, tail_start: int, rounding: tuple[bool, ...
         state = state.replace(rows=jnp.asarray(rows), step=jnp.asarray(step),
                               stable_periods=jnp.asarray(stable),
                               converged=jnp.asarray(converged), **extra)
-        return sessions._replace(learner=state, index=jnp.asarray(index),
-                                 tail=jnp.asarray(tail), outcome=jnp.asarray(outcome))
+        return history_out(game, sessions, profile)._replace(
+            learner=state, tail=jnp.asarray(tail), outcome=jnp.asarray(outcome))
 
     # numba compiles on the first call (or loads its cache): one session of one period
     started = time.perf_counter()
@@ -657,6 +694,14 @@ def _general_chunk(game, length: int, tail_start: int, rounding: tuple[bool, ...
     return chunk
 
 
+def calibration_periods(game) -> int:
+    """The periods :func:`calibrate` plays: 64; under memory ``k > 1``, ``64 J^(k-1)``
+    (at most 16,384), so that each of the ``J^k`` states is updated about as often as a
+    memory-1 state in 64 periods (fewer leave every rounding agreeing: each entry is
+    moved once from its initial value)."""
+    return 64 if game.memory == 1 else min(16_384, 64 * game.profiles ** (game.memory - 1))
+
+
 def calibrate(game, sessions, first_period: int, tail_start: int, xla_chunk,
               periods: int = 64) -> tuple[bool, ...] | None:
     """The rounding (:func:`roundings`) under which the kernel plays ``periods`` periods
@@ -668,7 +713,7 @@ def calibrate(game, sessions, first_period: int, tail_start: int, xla_chunk,
 
     def fields(s):
         return [np.asarray(x) for x in jax.tree.leaves((s.learner, s.index, s.tail,
-                                                         s.outcome))]
+                                                         s.outcome, s.past))]
 
     want = fields(xla_chunk(game, periods, tail_start)(
         jax.tree.map(lambda x: x.copy(), sessions), np.uint32(first_period)))
@@ -927,18 +972,20 @@ def _outcome_of(u, cum):
 @njit(parallel=True, cache=True)
 def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s, pend_a,
                  pend_acc, pend_valid, k0, k1, alpha, beta_row, eps, temp, gtable, g0, g1,
-                 step_lo, table, cf, act_states, states, cum, radix, seat, num_turns, weights,
-                 c0, c1, first, length, discount, discount_n, window, tail, tail_start,
+                 step_lo, table, cf, act_states, states, cum, lead, profiles, radix, seat,
+                 num_turns, weights, c0, c1, first, length, discount, discount_n, window, tail,
+                 tail_start,
                  boltzmann, full, sequential, fused_target, fused_increment, fused_carry):
     """Advance every session ``length`` periods in place: the learner's ``act``/``update``
     of any game :func:`jaxmarket.sessions.game.kernel_reason` accepts, in the order and
     float32 arithmetic of :func:`jaxmarket.sessions.engine.xla_chunk`'s period.
 
     ``rows [S, n, N, m + 1]``: seller ``j``'s Q rows of its ``N`` states (column ``m``: its
-    greedy price). ``states [K, J, n]``: seller ``j``'s state after profile row ``J`` under
-    outcome ``K`` (the update's ``state_index`` of ``obs``); ``act_states``: the
-    state ``act`` reads (the same numbering). ``table [K, J, n]``: the rewards.
-    A period ``t`` of session ``i``:
+    greedy price). ``profile [S]``: each session's history number ``h`` (memory ``k``:
+    :func:`_next_history`, ``lead = J^(k-1)``, ``profiles = J``; the profile in force
+    ``h // lead``). ``states [K, J^k, n]``: seller ``j``'s state after history ``h``
+    under outcome ``K`` (the update's ``state_index`` of ``obs``); ``act_states``: the
+    state ``act`` reads. ``table [K, J, n]``: the rewards. A period ``t`` of session ``i``:
 
     * act: epsilon-greedy on ``u_j = bits(key_t)_j 2^-32`` and ``eps [B, L]`` (0 once
       converged), or, with ``boltzmann``, the first argmax of
@@ -1009,7 +1056,9 @@ def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s,
                             if u < e:
                                 aj = min(i32(u / max(e, tiny) * mf), i32(m - 1))
                     a[j] = aj
-                nxt = _next_profile(a, prow, radix, m, num_turns, seat, t)   # the new profile
+                nxt = _next_profile(a, prow // lead if lead > 1 else prow, radix, m,
+                                    num_turns, seat, t)   # the new profile and history:
+                hn = _next_history(nxt, prow, lead, profiles)
                 if random:
                     o = _outcome_of(f32(obits[k] >> u32(9)) * scale23, cum)
                 # the update
@@ -1039,7 +1088,7 @@ def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s,
                     else:
                         if not learning:
                             continue
-                        sn = states[o, nxt, j]
+                        sn = states[o, hn, j]
                         best = q[j, sn, gr[j, sn]]
                         aj = a[j]
                         if full:
@@ -1063,7 +1112,7 @@ def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s,
                         st += 1
                     done = stb >= window
                 clk = i32(clk + 1)
-                prow = nxt
+                prow = hn
                 if first + start + k >= tail_start:
                     for j in range(n):
                         tail[i, j] += table[o, nxt, j]

@@ -4,7 +4,8 @@ shapes (nothing of the run's size is built), in the terms of
 enforce the same estimate)::
 
     tables              reward, observation and fee tables of every profile (x outcomes)
-  + sessions            every session's learner state, profile, tail sums and key
+  + sessions            every session's learner state, profile (memory k: the last k),
+                        tail sums and key
   + working copies      the kernel's host copy of the sessions and its result (the
                         xla backend: the compacted batch); before the run, the kernel
                         asks XLA's program for its rounding on as many fresh sessions
@@ -36,7 +37,7 @@ def estimate(game: SessionGame, sessions: int) -> MemoryEstimate:
     """The estimate of ``sessions`` sessions of ``game`` (module docstring)."""
     one = jax.eval_shape(lambda k: game.learner.init(k, game.spec), jax.random.key(0))
     n = game.sellers
-    per_session = _nbytes(one) + n * 8 + 8 + 4
+    per_session = _nbytes(one) + n * 8 + 8 + 4 + (game.memory - 1) * n * 4   # + past
     state = sessions * per_session
     tables = _nbytes((game.reward, game.obs, game.fees))
     J, K = game.reward.shape[-2], game.num_outcomes

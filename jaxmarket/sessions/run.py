@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import yaml
 
@@ -361,12 +362,12 @@ class SessionRun:
         rows = np.asarray(result.sessions.learner.rows, np.float64)
         m = self.game.grid.size
         diag = diagnostics(self.game, rows[..., m], rows[..., :m],
-                           np.asarray(result.sessions.index))
+                           np.asarray(result.sessions.index), last_history(result))
         if isinstance(diag, str):
             summary["equilibrium_check_skipped"] = diag
             diag = None
         else:
-            summary["equilibrium_check"] = check_summary(diag)
+            summary["equilibrium_check"] = check_summary(diag, self.game.memory)
         pub = Publication(self.run_dir, "sessions", result.periods)
         pub.text(SESSIONS_FILE, sessions_csv(result, delta, played, informed, diag))
         write_strategies(pub.path(STRATEGIES_FILE), result, bench)
@@ -375,13 +376,27 @@ class SessionRun:
         return summary
 
 
+def last_history(result: eng.SessionResult) -> np.ndarray:
+    """``[S, k n]`` every session's last ``k`` profiles, most recent first (the
+    ``history`` observation's order): ``index``, then ``past``."""
+    index = np.asarray(result.sessions.index, np.int32)
+    if result.sessions.past is None:
+        return index
+    past = np.asarray(result.sessions.past, np.int32)
+    return np.concatenate([index, past.reshape(past.shape[0], -1)], axis=1)
+
+
 def diagnostics(game: SessionGame, greedy: np.ndarray, q: np.ndarray,
-                index: np.ndarray | None) -> Diagnostics | str:
+                index: np.ndarray | None, history: np.ndarray | None = None
+                ) -> Diagnostics | str:
     """The authors' diagnostics (:mod:`jaxmarket.sessions.diagnostics`: best replies,
     equilibrium on path, subgame perfection, the Q-gaps) of every session's greedy
     strategies ``greedy [S, n, Z]`` and learned tables ``q [S, n, Z, m]``, the limit
     cycle followed from the profile ``index [S, n]`` in force (None or empty: memory 0,
-    whose strategies ignore it), or why they are not computed."""
+    whose strategies ignore it; memory ``k > 1``: from the history ``[S, k n]``,
+    :func:`last_history`), or why they are not computed."""
+    if game.memory > 1:
+        return _history_diagnostics(game, greedy, q, history)
     if game.turns is not None:
         return "sellers move in turns (the check is of simultaneous moves)"
     if game.probs is not None:
@@ -397,7 +412,33 @@ def diagnostics(game: SessionGame, greedy: np.ndarray, q: np.ndarray,
                     game.grid.size, game.settings.discount, start, q)
 
 
-def check_summary(d: Diagnostics) -> dict:
+def _history_diagnostics(game: SessionGame, greedy: np.ndarray, q: np.ndarray,
+                         history: np.ndarray | None) -> Diagnostics | str:
+    """:func:`diagnostics` under memory ``k > 1``: the states are the ``J^k`` histories
+    (:mod:`jaxmarket.sessions.diagnostics`), the cycle followed from each session's
+    last history."""
+    if game.turns is not None:
+        return (f"sellers move in turns (the check is of simultaneous moves; memory "
+                f"{game.memory})")
+    greedy = np.asarray(greedy)
+    if greedy.shape[1] != game.sellers:
+        return "sellers share a Q table"
+    if history is None:
+        return f"memory {game.memory}: no last history of the sessions to follow the cycle from"
+    rows = game.history_rows()
+    obs = game.history_obs(jnp.asarray(rows))
+    state = np.asarray(obs_grid_of(game.settings).state_index(obs), np.int64)   # [Z, n]
+    n, J = game.sellers, game.profiles
+    radix = np.asarray(game.radix, np.int64)
+    digits = np.asarray(history, np.int64).reshape(-1, game.memory, n)
+    start = np.zeros(digits.shape[0], np.int64)
+    for lag in range(game.memory):   # the k digits of the history number, not a step
+        start = start * J + digits[:, lag] @ radix
+    return diagnose(np.asarray(game.reward, np.float64), state, greedy.astype(np.int64),
+                    game.grid.size, game.settings.discount, start, q, game.memory)
+
+
+def check_summary(d: Diagnostics, memory: int = 1) -> dict:
     """summary.json's ``equilibrium_check``: the shares of sessions whose profile is a
     Nash equilibrium on path and subgame perfect, per firm the mean share of states where
     it best-replies (on path, all), its Q-gap to the maximum (on path, all) and its
@@ -414,8 +455,9 @@ def check_summary(d: Diagnostics) -> dict:
             "q_gap_on_path": stat(d.gap_path), "q_gap_all_states": stat(d.gap_all),
             "q_error": stat(d.q_error),
             "method": "one-shot deviations against the true Q of each session's greedy "
-                      "profile, states = the last price profile (jaxmarket.sessions."
-                      "diagnostics)"}
+                      "profile, states = " + ("the last price profile" if memory == 1 else
+                                             f"the last {memory} price profiles") +
+                      " (jaxmarket.sessions.diagnostics)"}
 
 
 def firm_gains(reward: np.ndarray, bench: dict, group: str) -> dict:
@@ -502,8 +544,7 @@ def write_strategies(path: Path, result: eng.SessionResult, bench: dict) -> None
     memory = game.settings.num_digits // game.sellers if game.sellers else 0
     rows = np.asarray(state.rows, np.float32)
     m = game.grid.size
-    last = np.asarray(result.sessions.index, np.int32) if memory else \
-        np.zeros((rows.shape[0], 0), np.int32)
+    last = last_history(result) if memory else np.zeros((rows.shape[0], 0), np.int32)
     with path.open("wb") as f:   # numpy adds no suffix to an open file
         np.savez_compressed(
             f, q=rows[..., :m], greedy=rows[..., m].astype(np.int32), last=last,
