@@ -974,8 +974,8 @@ def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s,
                  pend_acc, pend_valid, k0, k1, alpha, beta_row, eps, temp, gtable, g0, g1,
                  step_lo, table, cf, act_states, states, cum, lead, profiles, radix, seat,
                  num_turns, weights, c0, c1, first, length, discount, discount_n, window, tail,
-                 tail_start,
-                 boltzmann, full, sequential, fused_target, fused_increment, fused_carry):
+                 tail_start, boltzmann, full, sequential, fused_target, fused_increment,
+                 fused_carry):
     """Advance every session ``length`` periods in place: the learner's ``act``/``update``
     of any game :func:`jaxmarket.sessions.game.kernel_reason` accepts, in the order and
     float32 arithmetic of :func:`jaxmarket.sessions.engine.xla_chunk`'s period.
@@ -1000,9 +1000,8 @@ def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s,
       seller's own) on the price taken, or with ``full`` on every price (``cf [J, n, m]``:
       what each would have earned, the taken one its reward), or with ``sequential``
       Klein's pending update (``pend_*``, ``clock``, ``weights[j, lag] = delta_j^lag``,
-      ``discount_n[j] = delta_j^turns``); ``fused_*``: whether the
-      target, the increment and the pending sum are fused multiply-adds (the rounding XLA's
-      program chose, :func:`calibrate`);
+      ``discount_n[j] = delta_j^turns``); ``fused_*``: whether the target, the increment
+      and the pending sum are fused multiply-adds (XLA's rounding, :func:`calibrate`);
     * the stable count, convergence, the step and the tail as in :func:`_run_sessions`."""
     sessions, n = rows.shape[0], rows.shape[1]
     m = rows.shape[3] - 1
@@ -1021,9 +1020,7 @@ def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s,
         stb = stable[i]
         done = converged[i]
         clk = clock[i]
-        a = np.empty(n, np.int32)
-        sj = np.empty(n, np.int32)
-        sa = np.empty(n, np.int32)
+        a, sj, sa = np.empty(n, np.int32), np.empty(n, np.int32), np.empty(n, np.int32)
         bits = np.empty((2 * half, PASS), np.uint32)
         gbits = np.empty((2 * g0.shape[0], PASS), np.uint32)
         noise = np.empty((PASS, n * m), np.float32)
@@ -1117,10 +1114,7 @@ def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s,
                     for j in range(n):
                         tail[i, j] += table[o, nxt, j]
         _store_greedy(q, gr, m)
-        profile[i] = prow
-        outcome[i] = o
-        step[i] = st
+        profile[i], outcome[i], step[i], clock[i] = prow, o, st, clk
         stable[i] = stb
         converged[i] = done
         _fp_leave(fp)
-        clock[i] = clk
