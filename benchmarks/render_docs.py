@@ -268,6 +268,10 @@ def calvano(get: Loader) -> str:
         f"**{'met' if x['target_met'] else 'not met'}**.\n\n" + source(r, small)
 
 
+#: kernel over XLA session-periods per second that every design should reach
+TARGET_SESSIONS = 3.0
+
+
 def sessions_throughput(get: Loader) -> str:
     r = get("sessions_throughput")
     ratio = {row["design"]: row for row in r.get("results.ratios") or []}
@@ -278,17 +282,22 @@ def sessions_throughput(get: Loader) -> str:
                      f"**{n(row['session_periods_per_s'])}**",
                      n(row.get("session_periods_per_cpu_s")), n(row["wall_s"], 1),
                      n(row.get("cpu_s"), 1), n(row["compile_s"], 1),
-                     "" if kept is None else f"**{kept['kernel_over_xla']:.2f}x**"])
-    rows += [[row["design"], row["backend"], "skipped", row["reason"], "", "", "", "", ""]
-             for row in r["results.skipped"] if row["backend"] != "xla-gpu"]
-    met = [row for row in ratio.values() if row["target_met"]]
-    target = "" if not ratio else \
-        f"\n\nTarget (kernel at least {next(iter(ratio.values()))['target']:.0f}x XLA for " \
-        f"every design): **{'met' if len(met) == len(ratio) else 'not met'}** " \
-        f"({len(met)} of {len(ratio)} designs)."
+                     "" if kept is None else f"**{kept['kernel_over_xla']:.2f}x**",
+                     n(row["play_session_periods_per_s"]),
+                     "" if kept is None else f"**{kept['play_kernel_over_xla']:.2f}x**"])
+    rows += [[row["design"], row["backend"], "skipped", row["reason"], "", "", "", "", "",
+              "", ""] for row in r["results.skipped"] if row["backend"] != "xla-gpu"]
+    target = ""
+    for key, what in (("target_met", "the whole call"), ("play_target_met", "playing")):
+        met = [row for row in ratio.values() if row[key]]
+        if ratio:
+            target += f"\n\nTarget (kernel at least {TARGET_SESSIONS:.0f}x XLA for every " \
+                f"design), {what}: **{'met' if len(met) == len(ratio) else 'not met'}** " \
+                f"({len(met)} of {len(ratio)} designs)."
     return table(["design", "backend", "sessions x periods", "session-periods / s",
-                  "per CPU-s", "wall s", "CPU s", "compile s", "kernel / xla"], rows,
-                 "llllrrrrr") + target + "\n\n" + source(r)
+                  "per CPU-s", "wall s", "CPU s", "compile s", "kernel / xla",
+                  "playing: session-periods / s", "playing: kernel / xla"], rows,
+                 "llllrrrrrrr") + target + "\n\n" + source(r)
 
 
 def calvano_cpu(get: Loader) -> str:
