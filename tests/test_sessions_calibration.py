@@ -94,3 +94,41 @@ def test_a_kept_answer_of_three_roundings_reads_back_whole(game, cache):
         (True, False, True)
     assert calibration.kept_rounding(game, 64, 7, lambda: (False, False)) == \
         (True, False, True)
+
+
+@pytest.mark.parametrize("path, overrides, starts", [
+    ("configs/calvano.yaml", [], True),
+    ("configs/klein2021.yaml", [], True),                          # may be the kernel's
+    ("configs/calvano.yaml", ["train.session_backend=xla"], False),
+    ("configs/calvano.yaml", ["train.engine=loop"], False),
+    ("configs/calvano_ppo.yaml", [], False),                        # PPO sellers
+], ids=["calvano", "klein", "xla", "loop", "ppo"])
+def test_a_training_command_starts_the_kernels_compilation_only_where_it_may_run(
+        path, overrides, starts, monkeypatch):
+    # Bugs caught: the start-up overlap (numba compiling the kernel while the run builds
+    # its plan and tables) not started for a design the kernel plays, or started where
+    # the run cannot take the kernel (xla chosen, the general loop, PPO sellers).
+    from jaxmarket.sessions import kernel
+    from jaxmarket.sessions.run import warm_kernel
+    calls = []
+    monkeypatch.setattr(kernel, "precompile", lambda: calls.append(True))
+    warm_kernel(load_config(path, overrides))
+    assert bool(calls) is starts
+
+
+def test_the_precompiled_loop_is_the_one_the_run_calls(monkeypatch):
+    # Bug caught: precompile() compiling a signature the run's calls do not have (a
+    # second compilation at the first chunk, the overlap lost): the types of a real
+    # game's chunk call are the precompiled signature.
+    import numba
+    from jaxmarket.sessions import kernel
+    game = make_game(session_plan(load_config("configs/calvano.yaml", [
+        "learners.sellers.grid_size=3", "train.num_seeds=2"])))
+    calls = []
+    loop = kernel._run_sessions
+    monkeypatch.setattr(kernel, "_run_sessions", lambda *a: calls.append(a) or loop(*a))
+    chunk = kernel.make_kernel_chunk(game, 10, 5)
+    chunk(eng.init_sessions(game, 2, jax.random.key(0)), 0)
+    assert len(calls) == 2   # the first call's probe, then the chunk's
+    for args in calls:
+        assert tuple(numba.typeof(a) for a in args) == kernel.plain_signature()

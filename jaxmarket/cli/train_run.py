@@ -56,6 +56,7 @@ def _run(args, positional: str | None, overrides: list[str]) -> dict:
                               "was given too)")
         config = args.config or positional or str(DEFAULT_CONFIG)
         loaded = load_config(config, overrides)
+        session_run.warm_kernel(loaded)
         engine, reason, plan = session_run.choose_engine(loaded)
         if engine == "sessions":
             _sessions_only(args)

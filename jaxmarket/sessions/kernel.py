@@ -518,17 +518,58 @@ def make_kernel_chunk(game, length: int, tail_start: int,
         return history_out(game, sessions, state_index)._replace(learner=state,
                                                                  tail=jnp.asarray(tail))
 
-    # numba compiles on the first call (or loads its cache): do it here, on one session of
-    # one period, and say how long it took
+    # numba compiles on the first call (or loads its cache, or waits for
+    # :func:`precompile` to have done so): here, on one session of one period, timed
     started = time.perf_counter()
-    _run_sessions(np.zeros((1, n, game.histories, m + 1), np.float32), np.zeros(1, np.int32),
-                  np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, bool),
-                  np.zeros(1, np.uint32), np.zeros(1, np.uint32), np.zeros((1, n), np.float32),
-                  np.zeros((1, n), np.int32), np.ones((1, 1), np.float32), 0, table, radix,
-                  c0, c1, np.uint32(0), 1, discount, window, np.zeros((1, n), np.float32),
-                  np.int64(0), True, True, lead, profiles)
+    _run_sessions(*_plain_probe(n, game.histories, m, table, radix, c0, c1, discount, window,
+                                lead, profiles))
     chunk.compile_s = time.perf_counter() - started
     return chunk
+
+
+def _plain_probe(n, histories, m, table, radix, c0, c1, discount, window, lead, profiles):
+    """The arguments of :func:`_run_sessions` for one session of one period (their types
+    are those of every call: one compiled loop)."""
+    return (np.zeros((1, n, histories, m + 1), np.float32), np.zeros(1, np.int32),
+            np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, bool),
+            np.zeros(1, np.uint32), np.zeros(1, np.uint32), np.zeros((1, n), np.float32),
+            np.zeros((1, n), np.int32), np.ones((1, 1), np.float32), 0, table, radix,
+            c0, c1, np.uint32(0), 1, discount, window, np.zeros((1, n), np.float32),
+            np.int64(0), True, True, lead, profiles)
+
+
+_PRECOMPILE: list = []
+
+
+def plain_signature() -> tuple:
+    """The numba types of every call of :func:`_run_sessions` (any game: sizes are not
+    part of a signature)."""
+    import numba
+    args = _plain_probe(2, 4, 2, np.zeros((4, 2), np.float32), np.ones(2, np.int32),
+                        np.zeros(1, np.uint32), np.ones(1, np.uint32), np.float32(0.9), 1, 1, 4)
+    return tuple(numba.typeof(a) for a in args)
+
+
+def precompile() -> None:
+    """Compile :func:`_run_sessions` (or load numba's cache of it) on a thread of its own,
+    once per process, while the caller goes on to the work before the first chunk (the
+    plan's benchmarks, the outcome tables, XLA's compilations): a fresh machine's first
+    run then overlaps numba's compilation, whose LLVM passes release the GIL, with
+    XLA's. Compilation only: nothing runs; the first call finds the compiled loop (or
+    waits for it under numba's compiler lock). Errors are left to that call."""
+    if _PRECOMPILE:
+        return
+    import threading
+
+    def compile_plain():
+        try:
+            _run_sessions.compile(plain_signature())
+        except Exception:   # noqa: BLE001  the run's own first call reports it
+            pass
+
+    thread = threading.Thread(target=compile_plain, name="jaxmarket-numba", daemon=True)
+    _PRECOMPILE.append(thread)
+    thread.start()
 
 
 def _slot_hyper(state, length: int):

@@ -439,6 +439,7 @@ def reproduce(design: Design, run_dir: str | Path | None = None,
     all_overrides = list(design.overrides) + list(overrides)
     design_sessions, design_periods = _sizes(load_config(design.config, design.overrides))
     config = load_config(design.config, all_overrides)
+    session_run.warm_kernel(config)
     engine, reason, plan = session_run.choose_engine(config)
     run_dir = str(run_dir) if run_dir is not None else default_run_dir(design)
     train_command = shlex.join(["python", "-m", "jaxmarket.train", design.config_text,

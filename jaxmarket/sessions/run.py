@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import importlib.util
 import io
 import json
 import math
@@ -118,6 +119,23 @@ def memory(game: SessionGame, tcfg) -> MemoryEstimate:
     est = estimate_memory(game, tcfg.num_seeds)
     check_memory(est)
     return est
+
+
+def warm_kernel(config: dict) -> None:
+    """Where a loaded config may run on the session engine's kernel (its sellers
+    ``q_learning``, ``train.engine`` not ``loop``, ``train.session_backend`` not ``xla``,
+    numba installed, JAX on a CPU), start compiling the kernel's loop of Calvano et al.'s
+    learner on a thread (:func:`jaxmarket.sessions.kernel.precompile`), so that it
+    overlaps what the run does before its first chunk. Only the commands that train
+    call it."""
+    tcfg = resolve_train(config.get("train"))
+    kinds = _learner_kinds(config)
+    if (tcfg.engine == "loop" or tcfg.session_backend == "xla" or not kinds
+            or any(k != "q_learning" for k in kinds.values())
+            or importlib.util.find_spec("numba") is None or jax.default_backend() != "cpu"):
+        return
+    from jaxmarket.sessions.kernel import precompile
+    precompile()
 
 
 def choose_engine(config: dict) -> tuple[str, str | None, RunPlan | None]:
