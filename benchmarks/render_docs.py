@@ -282,46 +282,40 @@ def sessions_throughput(get: Loader) -> str:
                      f"**{n(row['session_periods_per_s'])}**",
                      n(row.get("session_periods_per_cpu_s")), n(row["wall_s"], 1),
                      n(row.get("cpu_s"), 1), n(row["compile_s"], 1),
-                     "" if kept is None else f"**{kept['kernel_over_xla']:.2f}x**",
-                     n(row["play_session_periods_per_s"]),
-                     "" if kept is None else f"**{kept['play_kernel_over_xla']:.2f}x**"])
-    rows += [[row["design"], row["backend"], "skipped", row["reason"], "", "", "", "", "",
-              "", ""] for row in r["results.skipped"] if row["backend"] != "xla-gpu"]
-    target = ""
-    for key, what in (("target_met", "the whole call"), ("play_target_met", "playing")):
-        met = [row for row in ratio.values() if row[key]]
-        if ratio:
-            target += f"\n\nTarget (kernel at least {TARGET_SESSIONS:.0f}x XLA for every " \
-                f"design), {what}: **{'met' if len(met) == len(ratio) else 'not met'}** " \
-                f"({len(met)} of {len(ratio)} designs)."
+                     "" if kept is None else f"**{kept['kernel_over_xla']:.2f}x**"])
+    rows += [[row["design"], row["backend"], "skipped", row["reason"], "", "", "", "", ""]
+             for row in r["results.skipped"] if row["backend"] != "xla-gpu"]
+    met = [row for row in ratio.values() if row["target_met"]]
+    target = "" if not ratio else \
+        f"\n\nTarget (kernel at least {TARGET_SESSIONS:.0f}x XLA for every design): " \
+        f"**{'met' if len(met) == len(ratio) else 'not met'}** ({len(met)} of " \
+        f"{len(ratio)} designs)."
     return table(["design", "backend", "sessions x periods", "session-periods / s",
-                  "per CPU-s", "wall s", "CPU s", "compile s", "kernel / xla",
-                  "playing: session-periods / s", "playing: kernel / xla"], rows,
-                 "llllrrrrrrr") + target + "\n\n" + source(r)
+                  "per CPU-s", "wall s", "CPU s", "compile s", "kernel / xla"], rows,
+                 "llllrrrrr") + target + "\n\n" + source(r)
 
 
 def calvano_cpu(get: Loader) -> str:
     r = get("calvano_cpu")
-    x = r["results"]
     rows = []
-    if "yardstick" in x:
-        y = x["yardstick"]
+    y = r.get("results.yardstick")
+    if y is not None:
         rows.append(["plain C loop (`--yardstick`)", f"{y['sessions']:,}", n(y["wall_s"], 1),
                      f"**{n(y['cpu_s'], 1)}**", n(y["session_periods"]),
                      f"**{n(y['session_periods_per_cpu_s'])}**", f"{y['profit_gain']:.4f}"])
-    p = x["product"]
+    p = r["results.product"]
     rows.append([f"`{p['command']}`", f"{p['sessions']:,}", n(p["wall_s"], 1),
                  f"**{n(p['cpu_s'], 1)}**", n(p["session_periods"]),
                  f"**{n(p['session_periods_per_cpu_s'])}**", f"{p['profit_gain']:.4f}"])
     text = table(["command", "sessions", "wall s", "CPU s", "session-periods learnt",
                   "per CPU-s", "profit gain Delta"], rows, "lrrrrrr")
-    if "ratio" in x:
-        q = x["ratio"]
+    q = r.get("results.ratio")
+    if q is not None:
         text += f"\n\nPer CPU-second, start-up included: **{q['product_over_yardstick']:.2f}x** " \
                 f"the C loop (target {q['target']:.1f}x: " \
                 f"**{'met' if q['target_met'] else 'not met'}**)."
-    if "start" in x:
-        c = x["start"]
+    c = r.get("results.start")
+    if c is not None:
         text += "\n\n" + table(
             ["run", "wall s", "CPU s"],
             [["first, empty caches", n(c["cold"]["wall_s"], 1), n(c["cold"]["cpu_s"], 1)],

@@ -33,13 +33,10 @@ the greedy cycles, the equilibrium check and the run directory's files (what a u
 waits for), ``session_periods_per_s = sessions x periods / wall_s``, ``cpu_s`` the
 process's user + system CPU seconds in that call (every thread) and
 ``session_periods_per_cpu_s`` the same work per CPU-second; ``compile_s`` is JAX's
-compile events inside that call (``compile_timer.CompileTimer``); ``play_s`` the time in
-the engine's chunks (:meth:`~jaxmarket.sessions.engine.Runner.advance`, the periods
-played) and ``play_session_periods_per_s`` the work over it. ``ratios`` holds, per
-design, kernel over XLA session-periods per second, of the whole call and of the play
-(``target``: 3.0). What the two backends share (the outcome tables, the greedy cycles
-or the long-run mean of random outcomes, the equilibrium check, the files) bounds the
-first.
+compile events inside that call (``compile_timer.CompileTimer``). ``ratios`` holds, per
+design, kernel over XLA session-periods per second (``target``: 3.0). What the two
+backends share (the outcome tables, the greedy cycles or the long-run mean of random
+outcomes, the equilibrium check, the files) bounds it.
 
     python benchmarks/sessions_throughput.py --json                  # the default designs
     python benchmarks/sessions_throughput.py --designs klein2021,calvano2020 --periods 500000
@@ -141,28 +138,6 @@ def skip_reason(plan, backend: str) -> str | None:
     return None
 
 
-@contextlib.contextmanager
-def play_timer():
-    """``[seconds]``: the wall time spent in the engine's chunks
-    (:meth:`jaxmarket.sessions.engine.Runner.advance`, every period played) while the
-    block runs, read by wrapping that method."""
-    spent = [0.0]
-    advance = eng.Runner.advance
-
-    def timed(self, *args, **kwargs):
-        started = time.perf_counter()
-        try:
-            return advance(self, *args, **kwargs)
-        finally:
-            spent[0] += time.perf_counter() - started
-
-    eng.Runner.advance = timed
-    try:
-        yield spent
-    finally:
-        eng.Runner.advance = advance
-
-
 def time_one(design: str, backend: str, sessions: int | None, periods: int,
              chunk: int, warmup: bool = True) -> dict:
     """One ``start()`` of ``design`` on ``backend`` (a row label), timed; with
@@ -184,7 +159,6 @@ def time_one(design: str, backend: str, sessions: int | None, periods: int,
             session_run.start(config, plan, where / "warmup",
                               command="benchmarks/sessions_throughput.py")
         compiled = stack.enter_context(CompileTimer())
-        play = stack.enter_context(play_timer())
         cpu = cpu_seconds()
         started = time.perf_counter()
         summary = session_run.start(config, plan, where / "run",
@@ -198,8 +172,7 @@ def time_one(design: str, backend: str, sessions: int | None, periods: int,
     return {"design": design, "backend": backend, "sessions": int(summary["sessions"]),
             "periods": int(summary["periods"]), "wall_s": round(wall, 3),
             "cpu_s": round(cpu, 3), "compile_s": round(compiled.seconds, 3),
-            "play_s": round(play[0], 3), "session_periods_per_s": work / wall,
-            "session_periods_per_cpu_s": work / cpu, "play_session_periods_per_s": work / play[0]}
+            "session_periods_per_s": work / wall, "session_periods_per_cpu_s": work / cpu}
 
 
 def ratios(rows: list[dict]) -> list[dict]:
@@ -210,10 +183,8 @@ def ratios(rows: list[dict]) -> list[dict]:
         xla, kernel = by.get((design, "xla-cpu")), by.get((design, "kernel-cpu"))
         if xla and kernel:
             ratio = kernel["session_periods_per_s"] / xla["session_periods_per_s"]
-            play = kernel["play_session_periods_per_s"] / xla["play_session_periods_per_s"]
             out.append({"design": design, "kernel_over_xla": round(ratio, 2),
-                        "play_kernel_over_xla": round(play, 2), "target": TARGET,
-                        "target_met": ratio >= TARGET, "play_target_met": play >= TARGET})
+                        "target": TARGET, "target_met": ratio >= TARGET})
     return out
 
 
@@ -227,10 +198,8 @@ def table(rows: list[dict], kept: list[dict]) -> str:
                      f"{r['compile_s']:>11.2f}{r['session_periods_per_s']:>19,.0f}"
                      f"{r['session_periods_per_cpu_s']:>13,.0f}")
     for r in kept:
-        lines.append(f"{r['design']:<24}kernel / xla {r['kernel_over_xla']:.2f}x, playing "
-                     f"{r['play_kernel_over_xla']:.2f}x (target {r['target']:.0f}x: "
-                     f"{'met' if r['target_met'] else 'NOT met'}, playing "
-                     f"{'met' if r['play_target_met'] else 'NOT met'})")
+        lines.append(f"{r['design']:<24}kernel / xla {r['kernel_over_xla']:.2f}x "
+                     f"(target {r['target']:.0f}x: {'met' if r['target_met'] else 'NOT met'})")
     return "\n".join(lines)
 
 
