@@ -468,6 +468,21 @@ def roundings(game) -> tuple[tuple[bool, ...], ...]:
     return tuple((t, i, c) for c in carry for t, i in ROUNDINGS)
 
 
+def _counters(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The Threefry counters of ``bits(key, (n,))`` as two halves ``(c0, c1)``: ``0 ..
+    n - 1`` padded with zeros to an even count (not partitionable)."""
+    half = (n + 1) // 2
+    counts = np.arange(2 * half, dtype=np.uint32)
+    counts[n:] = 0
+    return counts[:half].copy(), counts[half:].copy()
+
+
+def _history_sizes(game) -> tuple[int, int]:
+    """``(J, J^(k-1))``: the profiles and the ``lead`` of a history number
+    (:func:`_next_history`)."""
+    return game.profiles, game.profiles ** (game.memory - 1)
+
+
 def make_kernel_chunk(game, length: int, tail_start: int,
                       rounding: tuple[bool, ...] | None = None):
     """``(sessions, first_period) -> sessions`` as
@@ -482,13 +497,9 @@ def make_kernel_chunk(game, length: int, tail_start: int,
     window = int(game.settings.convergence_window)
     radix = np.asarray(game.radix, np.int32)
     table = np.array(game.reward, np.float32)
-    half = (n + 1) // 2
-    counts = np.arange(2 * half, dtype=np.uint32)
-    counts[n:] = 0
-    c0, c1 = counts[:half].copy(), counts[half:].copy()
+    c0, c1 = _counters(n)
     tail_start = np.int64(tail_start)
-    profiles = game.profiles
-    lead = profiles ** (game.memory - 1)
+    profiles, lead = _history_sizes(game)
 
     @jax.jit
     def eps_table(neg_beta, step_lo, span):
@@ -655,13 +666,9 @@ def _general_chunk(game, length: int, tail_start: int, rounding: tuple[bool, ...
     g_counts[n * m if boltzmann else 0:] = 0
     g0, g1 = g_counts[:g_half].copy(), g_counts[g_half:].copy()
     eps0 = settings.epsilon_start
-    half = (n + 1) // 2
-    counts = np.arange(2 * half, dtype=np.uint32)
-    counts[n:] = 0
-    c0, c1 = counts[:half].copy(), counts[half:].copy()
+    c0, c1 = _counters(n)
     tail_start = np.int64(tail_start)
-    profiles = game.profiles
-    lead = profiles ** (game.memory - 1)
+    profiles, lead = _history_sizes(game)
 
     @jax.jit
     def eps_table(neg_beta, step_lo, span):
