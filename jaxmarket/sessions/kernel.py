@@ -193,9 +193,7 @@ def _greedy_period(gr, s, radix, table, tail, in_tail, lead, profiles):
     """One period of greedy play from state ``s``: the next state; the rewards of the
     profile played are added to ``tail`` when ``in_tail``. Memory ``k``: ``s`` is the
     history number, ``lead = J^(k-1)``, ``profiles = J`` (:func:`_next_history`)."""
-    nxt = 0
-    for j in range(gr.shape[0]):
-        nxt += gr[j, s] * radix[j]
+    nxt = _greedy_profile(gr, s, radix)
     if in_tail:
         for j in range(gr.shape[0]):
             tail[j] += table[nxt, j]
@@ -212,13 +210,19 @@ def _next_history(profile, h, lead, profiles):
 
 
 @njit(inline="always")
-def _greedy_next(gr, s, radix, lead, profiles):
-    """The state after ``s`` when every seller plays its greedy price (memory ``k``:
-    :func:`_next_history`)."""
+def _greedy_profile(gr, s, radix):
+    """The profile row every seller's greedy price in state ``s`` makes."""
     nxt = 0
     for j in range(gr.shape[0]):
         nxt += gr[j, s] * radix[j]
-    return _next_history(nxt, s, lead, profiles)
+    return nxt
+
+
+@njit(inline="always")
+def _greedy_next(gr, s, radix, lead, profiles):
+    """The state after ``s`` when every seller plays its greedy price (memory ``k``:
+    :func:`_next_history`)."""
+    return _next_history(_greedy_profile(gr, s, radix), s, lead, profiles)
 
 
 @njit(inline="always")
