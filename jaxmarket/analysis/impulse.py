@@ -264,13 +264,19 @@ def _nanmean(x: np.ndarray) -> float | None:
 
 # ------------------------------------------------------------------ sources
 
+#: why strategies may have no one-shot profit table
+NO_TABLE = ("(random period outcomes, or a rule on last period's prices, make a period's "
+            "profits more than a function of its price profile)")
+
+
 def strategies_from_npz(directory: str | Path) -> Strategies:
     """``DIR/strategies.npz`` of a session-engine run (:mod:`jaxmarket.sessions.run`),
     read and checked by :func:`jaxmarket.analysis.strategies.read_strategies` (a
     RunDirError, one line, on a damaged file or one that is not the run's). A ConfigError
     where its strategies are not over the last ``memory`` price profiles (the run's
     observation is not the price history). With one outcome table per random period
-    outcome there is no one-shot profit table: deviate to a price."""
+    outcome, or one row per pair of profiles under a rule on last period's prices
+    (``lagged``), there is no one-shot profit table: deviate to a price."""
     path = strategies_path(directory)
     d = read_strategies(path)
     n, m, memory = d["greedy"].shape[1], d["grid"].shape[-1], int(d["memory"])
@@ -284,7 +290,9 @@ def strategies_from_npz(directory: str | Path) -> Strategies:
     table = d["profit_table"]
     return Strategies(greedy=d["greedy"].astype(np.int64), last=d["last"].astype(np.int64),
                       grid=d["grid"].astype(np.float64), memory=memory,
-                      profit_table=table.astype(np.float64) if table.ndim == 2 else None,
+                      profit_table=(table.astype(np.float64)
+                                    if table.ndim == 2 and not d.get("lagged", False)
+                                    else None),
                       converged=d["converged"] if "converged" in d else None,
                       source=str(path), discount=_npz_discount(path))
 
@@ -413,7 +421,9 @@ def strategies_from_runner(plan: RunPlan, runner: Any, group: str | None = None)
         rows = grid if grid.ndim == 1 else grid[np.arange(obs.shape[-1]) % n]
         last = np.argmin(np.abs(obs[..., None] - rows), axis=-1)
     return Strategies(greedy=greedy, last=last, grid=grid, memory=int(hyper["memory"]),
-                      profit_table=_profit_table(base.payoff, grid, n), converged=converged,
+                      profit_table=(None if plan.env.lagged   # profits of pairs
+                                    else _profit_table(base.payoff, grid, n)),
+                      converged=converged,
                       source=f"group {g}",
                       discount=_discount_of(plan.learner_settings[g][0], hyper))
 
@@ -558,10 +568,10 @@ def impulse_response(run: Any, agent: int = 0, deviation: str | float = "best_re
         raise ConfigError("periods", periods, "an integer >= 2 (the deviation and after)")
     if deviation in ("best_response", "nash") and s.profit_table is None:
         raise ConfigError("deviation", deviation, "a price: these strategies have no "
-                          "profit table")
+                          f"profit table {NO_TABLE}")
     if deviation == "best_response_lowest" and s.profit_table is None:
         raise ConfigError("deviation", deviation, "a price: these strategies have no "
-                          "profit table")
+                          f"profit table {NO_TABLE}")
     if isinstance(deviation, str) and deviation not in DEVIATIONS:
         raise ConfigError("deviation", deviation, ", ".join(DEVIATIONS) + " or a price "
                           "(every price: impulse_response_all)")
@@ -734,7 +744,7 @@ def impulse_response_all(run: Any, agent: int = 0, periods: int = 15,
         raise ConfigError("periods", periods, "an integer >= 2 (the deviation and after)")
     if s.profit_table is None:
         raise ConfigError("deviation", "all", "a price: these strategies have no profit "
-                          "table (the gains of the deviations need one)")
+                          f"table {NO_TABLE} and the gains of the deviations need one")
     delta = _discount(discount, s, agent)
     session, _, digits, length, on_cycle = _cycle_points(game)
     P = len(session)

@@ -10,7 +10,8 @@ this order:
    ``numpy.load`` or ``zipfile`` is one line, not a traceback;
 3. every key the replay needs is present (``greedy``, ``last``, ``grid``, ``memory``,
    ``profit_table``), and every key of the file (those and ``q``, ``converged``,
-   ``p_nash``, ``p_monopoly``, ``pi_nash``, ``pi_monopoly``) has its dtype kind and rank;
+   ``p_nash``, ``p_monopoly``, ``pi_nash``, ``pi_monopoly``, ``lagged``) has its dtype
+   kind and rank;
 4. that the shapes agree with each other (``N`` sessions, ``n`` sellers, ``Z`` states,
    ``m`` prices)::
 
@@ -18,7 +19,9 @@ this order:
        last [N, memory n] int in [0, m)     converged [N] bool
        grid [m] float, finite, increasing   memory [] int >= 0
          (per-firm grids: [n, m], each row)
-       profit_table [m^n, n] float (finite; [K, m^n, n] with K outcomes of a period)
+       profit_table [m^n, n] float (finite; [K, m^n, n] with K outcomes of a period;
+         [(m^n)^2, n], row p m^n + j, where ``lagged``: a rule on last period's prices)
+       lagged [] bool (absent: False)
 
 5. in a run directory (``config.yaml`` beside the file), that it is the run's: ``N`` is
    ``train.num_seeds``, and ``n``, ``Z``, ``memory``, the profit table's shape and the grid
@@ -50,7 +53,8 @@ REQUIRED = {"greedy": ("iu", (3,)), "last": ("iu", (2,)), "grid": ("f", (1, 2)),
 #: key -> (dtype kinds, ranks): the rest of what ``write_strategies`` writes, checked
 #: where present (files written by hand or by older tools may lack them)
 OPTIONAL = {"q": ("f", (4,)), "converged": ("b", (1,)), "p_nash": ("f", (0,)),
-            "p_monopoly": ("f", (0,)), "pi_nash": ("f", (0,)), "pi_monopoly": ("f", (0,))}
+            "p_monopoly": ("f", (0,)), "pi_nash": ("f", (0,)), "pi_monopoly": ("f", (0,)),
+            "lagged": ("b", (0,))}
 KINDS = {"i": "integer", "u": "integer", "f": "float", "b": "bool"}
 
 
@@ -186,9 +190,11 @@ def _check_shapes(a: dict, fail: _Fail) -> None:
     if "converged" in a and a["converged"].shape != (N,):
         raise fail("converged", f"has shape {a['converged'].shape}, not (sessions,) = {(N,)}")
     table = a["profit_table"]
-    if table.shape[-2:] != (m ** n, n):
-        raise fail("profit_table", f"has shape {table.shape}, not (prices^sellers, sellers) "
-                                   f"= {(m ** n, n)}")
+    rows = (m ** n) ** 2 if bool(a.get("lagged", False)) else m ** n   # lagged: pairs
+    if table.shape[-2:] != (rows, n):
+        raise fail("profit_table", f"has shape {table.shape}, not (rows, sellers) = "
+                                   f"{(rows, n)} (rows: prices^sellers, their square where "
+                                   f"lagged)")
     if not np.all(np.isfinite(table)):
         raise fail("profit_table", "holds NaN or infinite values")
 

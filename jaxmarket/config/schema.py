@@ -108,7 +108,7 @@ DISTRIBUTORS = {
             'no_eligible': Field('choice', 'unserved', choices=('unserved', 'withhold')),
             'shock_values': Field('floats', None, optional=True),
             'shock_probs': Field('floats', None, low=0.0, high=1.0, optional=True),
-            'steering': Field('choice', 'none', choices=('none', 'lowest_price', 'lowest_price_all')),
+            'steering': Field('choice', 'none', choices=('none', 'lowest_price', 'lowest_price_all', 'lowest_price_dynamic')),
         }, 'params': ('temperature', 'price_sensitivity', 'outside_quality'), 'checked': ('shock_values', 'shock_probs'), 'actions': ('price', 'multiplier'), 'dense': False},
     'mixed_price': {'fields': {
             'reserve': Field('float', 0.0, low=0.0),

@@ -51,6 +51,22 @@ class MarketEnv:
                          for g in spec.agent_groups}
         self._distributor = DISTRIBUTORS[spec.distributor]
         self._options = dict(thaw(spec.distributor_options) or {})
+        # the distributor reads the last period's prices (``Quotes.previous``)
+        self._lagged = self._distributor.is_lagged(self._options)
+
+    @property
+    def lagged(self) -> bool:
+        """Whether a period's allocation reads the last period's prices (the
+        distributor's ``is_lagged``): a period then depends on the prices in force before
+        it, not on the current ones alone."""
+        return self._lagged
+
+    def held(self, state: MarketState, actions: dict, params: MarketParams) -> MarketState:
+        """``state`` with ``actions`` already in force (:meth:`apply_actions`): the state
+        from which a step of the same actions plays a profile held for a second period
+        (the one-shot game of a lagged market, :attr:`lagged`; every other market's step
+        ignores the prices in force before it)."""
+        return self.apply_actions(state, actions, params)
 
     def __hash__(self) -> int:
         return hash(self.spec)
@@ -208,6 +224,9 @@ class MarketEnv:
         spec = self.spec
         k_demand, k_dist = jax.random.split(key)
         nonfinite = self.nonfinite_actions(state, actions)
+        # the prices in force before this step's actions, for a rule on the last period's
+        # (``DistributorDef.lagged``; unused otherwise, so not computed)
+        previous = self._quoted_prices(state, params) if self._lagged else None
         state = self.apply_actions(state, actions, params)
         # demand processes
         queries, demand = {}, {}
@@ -216,7 +235,7 @@ class MarketEnv:
             c = params.consumers[g.name]
             queries[g.name], demand[g.name] = DEMANDS[g.demand_kind].step(
                 dkeys[i], state.time, state.demand[g.name], c.demand, c.queries)
-        quotes = self._quotes(state, params, queries)
+        quotes = self._quotes(state, params, queries).replace(previous=previous)
         alloc: Allocation = self._distributor.allocate(k_dist, quotes, params.distributor,
                                                        self._options)
         split = lambda x, g: x[g.offset:g.offset + g.count]  # noqa: E731

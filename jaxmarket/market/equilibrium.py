@@ -6,12 +6,14 @@ product, or a grid of values per agent and product); the payoff of a joint actio
 reward :meth:`MarketEnv.step_env` gives each agent for **one period from the reset
 state** (``reset(key(0))``, ``time = 0``: demand processes at their period-0 level, the
 price history at the initial prices), every other agent group at its reset action or at
-the ``fixed`` actions given for it. Alternating moves are evaluated as simultaneous (the
-static game, :func:`static_game`). Where the period is random (a demand process or a
-distributor that draws with its key, a fixed group that acts at random) the payoff is
-the **mean over a fixed set of** ``samples`` **keys** (:func:`sample_keys`; the same keys
-for every profile, so the game is deterministic and its equilibria exact for that
-sample).
+the ``fixed`` actions given for it (in a market whose distributor reads the last
+period's prices, :attr:`MarketEnv.lagged`: the profile held, the same actions in force
+before the period, :meth:`MarketEnv.held`). Alternating moves are evaluated as
+simultaneous (the static game, :func:`static_game`). Where the period is random (a
+demand process or a distributor that draws with its key, a fixed group that acts at
+random) the payoff is the **mean over a fixed set of** ``samples`` **keys**
+(:func:`sample_keys`; the same keys for every profile, so the game is deterministic and
+its equilibria exact for that sample).
 
 Two solutions per player group (:func:`solve`):
 
@@ -230,7 +232,10 @@ def payoff(structure: Structure, x: jax.Array, data: Any) -> jax.Array:
         at += n * P
 
     def one(key, others, env=env):
-        _, _, rewards, _, _ = env.step_env(key, state, {**acts, **others}, params)
+        joint = {**acts, **others}
+        # a lagged market (a rule on last period's prices): the profile held a period
+        start = env.held(state, joint, params) if env.lagged else state
+        _, _, rewards, _, _ = env.step_env(key, start, joint, params)
         return jnp.concatenate([rewards[g] for g in structure.groups])
 
     def expected(env):

@@ -17,6 +17,10 @@ firm ``i``'s own state ``state[y, i]``, the next state ``next(y) = p J^(k-1) + y
 after profile ``p`` is played, and the reward of a state is that of its most recent
 profile, ``R[y // J^(k-1)]``. Every formula below holds with ``j`` read as ``y``.
 
+A rule on last period's prices (``lagged``, memory 1): a period's profit depends on the
+state ``j`` (the profile in force before it) and the profile played ``p``, ``R[j J + p,
+i]`` (the session game's pair rows); below, ``R[p]`` after state ``j`` reads that row.
+
 * **Value of the profile**, ``V_i(j) = sum_{t>=0} delta^t R[next^{t+1}(j), i]`` (the
   path from ``j`` is deterministic and ends in a cycle), summed by doubling: with
   ``A_0 = R[next(.)]`` and ``N_0 = next``, ``A_{k+1} = A_k + delta^{2^k} A_k o N_k`` and
@@ -68,13 +72,15 @@ class Diagnostics:
     on_path: np.ndarray
 
 
-def profile_values(reward: np.ndarray, nxt: np.ndarray, delta: Any) -> np.ndarray:
+def profile_values(reward: np.ndarray, nxt: np.ndarray, delta: Any,
+                   offset: np.ndarray | int = 0) -> np.ndarray:
     """``V [S, J, n]``: each firm's discounted profit from each state following the
     profile, ``reward [J, n]``, ``nxt [S, J]`` the next state (module docstring);
     ``delta`` one discount, or ``[n]`` each firm ``i``'s own ``delta_i`` (``V_i`` is
-    then discounted by ``delta_i``)."""
+    then discounted by ``delta_i``); ``offset [J]``: the reward row of state ``j``'s
+    step is ``offset[j] + nxt`` (a lagged game's ``j J``; 0: ``nxt``)."""
     R = np.asarray(reward, np.float64)
-    acc = R[nxt]                                              # [S, J, n]: A_0
+    acc = R[nxt + offset]                                     # [S, J, n]: A_0
     hop = nxt.copy()                                          # N_0
     rows = np.arange(nxt.shape[0])[:, None]
     # delta: one for every firm, or [n] each firm's own (then the weight is per firm)
@@ -87,11 +93,13 @@ def profile_values(reward: np.ndarray, nxt: np.ndarray, delta: Any) -> np.ndarra
 
 
 def true_q(reward: np.ndarray, actions: np.ndarray, values: np.ndarray, m: int,
-           delta: Any, memory: int = 1) -> np.ndarray:
+           delta: Any, memory: int = 1, offset: np.ndarray | int = 0) -> np.ndarray:
     """``Q [S, Z, n, m]``: firm ``i`` plays ``a`` once in state ``y``, the others their
     ``actions [S, Z, n]``, then everyone the profile (``values``: :func:`profile_values`);
     ``delta``: one, or ``[n]`` each firm's own (``Q_i = R_i + delta_i V_i``); the state
-    after profile ``p`` is ``p J^(k-1) + y // J`` (memory ``k``; ``Z = J^k``)."""
+    after profile ``p`` is ``p J^(k-1) + y // J`` (memory ``k``; ``Z = J^k``);
+    ``offset [Z]``: the reward row of profile ``p`` after state ``y`` is ``offset[y] + p``
+    (a lagged game's pair rows; 0: ``p``)."""
     S, J, n = actions.shape
     radix = m ** np.arange(n - 1, -1, -1)                     # [n]
     others = (actions * radix).sum(-1)[..., None] - actions * radix   # [S, J, n]
@@ -104,7 +112,8 @@ def true_q(reward: np.ndarray, actions: np.ndarray, values: np.ndarray, m: int,
     if memory > 1:
         profiles = R.shape[0]
         after = prof * profiles ** (memory - 1) + (np.arange(J) // profiles)[:, None, None]
-    return R[prof, own] + d * values[rows, after, own]
+    pay = prof + np.reshape(offset, (-1, 1, 1)) if np.ndim(offset) else prof
+    return R[pay, own] + d * values[rows, after, own]
 
 
 def limit_cycle(nxt: np.ndarray, start: np.ndarray) -> np.ndarray:
@@ -129,19 +138,20 @@ MAX_ENTRIES = 1 << 24
 
 def diagnose(reward: np.ndarray, state: np.ndarray, greedy: np.ndarray, m: int,
              delta: Any, start: np.ndarray, q: np.ndarray | None = None,
-             memory: int = 1) -> Diagnostics:
+             memory: int = 1, lagged: bool = False) -> Diagnostics:
     """The diagnostics of every session (module docstring): ``reward [J, n]``, ``state
     [Z, n]`` (each firm's own state after each history, ``Z = J^k``; memory 1: after each
     profile), ``greedy [S, n, N]`` (action indices of the learners' ``N`` states),
     ``start [S]`` (the history the limit cycle is followed from), ``q [S, n, N, m]`` the
-    learned tables (None: no learned-Q error). Sessions go in blocks of at most
+    learned tables (None: no learned-Q error); ``lagged``: ``reward [J^2, n]`` of the
+    (state, profile) pairs (module docstring; memory 1). Sessions go in blocks of at most
     :data:`MAX_ENTRIES` true-Q entries (the memory bound of a 100-price grid)."""
     S = np.asarray(greedy).shape[0]
     n = np.asarray(reward).shape[1]
     Z = np.asarray(state).shape[0]
     block = max(1, MAX_ENTRIES // (Z * n * m))
     parts = [_diagnose(reward, state, greedy[b:b + block], m, delta, start[b:b + block],
-                       None if q is None else q[b:b + block], memory)
+                       None if q is None else q[b:b + block], memory, lagged)
              for b in range(0, S, block)]   # blocks of sessions, each vectorised
     return Diagnostics(*(np.concatenate([getattr(p, f) for p in parts])
                          for f in Diagnostics.__dataclass_fields__))
@@ -149,7 +159,7 @@ def diagnose(reward: np.ndarray, state: np.ndarray, greedy: np.ndarray, m: int,
 
 def _diagnose(reward: np.ndarray, state: np.ndarray, greedy: np.ndarray, m: int,
               delta: Any, start: np.ndarray, q: np.ndarray | None,
-              memory: int = 1) -> Diagnostics:
+              memory: int = 1, lagged: bool = False) -> Diagnostics:
     greedy = np.asarray(greedy, np.int64)
     S, n, _ = greedy.shape
     firms = np.arange(n)
@@ -162,8 +172,10 @@ def _diagnose(reward: np.ndarray, state: np.ndarray, greedy: np.ndarray, m: int,
         y = np.arange(np.asarray(state).shape[0])
         nxt = nxt * J ** (memory - 1) + y // J
         own_reward = np.asarray(reward)[y // J ** (memory - 1)]   # [Z, n]
-    values = profile_values(own_reward, nxt, delta)
-    Q = true_q(reward, actions, values, m, delta, memory)     # [S, Z, n, m]
+    Z = np.asarray(state).shape[0]
+    offset = np.arange(Z) * Z if lagged else 0                # a lagged game's pair rows
+    values = profile_values(own_reward, nxt, delta, offset)
+    Q = true_q(reward, actions, values, m, delta, memory, offset)   # [S, Z, n, m]
     best = Q.max(-1)                                          # [S, J, n]
     played = np.take_along_axis(Q, actions[..., None], -1)[..., 0]
     scale = np.maximum(np.abs(best), 1e-300)

@@ -243,8 +243,9 @@ def xla_chunk(game: SessionGame, length: int, tail_start: int, devices: int = 1)
         if random:   # this period's outcome, from its own stream of the period's key
             outcome = draw_outcome(game, jax.random.fold_in(key_t, 1)[None])[0]
             reward, next_obs = game.reward[outcome, row], game.obs[outcome, row]
-        else:
-            reward, next_obs = game.reward[row], game.obs[row]
+        else:   # a lagged game's reward: of the pair (profile before, profile now)
+            pay = game.pay_row(game.row(before), row) if game.lagged else row
+            reward, next_obs = game.reward[pay], game.obs[row]
         if past is not None:
             past = shift_history(before, past)
             next_obs = observe_history(game, index, past)
@@ -283,11 +284,12 @@ def greedy_cycle(game: SessionGame, sessions: Sessions, first_period: int):
         greedy = state.replace(converged=jnp.ones_like(state.converged))
 
         def period(index, t):
-            _, aux = game.learner.act(greedy, game.obs[game.row(index)], jax.random.key(0))
+            before = game.row(index)
+            _, aux = game.learner.act(greedy, game.obs[before], jax.random.key(0))
             chosen = aux["action_index"]
             index = chosen if seat is None else jnp.where(t % num_turns == seat, chosen, index)
-            row = game.row(index)
-            return index, jnp.stack([game.reward[row], game.fees[row],
+            pay = game.pay_row(before, game.row(index))
+            return index, jnp.stack([game.reward[pay], game.fees[pay],
                                      game.grid.profile_price(index)])
 
         def turn_cycle(index, _):

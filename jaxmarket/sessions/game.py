@@ -21,6 +21,16 @@ profiles (``memory: k`` with the observation ``[{kind: history, k: k}]`` alone, 
 deterministic period). Anything else is refused with the reason (:func:`check_game`);
 ``train.engine: auto`` then trains it with the general loop.
 
+A rule on last period's prices (a distributor that reads them, ``MarketEnv.lagged``:
+``steering: lowest_price_dynamic``): a period's outcome depends on the profile in force
+before it ``p`` and the new one ``j``, so ``reward`` and ``fees`` hold one row per pair,
+``p J + j`` (``J^2`` rows, each the market's step from the state with ``p`` in force,
+:meth:`MarketEnv.held`), read at :meth:`SessionGame.pay_row`; ``obs`` (of the prices in
+force) keeps one row per profile. Under memory 1 the learners' state is ``p``, so the game
+stays Markov for them. A profile's one-shot figures (:meth:`SessionGame.expected`) are of
+it held, row ``j J + j``. Refused with random period outcomes, memory ``k > 1`` and
+``feedback: full``.
+
 Memory ``k``: the state of a session is the history of the last ``k`` profiles, most
 recent first, ``(j_0, j_1, ..., j_{k-1})``, numbered ``h = sum_l j_l J^(k-1-l)`` (``J =
 m^n``; ``k = 1``: ``h = j_0``). ``obs`` then holds the observation of one profile (the
@@ -77,13 +87,19 @@ class SessionGame:
     # outcome axis); None for a deterministic period
     probs: tuple[float, ...] | None = None
     memory: int = 1            # k: the profiles in a session's state (module docstring)
+    # a rule on last period's prices (``MarketEnv.lagged``): ``reward`` and ``fees`` hold
+    # one row per (previous, current) profile pair, row ``p J + j`` (module docstring)
+    lagged: bool = False
 
     @property
     def num_outcomes(self) -> int:
         return 1 if self.probs is None else len(self.probs)
 
     def expected(self, table: jax.Array) -> jax.Array:
-        """``[m^n, ...]`` a table (``reward``, ``fees``) in expectation over the outcomes."""
+        """``[m^n, ...]`` a table (``reward``, ``fees``) in expectation over the outcomes;
+        of a lagged game, each profile's row held (previous = current, ``j J + j``)."""
+        if self.lagged:
+            return table[np.arange(self.profiles) * (self.profiles + 1)]
         if self.probs is None:
             return table
         return jnp.tensordot(jnp.asarray(self.probs, jnp.float32), table, axes=1)
@@ -105,10 +121,16 @@ class SessionGame:
         """Table row of grid-index profiles ``[..., n]``."""
         return jnp.sum(index * jnp.asarray(self.radix, jnp.int32), axis=-1)
 
+    def pay_row(self, before: jax.Array, row: jax.Array) -> jax.Array:
+        """The ``reward``/``fees`` row of profile row ``row`` played after profile row
+        ``before``: ``before J + row`` in a lagged game, else ``row``."""
+        return before * self.profiles + row if self.lagged else row
+
     @property
     def profiles(self) -> int:
-        """``J = m^n``, the joint profiles (table rows)."""
-        return int(self.reward.shape[-2])
+        """``J = m^n``, the joint profiles (rows of ``obs``; ``reward``'s but for a
+        lagged game's ``J^2`` pairs)."""
+        return int(self.obs.shape[-3])
 
     @property
     def histories(self) -> int:
@@ -163,6 +185,8 @@ def check_game(plan: RunPlan) -> str:
     if len(found) > 1 and getattr(env.spec, "move_order", "simultaneous") != "simultaneous":
         raise ValueError("session engine: random period outcomes with alternating moves")
     parts = thaw(g.observation) or []
+    if env.lagged:
+        _check_lagged(g.name, parts, len(found), env)
     if observed_memory(parts) > 1:
         _check_memory(g.name, parts, len(found))
         return g.name
@@ -198,6 +222,22 @@ def _check_memory(group: str, parts, outcomes_found: int) -> None:
                          f"state would hold past outcomes)")
 
 
+def _check_lagged(group: str, parts, outcomes_found: int, env: MarketEnv) -> None:
+    """A rule on last period's prices: only with memory 1 and a deterministic period (a
+    ``ValueError`` naming the fields otherwise)."""
+    options = dict(thaw(env.spec.distributor_options) or {})
+    rule = (f"market.distributor {env.spec.distributor!r} ("
+            + ", ".join(f"{k}: {v!r}" for k, v in options.items()) + ")")
+    if outcomes_found > 1:
+        raise ValueError(f"session engine: {rule} reads last period's prices, with random "
+                         f"period outcomes; allowed: one of the two (the tables would hold "
+                         f"one row per outcome and pair of profiles)")
+    if observed_memory(parts) > 1:
+        raise ValueError(f"session engine: {rule} reads last period's prices, with "
+                         f"{group}.observation history k={observed_memory(parts)}; allowed "
+                         f"with it: k: 1")
+
+
 def _with_options(env: MarketEnv) -> str:
     """`` with market.distributor.<option>: value, ...`` where the distributor's options
     decide whether its period is random (a refusal then names the settings to change),
@@ -216,20 +256,26 @@ def simultaneous(env: MarketEnv) -> MarketEnv:
     return MarketEnv(dataclasses.replace(env.spec, move_order="simultaneous"))
 
 
-def outcome_tables(env: MarketEnv, params: Any, group: str, prices: jax.Array):
+def outcome_tables(env: MarketEnv, params: Any, group: str, prices: jax.Array,
+                   previous: jax.Array | None = None):
     """``(reward [J, n], obs [J, n, D], fees [J, n])`` of one step from the reset state
-    for each price profile ``prices [J, n]`` of ``group`` (the market's own step)."""
+    for each price profile ``prices [J, n]`` of ``group`` (the market's own step); with
+    ``previous [J, n]``, from the reset state with those prices in force
+    (:meth:`MarketEnv.held`: a lagged market's last period)."""
     env = simultaneous(env)
 
-    def one(profile: jax.Array):
+    def one(profile: jax.Array, before: jax.Array | None):
         key = jax.random.key(0)
         _, state = env.reset_env(key, params)
         actions = current_actions(env.spec, state)
+        if before is not None:
+            actions[group] = before[:, None]
+            state = env.held(state, dict(actions), params)
         actions[group] = profile[:, None]
         obs, _, rewards, _, info = env.step_env(key, state, actions, params)
         return rewards[group], obs[group], info["fees"][group].sum(axis=-1)
 
-    return jax.jit(jax.vmap(one))(prices)
+    return jax.jit(jax.vmap(one))(prices, previous)
 
 
 def make_game(plan: RunPlan) -> SessionGame:
@@ -247,7 +293,23 @@ def make_game(plan: RunPlan) -> SessionGame:
     # profile j's prices: seller i's own grid price a_i (grid.profile_price)
     profiles = grid.profile_price(jnp.asarray(np.indices((m,) * n).reshape(n, -1).T))  # [J, n]
     found = outcomes(plan.env)
-    tables = [outcome_tables(env, plan.params, group, profiles) for _, env in found]
+    lagged = plan.env.lagged
+    if lagged and settings.feedback == "full":
+        raise ValueError(f"session engine: learners.{group}.feedback: full with a rule on last "
+                         f"period's prices (market.distributor); the counterfactual payoffs "
+                         f"are of the profile in force; allowed with it: feedback: taken")
+    if lagged and (m ** n) ** 2 > MAX_PROFILES:
+        raise ValueError(f"session engine: ({m}^{n})^2 pairs of joint prices (a rule on last "
+                         f"period's prices) are too many for the tables (at most "
+                         f"{MAX_PROFILES})")
+    if lagged:   # one row per (previous p, current j) pair, row p J + j
+        J = m ** n
+        tables = [outcome_tables(found[0][1], plan.params, group, jnp.tile(profiles, (J, 1)),
+                                 jnp.repeat(profiles, J, axis=0))]
+        obs_rows = tables[0][1][:J]   # the observation is of the prices in force (pair 0, j)
+        tables = [(tables[0][0], obs_rows, tables[0][2])]
+    else:
+        tables = [outcome_tables(env, plan.params, group, profiles) for _, env in found]
     probs = None if len(found) == 1 else tuple(p for p, _ in found)
     if probs is None:
         reward, obs, fees = tables[0]
@@ -257,6 +319,9 @@ def make_game(plan: RunPlan) -> SessionGame:
         expected = jnp.tensordot(jnp.asarray(probs, jnp.float32), reward, axes=1)
     radix = tuple(m ** (n - 1 - i) for i in range(n))
     weights = jnp.asarray(radix, jnp.int32)
+
+    if lagged:   # a profile's one-shot payoffs: the profile held (row j J + j)
+        expected = expected[np.arange(m ** n) * (m ** n + 1)]
 
     def payoff(prices: jax.Array) -> jax.Array:
         """One-shot (expected) payoffs of a profile ``[n, 1]`` (snapped to the grid)."""
@@ -269,7 +334,7 @@ def make_game(plan: RunPlan) -> SessionGame:
         obs = obs[..., :obs.shape[-1] // memory]
     return SessionGame(group, learner, spec, grid, radix, reward.astype(jnp.float32),
                        obs.astype(jnp.float32), fees.astype(jnp.float32), spec.turns,
-                       settings, probs, memory)
+                       settings, probs, memory, lagged)
 
 
 def pure_nash(game: SessionGame) -> np.ndarray:

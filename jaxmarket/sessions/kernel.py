@@ -419,6 +419,7 @@ def plain(game) -> bool:
     :func:`_run_general`."""
     s = game.settings
     if (game.probs is not None or game.turns is not None or s.boltzmann is not None
+            or game.lagged
             or s.epsilon_start != 1.0 or s.feedback != "taken" or s.target != "simultaneous"
             or isinstance(s.discount, tuple)):
         return False
@@ -696,7 +697,8 @@ def _general_chunk(game, length: int, tail_start: int, rounding: tuple[bool, ...
                      act_states, states, cum, lead, profiles,
                      radix, seat, num_turns, weights, c0, c1, np.uint32(first), int(count),
                      discount, discount_n, window, tail, tail_start, boltzmann, full,
-                     sequential, bool(fused_target), bool(fused_increment), bool(fused_carry))
+                     sequential, bool(fused_target), bool(fused_increment), bool(fused_carry),
+                     bool(game.lagged))
 
     def chunk(sessions, first_period):
         state = sessions.learner
@@ -1027,7 +1029,7 @@ def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s,
                  step_lo, table, cf, act_states, states, cum, lead, profiles, radix, seat,
                  num_turns, weights, c0, c1, first, length, discount, discount_n, window, tail,
                  tail_start, boltzmann, full, sequential, fused_target, fused_increment,
-                 fused_carry):
+                 fused_carry, lagged):
     """Advance every session ``length`` periods in place: the learner's ``act``/``update``
     of any game :func:`jaxmarket.sessions.game.kernel_reason` accepts, in the order and
     float32 arithmetic of :func:`jaxmarket.sessions.engine.xla_chunk`'s period.
@@ -1037,7 +1039,8 @@ def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s,
     :func:`_next_history`, ``lead = J^(k-1)``, ``profiles = J``; the profile in force
     ``h // lead``). ``states [K, J^k, n]``: seller ``j``'s state after history ``h``
     under outcome ``K`` (the update's ``state_index`` of ``obs``); ``act_states``: the
-    state ``act`` reads. ``table [K, J, n]``: the rewards. A period ``t`` of session ``i``:
+    state ``act`` reads. ``table [K, J, n]``: the rewards (``lagged``: ``[1, J^2, n]``,
+    of the pair of the profile before and the new one, row ``p J + j``). A period ``t`` of session ``i``:
 
     * act: epsilon-greedy on ``u_j = bits(key_t)_j 2^-32`` and ``eps [B, L]`` (0 once
       converged), or, with ``boltzmann``, the first argmax of
@@ -1108,12 +1111,13 @@ def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s,
                 nxt = _next_profile(a, prow // lead if lead > 1 else prow, radix, m,
                                     num_turns, seat, t)   # the new profile and history:
                 hn = _next_history(nxt, prow, lead, profiles)
+                pay = prow * profiles + nxt if lagged else nxt   # the reward's row
                 if random:
                     o = _outcome_of(f32(obits[k] >> u32(9)) * scale23, cum)
                 # the update
                 changed = False
                 for j in range(n):
-                    r = table[o, nxt, j]
+                    r = table[o, pay, j]
                     s = sj[j]
                     if sequential:
                         lag = (clk - seat[j]) % num_turns
@@ -1164,7 +1168,7 @@ def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s,
                 prow = hn
                 if first + start + k >= tail_start:
                     for j in range(n):
-                        tail[i, j] += table[o, nxt, j]
+                        tail[i, j] += table[o, pay, j]
         _store_greedy(q, gr, m)
         profile[i], outcome[i], step[i], clock[i] = prow, o, st, clk
         stable[i] = stb

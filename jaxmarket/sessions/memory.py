@@ -40,7 +40,7 @@ def estimate(game: SessionGame, sessions: int) -> MemoryEstimate:
     per_session = _nbytes(one) + n * 8 + 8 + 4 + (game.memory - 1) * n * 4   # + past
     state = sessions * per_session
     tables = _nbytes((game.reward, game.obs, game.fees))
-    J, K = game.reward.shape[-2], game.num_outcomes
+    J, K = game.profiles, game.num_outcomes
     if game.probs is None:
         trace = sessions * (J + 1) * 16 * n    # per turn cycle: the profile and 3 sums
     else:

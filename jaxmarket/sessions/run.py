@@ -427,7 +427,7 @@ def diagnostics(game: SessionGame, greedy: np.ndarray, q: np.ndarray,
     start = (np.zeros(S, np.int64) if index is None or np.size(index) == 0 else
              np.asarray(game.row(np.asarray(index, np.int32)), np.int64))
     return diagnose(np.asarray(game.reward, np.float64), state, greedy.astype(np.int64),
-                    game.grid.size, game.settings.discount, start, q)
+                    game.grid.size, game.settings.discount, start, q, lagged=game.lagged)
 
 
 def _history_diagnostics(game: SessionGame, greedy: np.ndarray, q: np.ndarray,
@@ -557,7 +557,8 @@ DIAG_COLUMNS = {"best_reply_on_path": "br_path", "best_reply_all": "br_all",
 
 def write_strategies(path: Path, result: eng.SessionResult, bench: dict) -> None:
     """The ``strategies.npz`` :func:`jaxmarket.analysis.impulse_response` reads: Q
-    tables, greedy strategies, the last profile, the grid and the profit table."""
+    tables, greedy strategies, the last profile, the grid and the profit table (a lagged
+    game's: one row per pair of profiles, ``lagged`` True)."""
     game, state = result.game, result.sessions.learner
     memory = game.settings.num_digits // game.sellers if game.sellers else 0
     rows = np.asarray(state.rows, np.float32)
@@ -569,6 +570,7 @@ def write_strategies(path: Path, result: eng.SessionResult, bench: dict) -> None
             converged=np.asarray(state.converged, bool),
             grid=np.asarray(game.grid.prices, np.float64),
             profit_table=np.asarray(game.reward, np.float64), memory=memory,
+            lagged=bool(game.lagged),
             p_nash=_nan(bench.get("nash_price")), p_monopoly=_nan(bench.get("joint_price")),
             pi_nash=_nan(bench.get("nash_profit")), pi_monopoly=_nan(bench.get("joint_profit")))
         f.flush()

@@ -43,6 +43,10 @@ class Quotes:
     latency: jax.Array        # [S, P] response time (seconds), >= 0
     freshness: jax.Array      # [S, P] blocks behind chain head, >= 0 (0 = fresh)
     stake: jax.Array          # [S, P] allocated stake, >= 0
+    # [S, P] the quoted prices in force before this step's actions (the last period's;
+    # at the first step the reset prices); None where the caller has none (a rule that
+    # reads it, ``DistributorDef.lagged``, then raises)
+    previous: jax.Array | None = None
 
     def quoted_price_dense(self) -> jax.Array:
         """[C, S, P] the price seller s charges consumer c: m_s * base_c or p_s."""
@@ -86,6 +90,9 @@ class DistributorDef:
     ``check_when``: the options without which ``check`` has nothing to check (empty:
     always); the commands' quick checks leave a config to the full validation only where
     one of them is set;
+    ``lagged``: whether the allocation reads the last period's prices
+    (``quotes.previous``; a bool or a function of the resolved options, use
+    :meth:`is_lagged`);
     ``auction``: a sealed-bid auction (every seller's quoted price is its bid, the fees
     are what the winners pay): a run of its market reports the auction metrics
     (``auction/revenue``, ``auction/winning_bid``, ``auction/win_share/<g>/<j>``).
@@ -107,6 +114,18 @@ class DistributorDef:
     outcomes: Callable[[Mapping[str, Any], int | None],
                        tuple[tuple[float, Mapping[str, Any]], ...] | None] | None = None
     auction: bool = False
+    # whether ``allocate`` reads ``quotes.previous`` (the last period's prices) under
+    # these options: a bool, or a function of the resolved options (use :meth:`is_lagged`)
+    lagged: bool | Callable[[Mapping[str, Any]], bool] = False
+
+    def is_lagged(self, options: Mapping[str, Any] | None = None) -> bool:
+        """Whether the allocation depends on the last period's prices (``quotes.previous``)
+        under these options (defaults filled in)."""
+        if callable(self.lagged):
+            given = dict(options or {})
+            full = {k: given.get(k, f.default) for k, f in self.options.items()}
+            return bool(self.lagged(full))
+        return bool(self.lagged)
 
     def outcome_options(self, options: Mapping[str, Any] | None = None,
                         num_sellers: int | None = None

@@ -30,6 +30,9 @@ from jaxmarket.market.distributors.prefix_softmax import (
     with_defaults,
 )
 
+#: the platform's steering rules (``steering``)
+STEERING = ("none", "lowest_price", "lowest_price_all", "lowest_price_dynamic")
+
 PARAMS = {
     "temperature": Field(kind="float", default=1.0, low=0.0, low_open=True,
                          doc="mu: logit temperature (> 0); smaller = choosier consumers"),
@@ -50,15 +53,16 @@ OPTIONS = {
                               "outside_quality param is used)"),
     "shock_probs": Field(kind="floats", default=None, low=0.0, high=1.0, optional=True,
                          doc="their probabilities (same length, summing to 1)"),
-    "steering": Field(kind="choice", choices=("none", "lowest_price", "lowest_price_all"),
-                      default="none",
+    "steering": Field(kind="choice", choices=STEERING, default="none",
                       doc="the platform's demand steering (price-directed prominence, "
                           "Johnson, Rhodes & Wildenbeest 2023): 'none', consumers consider "
                           "every seller they can afford; 'lowest_price', they see one seller "
                           "at the product's lowest price (at a tie each tied seller with "
                           "equal probability; the allocation is the expectation) and the "
                           "outside option; 'lowest_price_all', they see every seller at the "
-                          "lowest price"),
+                          "lowest price; 'lowest_price_dynamic', one seller at the lowest "
+                          "price, a tie going to the tied sellers whose last-period price "
+                          "was the lowest of theirs (equal probability among those)"),
 }
 
 
@@ -91,6 +95,17 @@ def allocate(key: jax.Array, quotes: Quotes, params: Mapping[str, jax.Array],
 
         share_cs = [p_s = m] [m <= b_c] / T * exp(u_s) / (exp(u_s) + [outside] exp(a_0 / mu))
 
+    ``"lowest_price_dynamic"`` rewards the seller that got to the lowest price first: of
+    the tied sellers ``T`` only those whose price last period (``quotes.previous``, the
+    prices in force before this step) was the lowest among ``T``'s, ``T' = {s in T:
+    prev_s = min_{j in T} prev_j}``, are shown, each with probability ``1 / |T'|``::
+
+        share_cs = [s in T'] [m <= b_c] / |T'| * exp(u_s) / (exp(u_s) + [outside] exp(a_0 / mu))
+
+    (a seller that matches a rival's cut does not share its exposure that period; with no
+    tie it is ``"lowest_price"``). The rule reads the last period's prices, so a market
+    under it is not a function of the current prices alone (``DistributorDef.lagged``).
+
     ``"lowest_price_all"`` shows all of them (the others' ``u_s = -UTILITY_MAX``)::
 
         share_cs = [p_s = m] [m <= b_c] exp(u_s) / (sum_{j: p_j = m} exp(u_j) + [outside] exp(a_0 / mu))
@@ -118,8 +133,12 @@ def allocate(key: jax.Array, quotes: Quotes, params: Mapping[str, jax.Array],
                                                     quotes.price.shape[1])}
     outside = np.bool_(opt["outside_option"])
     withhold = np.bool_(opt["no_eligible"] == "withhold")
-    if opt["steering"] == "lowest_price":
-        return _allocate_one_shown(quotes, prm, outside, withhold)
+    if opt["steering"] in ("lowest_price", "lowest_price_dynamic"):
+        dynamic = opt["steering"] == "lowest_price_dynamic"
+        if dynamic and quotes.previous is None:
+            raise ValueError("logit steering 'lowest_price_dynamic' reads the last period's "
+                             "prices (quotes.previous), which these quotes do not hold")
+        return _allocate_one_shown(quotes, prm, outside, withhold, dynamic=dynamic)
     return _allocate(quotes, prm, outside, withhold,
                      steer=opt["steering"] == "lowest_price_all")
 
@@ -139,11 +158,13 @@ def _allocate(quotes: Quotes, prm: Mapping[str, jax.Array], outside, withhold,
                            withhold)
 
 
-@jax.jit
+@functools.partial(jax.jit, static_argnames=("dynamic",))
 def _allocate_one_shown(quotes: Quotes, prm: Mapping[str, jax.Array], outside,
-                        withhold) -> Allocation:
+                        withhold, dynamic: bool = False) -> Allocation:
     """``steering="lowest_price"``: one seller at the lowest price shown, each of the
-    ``T`` tied ones with probability ``1 / T``, in expectation. ``O(C + S)`` per product."""
+    ``T`` tied ones with probability ``1 / T``, in expectation (``dynamic``:
+    ``"lowest_price_dynamic"``, only the tied sellers of the lowest previous price).
+    ``O(C + S)`` per product."""
     price = clean_price(quotes.quoted_price_shared())              # [S, P]
     budget = clean_price(quotes.budget)                           # [C, P]
     queries = clean_nonneg(quotes.queries, QUERY_MAX)
@@ -153,6 +174,9 @@ def _allocate_one_shown(quotes: Quotes, prm: Mapping[str, jax.Array], outside,
     log_outside = f32(prm["outside_quality"]) / mu
     m = jnp.min(price, axis=0)                                    # [P]
     shown = price == m[None, :]                                   # [S, P]
+    if dynamic:   # of the tied sellers, those whose last price was the lowest of theirs
+        before = jnp.where(shown, clean_price(quotes.previous), jnp.inf)
+        shown = shown & (before == jnp.min(before, axis=0, keepdims=True))
     tied = jnp.sum(shown, axis=0).astype(price.dtype)             # [P] >= 1
     # a seller facing the consumer alone: exp(u) / (exp(u) + exp(a_0 / mu)), or 1
     alone = jnp.where(outside, jax.nn.sigmoid(u - log_outside), 1.0)
@@ -173,4 +197,6 @@ LOGIT = DISTRIBUTORS.register(DistributorDef(kind="logit", allocate=allocate, pa
                                              deterministic=shock_deterministic,
                                              check=check_shock,
                                              check_when=("shock_values", "shock_probs"),
-                                             outcomes=shock_outcomes))
+                                             outcomes=shock_outcomes,
+                                             lagged=lambda o: o["steering"]
+                                             == "lowest_price_dynamic"))
