@@ -91,3 +91,48 @@ def test_designs_name_the_config_the_rule_and_the_measure():
     frame = pd.DataFrame({"cycle_length": [1, 2, 1, 6]})
     np.testing.assert_array_equal(per_session(frame, "constant_price"), [1.0, 0.0, 1.0, 0.0])
     assert float(per_session(frame, "constant_price").mean()) == pytest.approx(0.5)
+
+
+def dynamic_profit(own, rival, own_before, rival_before):
+    """Dynamic PDP as read here: the cheaper seller is shown alone; at a tie, the seller
+    that was cheaper the period before, and a tie after a tie is split 1/2 each."""
+    tie_share = np.where(own_before < rival_before, 1.0,
+                         np.where(own_before == rival_before, 0.5, 0.0))
+    share = np.where(own < rival, 1.0, np.where(own == rival, tie_share, 0.0))
+    return (own - COST) * alone(own) * share
+
+
+def test_dynamic_pair_tables_are_the_closed_form():
+    """Every (previous, current) pair of the design's tables, row ``p J + j``."""
+    game = make_game(resolve(CONFIG, ["market.distributor.steering=lowest_price_dynamic"]))
+    reward = np.asarray(game.reward, np.float64).reshape(15, 15, 15, 15, 2)  # p0 p1 j0 j1
+    b0, b1, a0, a1 = np.meshgrid(GRID, GRID, GRID, GRID, indexing="ij")
+    np.testing.assert_allclose(reward[..., 0], dynamic_profit(a0, a1, b0, b1),
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(reward[..., 1], dynamic_profit(a1, a0, b1, b0),
+                               rtol=1e-5, atol=1e-6)
+    # a profile held is PDP's: the same static game and its one equilibrium
+    held = np.asarray(game.expected_reward, np.float64).reshape(15, 15, 2)
+    np.testing.assert_allclose(held[..., 0], pdp_profit(GRID[:, None], GRID[None, :]),
+                               rtol=1e-5, atol=1e-6)
+    assert {tuple(int(x) for x in row) for row in pure_nash(game)} == {(0, 0)}
+
+
+def test_dynamic_rule_sends_learners_to_the_lowest_price():
+    """Reduced: 8 sessions with faster exploration decay (4e-5) and a 20,000-period
+    convergence window: every session's greedy cycle is the grid's lowest price for both
+    sellers (the full design: 1000 of 1000)."""
+    faster = ["market.distributor.steering=lowest_price_dynamic",
+              "learners.sellers.exploration_decay=4e-5",
+              "learners.sellers.convergence_window=20000"]
+    result = run_sessions(resolve(CONFIG, faster), sessions=8, periods=600_000,
+                          key=jax.random.key(0), stop="converged")
+    assert np.all(result.converged)
+    np.testing.assert_allclose(result.cycle_price, GRID[0], rtol=1e-6)
+    np.testing.assert_array_equal(result.cycle_length, 1)
+
+
+def test_dynamic_design_names_the_rule():
+    dyn = find_design("johnson2023_dynamic_pdp")
+    assert dyn.measure == "constant_price" and dyn.published == 0.147
+    assert "market.distributor.steering=lowest_price_dynamic" in dyn.overrides

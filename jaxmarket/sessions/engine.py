@@ -30,6 +30,10 @@ sellers see next period come from that outcome's tables; the first period's obse
 is of an outcome drawn from ``split(fold_in(start_key, 1), S)``. The engine runs under
 ``jax.threefry_partitionable(False)`` (the hash the kernel backend writes out).
 
+A rule on last period's prices (``game.lagged``): a period's reward is the tables' row
+of the pair (profile before the move, profile after it), :meth:`SessionGame.pay_row`,
+on both backends and in the greedy limit cycle.
+
 Stopping (``stop``): ``converged`` ends the run once every session has met its
 learner's convergence rule (a converged session stops learning and plays greedily, as
 in Calvano et al.), or after ``periods``; ``periods`` runs every session for exactly
