@@ -33,7 +33,7 @@ SMALL = ["learners.sellers.grid_size=5", "train.num_seeds=3", "train.num_iterati
          "train.chunk_size=300", "train.session_stop=periods",
          "learners.sellers.exploration_decay=0.01"]
 KEYS = {"q", "greedy", "last", "converged", "grid", "profit_table", "memory", "p_nash",
-        "p_monopoly", "pi_nash", "pi_monopoly"}
+        "p_monopoly", "pi_nash", "pi_monopoly", "lagged"}
 
 
 @pytest.fixture(scope="module")
@@ -144,6 +144,9 @@ DAMAGE = {
     "profit table of the wrong shape": (
         lambda p: rewrite(p, _set("profit_table", lambda a: a["profit_table"][:-1])),
         ["profit_table has shape (24, 2), not (prices^sellers, sellers)"]),
+    "a profile table said to be of pairs (lagged)": (
+        lambda p: rewrite(p, _set("lagged", lambda a: np.asarray(True))),
+        ["profit_table has shape (25, 2), not ((prices^sellers)^2, sellers) = (625, 2)"]),
     "converged of the wrong length": (
         lambda p: rewrite(p, _set("converged", lambda a: a["converged"][:-1])),
         ["converged has shape (2,)"]),

@@ -190,11 +190,12 @@ def _check_shapes(a: dict, fail: _Fail) -> None:
     if "converged" in a and a["converged"].shape != (N,):
         raise fail("converged", f"has shape {a['converged'].shape}, not (sessions,) = {(N,)}")
     table = a["profit_table"]
-    rows = (m ** n) ** 2 if bool(a.get("lagged", False)) else m ** n   # lagged: pairs
+    lagged = bool(a.get("lagged", False))   # one row per pair of profiles
+    rows = (m ** n) ** 2 if lagged else m ** n
     if table.shape[-2:] != (rows, n):
-        raise fail("profit_table", f"has shape {table.shape}, not (rows, sellers) = "
-                                   f"{(rows, n)} (rows: prices^sellers, their square where "
-                                   f"lagged)")
+        what = "(prices^sellers)^2" if lagged else "prices^sellers"
+        raise fail("profit_table", f"has shape {table.shape}, not ({what}, sellers) "
+                                   f"= {(rows, n)}")
     if not np.all(np.isfinite(table)):
         raise fail("profit_table", "holds NaN or infinite values")
 
