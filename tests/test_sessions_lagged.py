@@ -215,8 +215,8 @@ def test_lagged_rule_refusals_name_the_setting(extra, field):
 def test_a_lagged_run_replays_its_cycle_from_its_files(tmp_path):
     """``python -m jaxmarket.train`` on the rule: each session's greedy limit-cycle profit
     in ``sessions.csv`` is the pair table read along the cycle the saved strategies play,
-    replayed here by hand; the impulse command deviates to a price and refuses the
-    best response (no one-shot table)."""
+    replayed here by hand; ``--check`` recomputes summary.json's equilibrium check and
+    the impulse command replays the run with its profits."""
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "jaxmarket.train", str(ROOT / "configs" / "johnson2023.yaml"),
            "--run-dir", str(run), "train.num_seeds=4", "train.num_iterations=30000",
@@ -252,10 +252,38 @@ def test_a_lagged_run_replays_its_cycle_from_its_files(tmp_path):
                             "--json"], capture_output=True, text=True, cwd=tmp_path)
     assert check.returncode == 0, check.stderr
     assert json.loads(check.stdout.strip().splitlines()[-1]) == summary["equilibrium_check"]
-    out = subprocess.run([sys.executable, "-m", "jaxmarket.impulse", str(run)],
+    out = subprocess.run([sys.executable, "-m", "jaxmarket.impulse", str(run), "--json"],
                          capture_output=True, text=True, cwd=tmp_path)
-    assert out.returncode != 0 and "last period's prices" in out.stderr
-    price = subprocess.run([sys.executable, "-m", "jaxmarket.impulse", str(run),
-                            "--deviation", str(float(s["grid"][0]))],
-                           capture_output=True, text=True, cwd=tmp_path)
-    assert price.returncode == 0, price.stderr
+    assert out.returncode == 0, out.stderr
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    assert found["profit"] is not None and len(found["profit"]) == 15
+
+
+def test_impulse_of_a_lagged_table_is_the_hand_replay():
+    """Two prices, two agents who always play price 1 (the cycle: state (1, 1)); agent 0
+    deviates to price 0 once. Its profits are the pair table's rows along the path
+    ``(1,1) -> (0,1) -> (1,1) -> ...``, and its discounted gain (delta 0.9) is
+    ``R[11,01] - R[11,11] + delta (V(01) - V(11))`` with ``V(01) = R[01,11] + delta
+    V(11)`` and ``V(11) = R[11,11] / (1 - delta)``."""
+    from jaxmarket.analysis.impulse import Strategies, impulse_response, impulse_response_all
+    m, n, J, delta = 2, 2, 4, 0.9
+    R = np.random.default_rng(7).uniform(0.0, 1.0, (J * J, n))
+    pair = lambda before, now: R[(before[0] * m + before[1]) * J + now[0] * m + now[1]]  # noqa: E731
+    s = Strategies(greedy=np.ones((1, n, J), np.int64), last=np.array([[1, 1]]),
+                   grid=np.array([1.0, 2.0]), memory=1, profit_table=R, discount=delta,
+                   lagged=True)
+    got = impulse_response(s, agent=0, deviation=1.0, periods=4)
+    want = [pair((1, 1), (0, 1)), pair((0, 1), (1, 1)), pair((1, 1), (1, 1)),
+            pair((1, 1), (1, 1))]
+    np.testing.assert_allclose(got.profit, want)
+    np.testing.assert_allclose(got.counterfactual_profit, [pair((1, 1), (1, 1))] * 4)
+    v11 = pair((1, 1), (1, 1)) / (1 - delta)
+    v01 = pair((0, 1), (1, 1)) + delta * v11
+    gain = pair((1, 1), (0, 1)) - pair((1, 1), (1, 1)) + delta * (v01 - v11)
+    every = impulse_response_all(s, agent=0, periods=4, resamples=10)
+    np.testing.assert_allclose(every.discounted_gain[0, 0], gain[0], rtol=1e-9)
+    np.testing.assert_allclose(every.discounted_gain[0, 1], 0.0, atol=1e-12)
+    # the best response after state (1, 1) against the rival's price 1
+    best = int(np.argmax([pair((1, 1), (a, 1))[0] for a in range(m)]))
+    br = impulse_response(s, agent=0, deviation="best_response", periods=4)
+    assert float(br.deviation_index[0]) == best

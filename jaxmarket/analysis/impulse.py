@@ -107,7 +107,11 @@ class Strategies:
     profits): every agent's one-shot profit of each price profile, row = its mixed-radix
     number. ``discount`` (optional: the default of :func:`impulse_response_all`): the
     learners' discount factor, from the run's config where the strategies come from a
-    run (a tuple: each agent's own, agent ``i``'s ``delta_i``)."""
+    run (a tuple: each agent's own, agent ``i``'s ``delta_i``). ``lagged``: the profits
+    depend on last period's profile too (a platform rule on last period's prices):
+    ``profit_table [(m^n)^2, n]``, row ``p m^n + j`` the profit of profile ``j`` played
+    after ``p`` (memory 1, whose state is ``p``); a one-shot profit (``nash``) is of a
+    profile held, row ``j m^n + j``."""
 
     greedy: np.ndarray
     last: np.ndarray
@@ -117,6 +121,7 @@ class Strategies:
     converged: np.ndarray | None = None
     source: str = "strategies"
     discount: float | tuple[float, ...] | None = None
+    lagged: bool = False
 
     @property
     def sessions(self) -> int:
@@ -265,8 +270,9 @@ def _nanmean(x: np.ndarray) -> float | None:
 # ------------------------------------------------------------------ sources
 
 #: why strategies may have no one-shot profit table
-NO_TABLE = ("(random period outcomes, or a rule on last period's prices, make a period's "
-            "profits more than a function of its price profile)")
+NO_TABLE = ("(random period outcomes, or a rule on last period's prices whose strategies "
+            "are not of last period's profile alone, make a period's profits more than a "
+            "function of the prices the replay knows)")
 
 
 def strategies_from_npz(directory: str | Path) -> Strategies:
@@ -275,8 +281,9 @@ def strategies_from_npz(directory: str | Path) -> Strategies:
     RunDirError, one line, on a damaged file or one that is not the run's). A ConfigError
     where its strategies are not over the last ``memory`` price profiles (the run's
     observation is not the price history). With one outcome table per random period
-    outcome, or one row per pair of profiles under a rule on last period's prices
-    (``lagged``), there is no one-shot profit table: deviate to a price."""
+    outcome there is no one-shot profit table: deviate to a price. A rule on last
+    period's prices (``lagged``: one row per pair of profiles) is replayed with its
+    pairs where the state is last period's profile (memory 1)."""
     path = strategies_path(directory)
     d = read_strategies(path)
     n, m, memory = d["greedy"].shape[1], d["grid"].shape[-1], int(d["memory"])
@@ -288,13 +295,14 @@ def strategies_from_npz(directory: str | Path) -> Strategies:
                           f"state is the last {max(memory, 1)} price profile(s); these are "
                           f"over {states} states, not {m}^{memory * n})")
     table = d["profit_table"]
+    lagged = bool(d.get("lagged", False))
+    # a lagged table's previous profile is the state's: memory 1 only
+    usable = table.ndim == 2 and (not lagged or memory == 1)
     return Strategies(greedy=d["greedy"].astype(np.int64), last=d["last"].astype(np.int64),
                       grid=d["grid"].astype(np.float64), memory=memory,
-                      profit_table=(table.astype(np.float64)
-                                    if table.ndim == 2 and not d.get("lagged", False)
-                                    else None),
+                      profit_table=table.astype(np.float64) if usable else None,
                       converged=d["converged"] if "converged" in d else None,
-                      source=str(path), discount=_npz_discount(path))
+                      source=str(path), discount=_npz_discount(path), lagged=lagged)
 
 
 def _discount_of(kind: str, hyper: dict) -> float | tuple[float, ...]:
@@ -509,14 +517,37 @@ class _Game:
             return digits
         return np.concatenate([actions, digits[:, :-self.n]], axis=1)
 
-    def profits(self, actions: np.ndarray) -> np.ndarray:
-        return self.s.profit_table[actions @ self.profile_radix]
+    def _rows(self, actions: np.ndarray, before: np.ndarray | None) -> np.ndarray:
+        """The profit table's rows of ``actions [..., n]`` played after ``before`` (the
+        same shape; a lagged table's pairs) or held (``before`` None)."""
+        j = actions @ self.profile_radix
+        if not self.s.lagged:
+            return j
+        J = self.m ** self.n
+        return (j if before is None else before @ self.profile_radix) * J + j
 
-    def best_response(self, agent: int, actions: np.ndarray) -> np.ndarray:
-        """``[B]`` the agent's first profit-maximising index against ``actions``' rivals."""
+    def profits(self, actions: np.ndarray, before: np.ndarray | None = None) -> np.ndarray:
+        """``[..., n]`` the profits of ``actions [..., n]`` (a lagged table: played after
+        ``before``, a profile held where None)."""
+        return self.s.profit_table[self._rows(actions, before)]
+
+    def path_profits(self, actions: np.ndarray, digits: np.ndarray) -> np.ndarray:
+        """``[B, T, n]`` the profits of play ``actions [B, T, n]`` from the states
+        ``digits [B, D]`` (a lagged table: each period after the one before it, the first
+        after the state's profile)."""
+        if not self.s.lagged:
+            return self.profits(actions)
+        before = np.concatenate([digits[:, None, :self.n], actions[:, :-1]], axis=1)
+        return self.profits(actions, before)
+
+    def best_response(self, agent: int, actions: np.ndarray,
+                      before: np.ndarray | None = None) -> np.ndarray:
+        """``[B]`` the agent's first profit-maximising index against ``actions``' rivals
+        (a lagged table: played after ``before [B, n]``, a profile held where None)."""
         cand = np.repeat(actions[:, None, :], self.m, axis=1)              # [B, m, n]
         cand[:, :, agent] = np.arange(self.m)[None, :]
-        return np.argmax(self.s.profit_table[cand @ self.profile_radix][..., agent], axis=1)
+        prev = None if before is None else np.repeat(before[:, None, :], self.m, axis=1)
+        return np.argmax(self.profits(cand, prev)[..., agent], axis=1)
 
     def nash(self, rounds: int = 1000) -> np.ndarray:
         """``[n]`` a pure Nash profile of the one-shot grid game (best-response dynamics,
@@ -586,9 +617,10 @@ def impulse_response(run: Any, agent: int = 0, deviation: str | float = "best_re
     elif not isinstance(deviation, str):
         forced = np.full(len(session), int(np.argmin(np.abs(agent_grid(s.grid, agent)
                                                              - float(deviation)))))
-    else:
+    else:   # a lagged table: the best response after the state's profile
         forced = game.best_response(agent, game.act(session, digits) if reference is None
-                                    else reference)
+                                    else reference,
+                                    digits[:, :n] if s.lagged else None)
     a_dev, a_cf, back = _replay(game, session, digits, agent, forced, periods, on_cycle)
     p_dev, p_cf = prices_of(s.grid, a_dev), prices_of(s.grid, a_cf)
     drop, run_len = _punishment(p_dev, p_cf, agent)
@@ -601,8 +633,8 @@ def impulse_response(run: Any, agent: int = 0, deviation: str | float = "best_re
     session_pre = per_session(p_cf[:, 0])
     profit = cf_profit = None
     if s.profit_table is not None:
-        profit = per_session(game.profits(a_dev)).mean(0)
-        cf_profit = per_session(game.profits(a_cf)).mean(0)
+        profit = per_session(game.path_profits(a_dev, digits)).mean(0)
+        cf_profit = per_session(game.path_profits(a_cf, digits)).mean(0)
     return ImpulseResponse(
         agent=agent, deviation=deviation if isinstance(deviation, str) else float(deviation),
         deviation_index=per_session(a_dev[:, 0, agent].astype(np.float64)),
@@ -702,11 +734,14 @@ def state_values(game: _Game, delta: float) -> np.ndarray:
     lead = game.m ** (D - n)
     y = np.arange(Z)
     reward = s.profit_table[y // lead]                                    # [Z, n]
+    offset = 0
+    if s.lagged:   # memory 1: the state is the profile before, R[y J + sigma(y)]
+        reward, offset = s.profit_table, y * Z
     block = max(1, MAX_ENTRIES // (Z * n))
     parts = []
     for b in range(0, N, block):   # blocks of sessions (memory), each vectorised
         played = np.einsum("snz,n->sz", s.greedy[b:b + block], game.profile_radix)
-        parts.append(profile_values(reward, played * lead + y // game.m ** n, delta))
+        parts.append(profile_values(reward, played * lead + y // game.m ** n, delta, offset))
     return np.concatenate(parts)
 
 
@@ -757,7 +792,9 @@ def impulse_response_all(run: Any, agent: int = 0, periods: int = 15,
     drop, run_len = _punishment(p_dev, p_cf, agent)
     values = state_values(game, delta)[..., agent]                      # [N, Z]
     start = np.repeat(digits, m, axis=0)
-    pi_dev, pi_cf = game.profits(a_dev[:, 0])[:, agent], game.profits(a_cf[:, 0])[:, agent]
+    before = start[:, :n] if s.lagged else None   # a lagged table: after the state's
+    pi_dev = game.profits(a_dev[:, 0], before)[:, agent]
+    pi_cf = game.profits(a_cf[:, 0], before)[:, agent]
     v_dev = values[rows, game.state(game.advance(start, a_dev[:, 0]))]
     v_cf = values[rows, game.state(game.advance(start, a_cf[:, 0]))]
     one = pi_dev - pi_cf
@@ -770,7 +807,7 @@ def impulse_response_all(run: Any, agent: int = 0, periods: int = 15,
 
     return_periods, returned = _return(back.reshape(P, m), session, length)
     cf_price = _per_session(p_cf.reshape((P, m) + p_cf.shape[1:])[:, 0], session, length)
-    cf_profit = game.profits(a_cf.reshape(P, m, periods, n)[:, 0])
+    cf_profit = game.path_profits(a_cf.reshape(P, m, periods, n)[:, 0], digits)
     figures = {"one_period_gain": per_session(one), "discounted_gain": per_session(gain),
                "pays": per_session(pays_here.astype(np.float64)) > 0,
                "punishes": per_session(drop[:, 1]) < -TOLERANCE,
@@ -783,7 +820,7 @@ def impulse_response_all(run: Any, agent: int = 0, periods: int = 15,
         agent=agent, grid=np.asarray(agent_grid(s.grid, agent), np.float64), discount=delta,
         price=per_session(p_dev).mean(0), counterfactual=cf_price.mean(0),
         pre_deviation=cf_price[:, 0].mean(0),
-        profit=per_session(game.profits(a_dev)).mean(0),
+        profit=per_session(game.path_profits(a_dev, start)).mean(0),
         counterfactual_profit=_per_session(cf_profit, session, length).mean(0),
         **figures, return_periods=return_periods, returned=returned, cycle_length=length,
         ci95=ci95, converged=s.converged, source=s.source)
