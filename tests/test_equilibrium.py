@@ -309,3 +309,23 @@ def test_a_free_game_without_an_interior_optimum_keeps_the_grids_interval():
     assert bench["nash_price"] == pytest.approx(a / (2 * b - g), abs=PRICE_TOL)
     assert bench["joint_price"] == pytest.approx(a / (2 * (b - g)), abs=PRICE_TOL)
     assert "no interior optimum" in bench["free_unbounded"] and "bounded" not in bench
+
+
+def test_check_marks_a_continuous_nash_that_is_no_equilibrium(capsys):
+    # Bug caught: under price-directed prominence (configs/johnson2023.yaml) the
+    # continuous search stops on [1.7, 1.7] with rewards [0, 0.538], no equilibrium
+    # (undercutting takes the whole market), and check --equilibrium printed it as "nash"
+    # with nothing to say so.
+    assert check_main(["configs/johnson2023.yaml", "--equilibrium", "--json"]) == 0
+    found = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["sellers"]
+    c = found["continuous"]
+    assert not c["nash_verified"] and c["joint_verified"]
+    dev = c["nash_deviation"]
+    assert check_main(["configs/johnson2023.yaml", "--equilibrium"]) == 0
+    line = [x for x in capsys.readouterr().out.splitlines() if "continuous" in x][0]
+    nash, joint = line.split(", joint ")
+    assert "NOT verified" in nash and f"agent {dev['agent']} gains {dev['gain']:.6g}" in nash
+    assert "NOT verified" not in joint
+    # a verified solution carries no mark (the logit duopoly's)
+    assert check_main(["configs/logit_duopoly.yaml", "--equilibrium"]) == 0
+    assert "NOT verified" not in capsys.readouterr().out

@@ -108,6 +108,17 @@ def describe_training(config: dict, plan: RunPlan | None) -> list[str]:
     return lines
 
 
+def _unverified(solution: dict, what: str) -> str:
+    """`` (NOT an equilibrium: ...)`` where the solver's check of ``what`` (``nash``,
+    ``joint``) failed: a point the iteration stopped on is not a result."""
+    if solution.get(f"{what}_verified", True):
+        return ""
+    dev = solution.get(f"{what}_deviation") or {}
+    gain = (f": agent {dev['agent']} gains {dev['gain']:.6g} by moving to {dev['to']:.6g}"
+            if {"agent", "gain", "to"} <= dev.keys() else "")
+    return f" (NOT verified{gain}; no pure solution found there)"
+
+
 def describe_equilibrium(result: dict) -> list[str]:
     """Each group's equilibria as text, a line per solution."""
     lines = []
@@ -116,13 +127,15 @@ def describe_equilibrium(result: dict) -> list[str]:
                      f"{'converged' if eq['converged'] else 'NOT converged'}, "
                      f"{eq['samples']} sample key(s)):")
         for what in ("nash", "joint"):
-            lines.append(f"  {what}: actions {_fmt(eq[what])}, reward {_fmt(eq[what + '_reward'])}")
+            lines.append(f"  {what}: actions {_fmt(eq[what])}, reward "
+                         f"{_fmt(eq[what + '_reward'])}{_unverified(eq, what)}")
         if "pure_equilibria" in eq:
             lines.append(f"  pure equilibria on the grid: {eq['num_pure_equilibria']}")
         if "continuous" in eq:
             c = eq["continuous"]
-            lines.append(f"  continuous (the grid's interval): nash {_fmt(c['nash'])}, "
-                         f"joint {_fmt(c['joint'])}")
+            lines.append(f"  continuous (the grid's interval): nash {_fmt(c['nash'])}"
+                         f"{_unverified(c, 'nash')}, joint {_fmt(c['joint'])}"
+                         f"{_unverified(c, 'joint')}")
     return lines or ["equilibrium: no learning group (every group follows a fixed policy)"]
 
 
