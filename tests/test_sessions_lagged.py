@@ -224,6 +224,8 @@ def test_a_lagged_run_replays_its_cycle_from_its_files(tmp_path):
     subprocess.run(cmd, check=True, capture_output=True, cwd=tmp_path)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["engine"] == "sessions" and "equilibrium_check" in summary
+    # the benchmarks say they are of a profile held (the rule reads last period's prices)
+    assert "in force the period before" in summary["benchmarks"]["sellers"]["method"]
     s = np.load(run / "strategies.npz")
     assert bool(s["lagged"])
     table, greedy, last = s["profit_table"], s["greedy"], s["last"]

@@ -140,6 +140,10 @@ def reference(eq: Mapping[str, Any]) -> tuple[Mapping[str, Any], str | None, str
     return eq, where, None
 
 
+#: the one-shot game of a market whose rule reads last period's prices
+HELD = "with the same profile in force the period before (the rule reads last period's prices) "
+
+
 def benchmarks(eq: Mapping[str, Any]) -> dict[str, Any]:
     """``{nash_profit, joint_profit, nash_price, joint_price, method}`` of one group of
     :func:`equilibrium` (the continuous benchmarks of a grid group, where they are an
@@ -171,7 +175,8 @@ def benchmarks(eq: Mapping[str, Any]) -> dict[str, Any]:
            "joint_profits": each(cont.get("joint_reward")),
            "nash_prices": each(cont.get("nash")), "joint_prices": each(cont.get("joint")),
            "method": "static Nash equilibrium and joint optimum of one period of the "
-                     "market's reward (jaxmarket.equilibrium), "
+                     "market's reward " + (HELD if eq.get("held") else "")
+                     + "(jaxmarket.equilibrium), "
                      + ((FREE if cont.get("prices") == "free" else
                          "continuous actions over the grid's interval") if where else
                         fallback or "the group's own actions") + "; expectation: "
@@ -235,15 +240,19 @@ def equilibrium(plan: Any, *, samples: int | None = None,
     resolved plan: ``{group: {"nash", "joint", "converged", "nash_reward",
     "joint_reward", ...}}`` (:func:`jaxmarket.market.equilibrium.solve` lists the keys).
     ``samples``: keys a random period is averaged over (default: 1 for a deterministic
-    period, else ``DEFAULT_SAMPLES``)."""
+    period, else ``DEFAULT_SAMPLES``). A market whose rule reads last period's prices
+    (``MarketEnv.lagged``) is solved for a profile held two periods, ``held: True``."""
     groups = learning_groups(plan)
     if not groups:
         return {}
     if samples is None:
         samples = 1 if exact(plan) else DEFAULT_SAMPLES
     sets = {g: action_set(plan, g) for g in groups}
-    return solve(plan.env, plan.params, sets, fixed=fixed_actions(plan, samples),
-                 samples=samples, search=search)
+    found = solve(plan.env, plan.params, sets, fixed=fixed_actions(plan, samples),
+                  samples=samples, search=search)
+    if plan.env.lagged:   # a rule on last period's prices: the one-shot game is held
+        found = {g: {**eq, "held": True} for g, eq in found.items()}
+    return found
 
 
 def _per_agent_mean(values: Any) -> float | None:
