@@ -109,8 +109,8 @@ def describe_training(config: dict, plan: RunPlan | None) -> list[str]:
 
 
 def _unverified(solution: dict, what: str) -> str:
-    """`` (NOT an equilibrium: ...)`` where the solver's check of ``what`` (``nash``,
-    ``joint``) failed: a point the iteration stopped on is not a result."""
+    """`` (NOT verified: ...)`` where the solver's check of ``what`` (``nash``,
+    ``joint``) failed: the point the iteration stopped on is no solution."""
     if solution.get(f"{what}_verified", True):
         return ""
     dev = solution.get(f"{what}_deviation") or {}

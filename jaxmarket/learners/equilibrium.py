@@ -141,7 +141,8 @@ def reference(eq: Mapping[str, Any]) -> tuple[Mapping[str, Any], str | None, str
 
 
 #: the one-shot game of a market whose rule reads last period's prices
-HELD = "with the same profile in force the period before (the rule reads last period's prices) "
+HELD = ("with the same profile in force the period before (the rule reads last period's "
+        "prices) ")
 
 
 def benchmarks(eq: Mapping[str, Any]) -> dict[str, Any]:
