@@ -282,8 +282,8 @@ def resolve_populations(env: MarketEnv, params: MarketParams, config: Mapping,
         _, keys = split_learner_config(learners.get(g))
         pop = resolve_population(keys, f"learners.{g}", tcfg.num_envs, env.num_agents(g))
         if pop is not None and pop.kind == "resample" and pop.mix_in_env:
-            space = env.action_space(g, params)
-            if not (np.all(space.low == space.low[:1]) and np.all(space.high == space.high[:1])):
+            low, high = env.action_bounds(g, params)
+            if not (np.all(low == low[:1]) and np.all(high == high[:1])):
                 raise ConfigError(f"learners.{g}.mapping.mix_in_env", True,
                                   "false when the group's agents have different action bounds "
                                   "(a member then moves between agent positions)")
