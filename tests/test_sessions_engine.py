@@ -183,13 +183,16 @@ def test_xla_backend_is_the_learners_act_and_update_replayed_period_by_period():
 
 # -- compaction ------------------------------------------------------------------------
 
-def test_compaction_changes_no_session():
+@pytest.mark.parametrize("backend", ["xla", "kernel"])
+def test_compaction_changes_no_session(backend):
     # Bugs caught: compaction that writes a batch back to the wrong sessions, pads with
     # a session that still learns (and so learns twice), drops a learning session, or
-    # hands a session another's key (its draws would change).
+    # hands a session another's key (its draws would change); on the kernel (compaction
+    # asked for explicitly), a batch written back into the numpy arrays a kernel chunk
+    # returns.
     game = calvano(2)
     sessions, periods, chunk = 70, 600, 100          # ladder(70) = [70, 64]
-    settings = Settings(sessions, periods, chunk, backend="xla")
+    settings = Settings(sessions, periods, chunk, backend=backend)
     key = jax.random.key(5)
     full = eng.run(game, settings, key, compact=False)
     compact = eng.run(game, settings, key, compact=True)

@@ -324,6 +324,24 @@ def test_a_valid_check_imports_jax():
     assert out.returncode == 0 and "jax" in modules
 
 
+#: what a session-engine run never needs: gymnax's environments (which import matplotlib
+#: and seaborn), the loop's plotting and distributions, the cluster
+NOT_FOR_SESSIONS = ("gymnax", "matplotlib", "seaborn", "distrax", "ray")
+
+
+def test_a_session_engine_run_imports_no_gymnax_plotting_or_ray(tmp_path):
+    """A Calvano run on the session engine (docs/sessions.md) reads the action bounds
+    and observation shapes without gymnax's spaces (``MarketEnv.action_bounds``), and
+    imports nothing of the loop's plotting, distributions or cluster."""
+    out, modules = imported("-m", "jaxmarket.train", CALVANO, "train.num_seeds=2",
+                            "train.num_iterations=40", "train.chunk_size=20",
+                            "--run-dir", str(tmp_path / "run"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert {"jax", "numba", "orbax"} <= modules   # the engine ran and checkpointed
+    assert (tmp_path / "run" / "summary.json").is_file()
+    assert not modules & set(NOT_FOR_SESSIONS), sorted(modules & set(NOT_FOR_SESSIONS))
+
+
 # ----------------------------------------------------------------- the renamed default
 
 OLD = "configs/legacy_default.yaml"

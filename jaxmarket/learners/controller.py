@@ -33,12 +33,12 @@ def group_learner_spec(env: MarketEnv, params: MarketParams, group: str,
                        policy_index: tuple[int, ...] | None = None) -> LearnerSpec:
     """The :class:`LearnerSpec` of one agent group (bounds, observation size, payoff)."""
     g = env.spec.group(group)
-    space = env.action_space(group, params)
-    obs_dim = env.observation_space(group, params).shape[-1]
+    low, high = env.action_bounds(group, params)
+    obs_dim = env.observation_shape(group, params)[-1]
     return LearnerSpec(num_agents=g.count, obs_dim=int(obs_dim),
                        num_products=env.spec.num_products,
-                       action_low=np.asarray(space.low, np.float32),
-                       action_high=np.asarray(space.high, np.float32),
+                       action_low=np.asarray(low, np.float32),
+                       action_high=np.asarray(high, np.float32),
                        num_policies=num_policies, policy_index=policy_index,
                        payoff=one_shot_payoff(env, params, group),
                        turns=group_turns(env.spec, group),
@@ -89,9 +89,9 @@ def static_prices(env: MarketEnv, params: MarketParams, group: str
     leaves = tuple(np.asarray(x).tobytes() for x in jax.tree.leaves(params))
     key = (env.spec, group, leaves)
     if key not in _STATIC_PRICES:
-        space = env.action_space(group, params)
-        bounds = np.stack([np.asarray(space.low, np.float32),
-                           np.asarray(space.high, np.float32)], axis=-1)   # [n, P, 2]
+        low, high = env.action_bounds(group, params)
+        bounds = np.stack([np.asarray(low, np.float32),
+                           np.asarray(high, np.float32)], axis=-1)   # [n, P, 2]
         free_params, free_sets = free_game(env, params, {group: ActionSet.from_grid(bounds)})
         eq = solve(env, free_params, free_sets, continuous=False)[group]
         if not eq["converged"]:

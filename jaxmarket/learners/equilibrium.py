@@ -66,8 +66,7 @@ def action_set(plan: Any, group: str) -> ActionSet:
     declared = LEARNERS[kind].action_set
     if declared is not None:
         return declared(hyper, plan.specs[group], plan.env.num_agents(group))
-    space = plan.env.action_space(group, plan.params)
-    return ActionSet.box(space.low, space.high)
+    return ActionSet.box(*plan.env.action_bounds(group, plan.params))
 
 
 def fixed_actions(plan: Any, samples: int) -> dict[str, np.ndarray]:

@@ -244,13 +244,13 @@ def league_opponents(env, params, config: dict) -> dict:
         if h in learners:
             raise ConfigError(f"learners.{h}", learners[h], f"no learner: its agents play "
                               f"the league snapshots of learners.{g} (remove this entry)")
-        sg, sh = env.action_space(g, params), env.action_space(h, params)
-        lows = np.concatenate([np.ravel(sg.low), np.ravel(sh.low)])
-        highs = np.concatenate([np.ravel(sg.high), np.ravel(sh.high)])
+        (low_g, high_g), (low_h, high_h) = (env.action_bounds(x, params) for x in (g, h))
+        lows = np.concatenate([np.ravel(low_g), np.ravel(low_h)])
+        highs = np.concatenate([np.ravel(high_g), np.ravel(high_h)])
         if not (np.all(lows == lows[0]) and np.all(highs == highs[0])):
             raise ConfigError(field, h, f"a group with the same action bounds as {g} "
                               "(its agents play the snapshots of its members)")
-        obs_g, obs_h = (env.observation_space(x, params).shape[-1] for x in (g, h))
+        obs_g, obs_h = (env.observation_shape(x, params)[-1] for x in (g, h))
         if obs_g != obs_h:
             raise ConfigError(field, h, f"a group with the same observation size as {g} "
                               f"({obs_g}; {h} has {obs_h})")

@@ -15,12 +15,11 @@ episodes auto-reset (``terminated`` is always False: a market has no terminal st
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from gymnax.environments import spaces
 
 from jaxmarket.combinators.observations import build_observation
 from jaxmarket.combinators.rewards import build_reward, is_random
@@ -30,6 +29,19 @@ from jaxmarket.market.demand import DEMANDS
 from jaxmarket.market.distributors import DISTRIBUTORS, Allocation, Quotes
 from jaxmarket.market.spec import GroupSpec, MarketParams, MarketSpec, thaw
 from jaxmarket.market.state import ACTION_FIELDS, MarketState
+
+if TYPE_CHECKING:
+    from gymnax.environments import spaces
+
+
+def _spaces():
+    """gymnax's ``spaces``, imported on first use: importing ``gymnax.environments``
+    imports every gymnax environment (matplotlib, seaborn: over a second of start-up),
+    which only :meth:`MarketEnv.action_space`, :meth:`MarketEnv.observation_space` and
+    the adapters need (the rest of the package reads :meth:`MarketEnv.action_bounds` and
+    :meth:`MarketEnv.observation_shape`)."""
+    from gymnax.environments import spaces
+    return spaces
 
 
 #: the constant a step's key is folded with for the reward terms' draws
@@ -89,18 +101,29 @@ class MarketEnv:
         p = params.consumers[g.name]
         return p.budget_low, p.budget_high
 
-    def action_space(self, group: str, params: MarketParams) -> spaces.Box:
-        """Box [n_agents, P] between the group's bounds (prices, multipliers or budgets)."""
+    def action_bounds(self, group: str, params: MarketParams) -> tuple[Any, Any]:
+        """``(low, high)`` of :meth:`action_space` (each ``[n_agents, P]``), without
+        gymnax: what the plan, the learners and the benchmarks read of the space."""
         g = self.spec.group(group)
         if not g.agent:
             raise ValueError(f"group {group!r} is not an agent group: {self.agent_groups}")
-        low, high = self._bounds(g, params)
-        return spaces.Box(low, high, (g.count, self.spec.num_products), jnp.float32)
+        return self._bounds(g, params)
+
+    def observation_shape(self, group: str, params: MarketParams) -> tuple[int, ...]:
+        """``[n_agents, D]``: the shape of :meth:`observation_space`, without gymnax."""
+        obs = jax.eval_shape(lambda k: self.reset(k, params)[0], jax.random.key(0))[group]
+        return tuple(obs.shape)
+
+    def action_space(self, group: str, params: MarketParams) -> spaces.Box:
+        """Box [n_agents, P] between the group's bounds (prices, multipliers or budgets)."""
+        low, high = self.action_bounds(group, params)
+        shape = (self.spec.group(group).count, self.spec.num_products)
+        return _spaces().Box(low, high, shape, jnp.float32)
 
     def observation_space(self, group: str, params: MarketParams) -> spaces.Box:
         """Box [n_agents, D] (unbounded)."""
-        obs = jax.eval_shape(lambda k: self.reset(k, params)[0], jax.random.key(0))[group]
-        return spaces.Box(-jnp.inf, jnp.inf, obs.shape, jnp.float32)
+        return _spaces().Box(-jnp.inf, jnp.inf, self.observation_shape(group, params),
+                             jnp.float32)
 
     # ------------------------------------------------------------------ reset
     def reset_env(self, key: jax.Array, params: MarketParams) -> tuple[dict, MarketState]:

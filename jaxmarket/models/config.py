@@ -107,7 +107,7 @@ def model_context(env, params, group: str) -> ModelContext:
     queries = sum(np.asarray(params.consumers[c.name].queries, np.float64).sum(0)
                   for c in spec.consumers)
     return ModelContext(group=group, side=g.side, num_agents=g.count,
-                        obs_dim=int(env.observation_space(group, params).shape[-1]),
+                        obs_dim=int(env.observation_shape(group, params)[-1]),
                         num_products=spec.num_products,
                         group_offset=g.offset if g.side == "seller" else -1,
                         seller_groups=tuple((s.name, s.count) for s in sellers),

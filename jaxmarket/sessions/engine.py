@@ -540,7 +540,9 @@ class Runner:
             self.session_periods += length * size
             keep = jnp.asarray(still)
             n = still.size
-            sessions = jax.tree.map(lambda x, v: x.at[keep].set(v[:n]), sessions, part)
+            # a kernel chunk's sessions are numpy arrays (jaxmarket.sessions.kernel)
+            sessions = jax.tree.map(lambda x, v: jnp.asarray(x).at[keep].set(v[:n]),
+                                    sessions, part)
             return sessions, done + length
 
     def result(self, sessions: Sessions, done: int, wall_s: float) -> SessionResult:

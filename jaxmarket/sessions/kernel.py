@@ -455,12 +455,13 @@ def history_in(game, sessions) -> np.ndarray:
 
 
 def history_out(game, sessions, h: np.ndarray):
-    """``sessions`` with ``index`` (and ``past``) of history numbers ``h [S]``."""
+    """``sessions`` with ``index`` (and ``past``) of history numbers ``h [S]`` (numpy
+    arrays, as every array a kernel chunk returns)."""
     rows = game.history_rows()[np.asarray(h, np.int64)]                      # [S, k]
     radix, m = np.asarray(game.radix, np.int64), game.grid.size
     digits = ((rows[..., None] // radix) % m).astype(np.int32)               # [S, k, n]
-    past = jnp.asarray(digits[:, 1:]) if game.memory > 1 else None
-    return sessions._replace(index=jnp.asarray(digits[:, 0]), past=past)
+    past = np.ascontiguousarray(digits[:, 1:]) if game.memory > 1 else None
+    return sessions._replace(index=np.ascontiguousarray(digits[:, 0]), past=past)
 
 
 def roundings(game) -> tuple[tuple[bool, ...], ...]:
@@ -492,7 +493,12 @@ def make_kernel_chunk(game, length: int, tail_start: int,
                       rounding: tuple[bool, ...] | None = None):
     """``(sessions, first_period) -> sessions`` as
     :func:`jaxmarket.sessions.engine.xla_chunk` returns it, run by :func:`_run_sessions`
-    (or :func:`_run_general`: :func:`plain`) on every core (numba's threads)."""
+    (or :func:`_run_general`: :func:`plain`) on every core (numba's threads). The
+    arrays the kernel writes (the learner's Q tables, step, stability and convergence,
+    the profile, the tail; Klein's pending updates) come back as numpy arrays, the
+    kernel's own copies: the next chunk reads them without a round trip through JAX
+    (a copy of every Q table into a JAX buffer and out again, about 16 ms a chunk for
+    Calvano et al.'s 1000 sessions). The input is never written to."""
     if rounding is None:
         rounding = roundings(game)[0]
     if not plain(game):
@@ -505,6 +511,7 @@ def make_kernel_chunk(game, length: int, tail_start: int,
     c0, c1 = _counters(n)
     tail_start = np.int64(tail_start)
     profiles, lead = _history_sizes(game)
+    key_words = _key_words()
 
     @jax.jit
     def eps_table(neg_beta, step_lo, span):
@@ -516,23 +523,19 @@ def make_kernel_chunk(game, length: int, tail_start: int,
     def chunk(sessions, first_period):
         state = sessions.learner
         alpha, betas, beta_row, step, converged, step_lo, span = _slot_hyper(state, length)
-        eps = np.array(eps_table(jnp.asarray(betas, jnp.float32), jnp.int32(step_lo),
-                                 jnp.zeros(span, jnp.int8)))
+        eps = np.array(eps_table(*_table_args(betas, step_lo, span)))
         state_index = history_in(game, sessions)
-        key_data = np.array(jax.random.key_data(sessions.key), np.uint32)
+        k0, k1 = key_words(sessions.key)
         rows = np.array(state.rows, np.float32)
         stable = np.array(state.stable_periods, np.int32)
         tail = np.array(sessions.tail, np.float32)
-        _run_sessions(rows, state_index, step, stable, converged,
-                      np.ascontiguousarray(key_data[:, 0]), np.ascontiguousarray(key_data[:, 1]),
-                      alpha, beta_row, eps, step_lo, table, radix, c0, c1,
+        _run_sessions(rows, state_index, step, stable, converged, k0, k1, alpha, beta_row,
+                      eps, step_lo, table, radix, c0, c1,
                       np.uint32(first_period), int(length), discount, window, tail, tail_start,
                       bool(rounding[0]), bool(rounding[1]), lead, profiles)
-        state = state.replace(rows=jnp.asarray(rows), step=jnp.asarray(step),
-                              stable_periods=jnp.asarray(stable),
-                              converged=jnp.asarray(converged))
-        return history_out(game, sessions, state_index)._replace(learner=state,
-                                                                 tail=jnp.asarray(tail))
+        state = state.replace(rows=rows, step=step, stable_periods=stable,
+                              converged=converged)
+        return history_out(game, sessions, state_index)._replace(learner=state, tail=tail)
 
     # numba compiles on the first call (or loads its cache, or waits for
     # :func:`precompile` to have done so): here, on one session of one period, timed
@@ -586,6 +589,31 @@ def precompile() -> None:
     thread = threading.Thread(target=compile_plain, name="jaxmarket-numba", daemon=True)
     _PRECOMPILE.append(thread)
     thread.start()
+
+
+def _table_args(betas: np.ndarray, step_lo: int, span: int) -> tuple:
+    """The arguments of a chunk's jitted ``eps_table`` (``temp_table``: all but the
+    first): the distinct ``-beta`` values, the lowest step and a ``[span]`` array whose
+    shape is the span. numpy arrays of the types the tables are traced with (float32,
+    int32, int8), passed as they are: no JAX operation of their own each chunk."""
+    return (np.asarray(betas, np.float32), np.int32(step_lo), np.zeros(span, np.int8))
+
+
+def _key_words():
+    """``words(keys) -> (k0, k1)``: the two uint32 words of every session's key, each
+    contiguous, as the kernels read them. A session's key is the same array in every
+    chunk of a run, so the words of the last keys asked are kept: one conversion per
+    run (per block of sessions), not per chunk."""
+    last: list = []
+
+    def words(keys) -> tuple[np.ndarray, np.ndarray]:
+        if not last or last[0] is not keys:
+            data = np.array(jax.random.key_data(keys), np.uint32)
+            last[:] = [keys, (np.ascontiguousarray(data[:, 0]),
+                              np.ascontiguousarray(data[:, 1]))]
+        return last[1]
+
+    return words
 
 
 def _slot_hyper(state, length: int):
@@ -674,6 +702,7 @@ def _general_chunk(game, length: int, tail_start: int, rounding: tuple[bool, ...
     c0, c1 = _counters(n)
     tail_start = np.int64(tail_start)
     profiles, lead = _history_sizes(game)
+    key_words = _key_words()
 
     @jax.jit
     def eps_table(neg_beta, step_lo, span):
@@ -692,8 +721,7 @@ def _general_chunk(game, length: int, tail_start: int, rounding: tuple[bool, ...
     def call(rows, profile, outcome, step, stable, converged, clock, pending, key_data,
              alpha, beta_row, eps, temp, step_lo, first, count, tail):
         _run_general(rows, profile, outcome, step, stable, converged, clock, *pending,
-                     np.ascontiguousarray(key_data[:, 0]), np.ascontiguousarray(key_data[:, 1]),
-                     alpha, beta_row, eps, temp, gtable, g0, g1, step_lo, table, cf,
+                     *key_data, alpha, beta_row, eps, temp, gtable, g0, g1, step_lo, table, cf,
                      act_states, states, cum, lead, profiles,
                      radix, seat, num_turns, weights, c0, c1, np.uint32(first), int(count),
                      discount, discount_n, window, tail, tail_start, boltzmann, full,
@@ -706,14 +734,13 @@ def _general_chunk(game, length: int, tail_start: int, rounding: tuple[bool, ...
         alpha, betas, beta_row, step, converged, step_lo, span = _slot_hyper(state, length)
         if boltzmann:
             eps = np.zeros((1, 1), np.float32)
-            temp = np.array(temp_table(jnp.int32(step_lo), jnp.zeros(span, jnp.int8)))
+            temp = np.array(temp_table(*_table_args(betas, step_lo, span)[1:]))
         else:
-            eps = np.array(eps_table(jnp.asarray(betas, jnp.float32), jnp.int32(step_lo),
-                                     jnp.zeros(span, jnp.int8)))
+            eps = np.array(eps_table(*_table_args(betas, step_lo, span)))
             temp = np.zeros(1, np.float32)
         profile = history_in(game, sessions)
         outcome = np.array(sessions.outcome, np.int32)
-        key_data = np.array(jax.random.key_data(sessions.key), np.uint32)
+        key_data = key_words(sessions.key)
         rows = np.array(state.rows, np.float32)
         stable = np.array(state.stable_periods, np.int32)
         tail = np.array(sessions.tail, np.float32)
@@ -723,15 +750,12 @@ def _general_chunk(game, length: int, tail_start: int, rounding: tuple[bool, ...
              alpha, beta_row, eps, temp, step_lo, first_period, int(length), tail)
         extra = {}
         if sequential:
-            extra = {"pending": {"s": jnp.asarray(pending[0]), "a": jnp.asarray(pending[1]),
-                                 "acc": jnp.asarray(pending[2]),
-                                 "valid": jnp.asarray(pending[3])},
-                     "clock": jnp.asarray(clock)}
-        state = state.replace(rows=jnp.asarray(rows), step=jnp.asarray(step),
-                              stable_periods=jnp.asarray(stable),
-                              converged=jnp.asarray(converged), **extra)
+            extra = {"pending": dict(zip(("s", "a", "acc", "valid"), pending)),
+                     "clock": clock}
+        state = state.replace(rows=rows, step=step, stable_periods=stable,
+                              converged=converged, **extra)
         return history_out(game, sessions, profile)._replace(
-            learner=state, tail=jnp.asarray(tail), outcome=jnp.asarray(outcome))
+            learner=state, tail=tail, outcome=outcome)
 
     # numba compiles on the first call (or loads its cache): one session of one period
     started = time.perf_counter()
@@ -741,7 +765,8 @@ def _general_chunk(game, length: int, tail_start: int, rounding: tuple[bool, ...
          np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int32),
          np.zeros(1, bool), np.zeros(1, np.int32),
          (one, one.copy(), np.zeros((1, n), np.float32), np.zeros((1, n), bool)),
-         np.zeros((1, 2), np.uint32), np.zeros((1, n), np.float32), one.copy(),
+         (np.zeros(1, np.uint32), np.zeros(1, np.uint32)), np.zeros((1, n), np.float32),
+         one.copy(),
          np.ones((1, 1), np.float32), np.zeros(1, np.float32), 0, 0, 1,
          np.zeros((1, n), np.float32))
     chunk.compile_s = time.perf_counter() - started

@@ -102,12 +102,12 @@ def _learner_kinds(config: dict) -> dict[str, Any]:
 
 def session_plan(config: dict) -> RunPlan:
     """The plan of one session (``train.num_seeds: 1``): the market and the learner's
-    settings the tables are made from; the run's own size is never built. Its
-    ``train`` is the run's own settings; its ``memory`` is None (the sessions estimate
-    needs the game: :func:`memory`)."""
+    settings the tables are made from; the run's own size is never built, nor the
+    training loop traced. Its ``train`` is the run's own settings; its ``memory`` is None
+    (the sessions estimate needs the game: :func:`memory`)."""
     small = {**config, "train": {**(config.get("train") or {}), "num_seeds": 1,
                                  "num_envs": 1, "chunk_size": 1}}
-    plan = resolve(small, validate_only=True)
+    plan = resolve(small, validate_only=True, estimate_memory=False)
     tcfg = resolve_train(config.get("train"))
     check_work_budget(plan.env, plan.learner_config, tcfg)   # the run's own sizes
     return dataclasses.replace(plan, train=tcfg, memory=None, traced=None)

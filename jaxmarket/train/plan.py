@@ -98,12 +98,15 @@ PROBE_SEEDS, PROBE_ENVS = 11, 13
 
 
 def resolve(config: Mapping[str, Any] | str, overrides: tuple[str, ...] | list[str] = (),
-            *, validate_only: bool = False) -> RunPlan:
+            *, validate_only: bool = False, estimate_memory: bool = True) -> RunPlan:
     """The :class:`RunPlan` of a config (a loaded mapping, or a YAML path with dotted
     overrides); every config error is raised here, a run that cannot fit in the
     device's memory included (``plan.memory``). ``validate_only`` (``check``): a run
     above ``PROBE_SLOTS`` slots keeps its probe's specs and learners (``plan.probe``), so
-    validating it does no work that grows with its size."""
+    validating it does no work that grows with its size. ``estimate_memory=False``: the
+    training loop is neither traced nor its memory estimated (``plan.memory`` and
+    ``plan.traced`` None), for a run the loop does not play (the session engine checks
+    its own estimate, :func:`jaxmarket.sessions.run.session_plan`)."""
     raw = load_config(config, overrides)
     config = strip_pbt(raw)   # the pbt blocks: resolve_pbt below
     tcfg, seed = resolve_train_section(config)
@@ -133,15 +136,20 @@ def resolve(config: Mapping[str, Any] | str, overrides: tuple[str, ...] | list[s
     probe = _probe(parts, config, tcfg) if slots > PROBE_SLOTS else None
     if probe is None:
         plan = _assemble(parts, tcfg, populations)
-        traced = Traced(plan)
-        plan = dataclasses.replace(plan, memory=estimate(plan, traced=traced), traced=traced)
+        if estimate_memory:
+            traced = Traced(plan)
+            plan = dataclasses.replace(plan, memory=estimate(plan, traced=traced),
+                                       traced=traced)
     else:
-        memory = estimate(probe, tcfg, probe_dims(probe, tcfg.num_envs, tcfg.num_seeds))
-        check_memory(memory)
+        memory = None
+        if estimate_memory:
+            memory = estimate(probe, tcfg, probe_dims(probe, tcfg.num_envs, tcfg.num_seeds))
+            check_memory(memory)
         plan = dataclasses.replace(probe if validate_only else
                                    _assemble(parts, tcfg, populations), memory=memory,
                                    probe=validate_only)
-    check_memory(plan.memory)
+    if plan.memory is not None:
+        check_memory(plan.memory)
     if tcfg.early_stop is not None and tcfg.early_stop["metric"] not in plan.metric_columns:
         raise ConfigError("train.early_stop.metric", tcfg.early_stop["metric"],
                           "one of the metrics: " + ", ".join(plan.metric_columns))
@@ -282,8 +290,8 @@ def resolve_populations(env: MarketEnv, params: MarketParams, config: Mapping,
         _, keys = split_learner_config(learners.get(g))
         pop = resolve_population(keys, f"learners.{g}", tcfg.num_envs, env.num_agents(g))
         if pop is not None and pop.kind == "resample" and pop.mix_in_env:
-            space = env.action_space(g, params)
-            if not (np.all(space.low == space.low[:1]) and np.all(space.high == space.high[:1])):
+            low, high = env.action_bounds(g, params)
+            if not (np.all(low == low[:1]) and np.all(high == high[:1])):
                 raise ConfigError(f"learners.{g}.mapping.mix_in_env", True,
                                   "false when the group's agents have different action bounds "
                                   "(a member then moves between agent positions)")
