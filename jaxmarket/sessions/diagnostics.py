@@ -41,6 +41,8 @@ profile, ``R[y // J^(k-1)]``. Every formula below holds with ``j`` read as ``y``
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,14 +76,17 @@ def profile_values(reward: np.ndarray, nxt: np.ndarray, delta: Any) -> np.ndarra
     ``delta`` one discount, or ``[n]`` each firm ``i``'s own ``delta_i`` (``V_i`` is
     then discounted by ``delta_i``)."""
     R = np.asarray(reward, np.float64)
-    acc = R[nxt]                                              # [S, J, n]: A_0
-    hop = nxt.copy()                                          # N_0
-    rows = np.arange(nxt.shape[0])[:, None]
+    S, J = nxt.shape
+    n = R.shape[1]
+    acc = np.take(R, nxt, axis=0)                             # [S, J, n]: A_0
+    hop = nxt + (np.arange(S) * J)[:, None]                   # N_0, flat over sessions
     # delta: one for every firm, or [n] each firm's own (then the weight is per firm)
     weight = float(delta) if np.ndim(delta) == 0 else np.asarray(delta, np.float64)
     while np.max(weight) > 1e-300:                            # delta^(2^k): 2^k terms held
-        acc = acc + weight * acc[rows, hop]
-        hop = hop[rows, hop]
+        ahead = np.take(acc.reshape(S * J, n), hop, axis=0)   # A_k o N_k
+        ahead *= weight
+        acc = acc + ahead
+        hop = np.take(hop.ravel(), hop)
         weight = weight * weight
     return acc
 
@@ -93,18 +98,22 @@ def true_q(reward: np.ndarray, actions: np.ndarray, values: np.ndarray, m: int,
     ``delta``: one, or ``[n]`` each firm's own (``Q_i = R_i + delta_i V_i``); the state
     after profile ``p`` is ``p J^(k-1) + y // J`` (memory ``k``; ``Z = J^k``)."""
     S, J, n = actions.shape
-    radix = m ** np.arange(n - 1, -1, -1)                     # [n]
-    others = (actions * radix).sum(-1)[..., None] - actions * radix   # [S, J, n]
-    prof = others[..., None] + np.arange(m) * radix[:, None]  # [S, J, n, m]
-    own = np.arange(n)[:, None]
     R = np.asarray(reward, np.float64)
-    rows = np.arange(S)[:, None, None, None]
-    d = delta if np.ndim(delta) == 0 else np.asarray(delta, np.float64)[:, None]   # [n, 1]
-    after = prof
+    profiles, Z = R.shape[0], values.shape[1]
+    d = delta if np.ndim(delta) == 0 else np.asarray(delta, np.float64)   # [n]
+    # W[s, y, i] = R[p(y), i] + delta_i V_i(y): firm i's value of reaching state y (its
+    # profile p(y) = y // J^(k-1) played); Q_i(j, a) is W at the state after (j, a)
+    W = values * d
+    W += R[np.arange(Z) // profiles ** (memory - 1)] if memory > 1 else R
+    radix = m ** np.arange(n - 1, -1, -1)                     # [n]
+    moves = actions * radix
+    after = moves.sum(-1)[..., None] - moves                  # [S, J, n]: the others' part
+    step = radix * profiles ** (memory - 1)                   # the state per own price
     if memory > 1:
-        profiles = R.shape[0]
-        after = prof * profiles ** (memory - 1) + (np.arange(J) // profiles)[:, None, None]
-    return R[prof, own] + d * values[rows, after, own]
+        after = after * profiles ** (memory - 1) + (np.arange(J) // profiles)[:, None]
+    after *= n                                                # flat into W [S, Z, n]
+    after += (np.arange(S) * (Z * n))[:, None, None] + np.arange(n)
+    return np.take(W.ravel(), after[..., None] + np.arange(m) * (step * n)[:, None])
 
 
 def limit_cycle(nxt: np.ndarray, start: np.ndarray) -> np.ndarray:
@@ -125,6 +134,8 @@ def limit_cycle(nxt: np.ndarray, start: np.ndarray) -> np.ndarray:
 
 #: most entries of the ``[sessions, J, n, m]`` true-Q table held at once (float64)
 MAX_ENTRIES = 1 << 24
+#: most entries of it computed at once (smaller blocks of those sessions: 16 MiB arrays)
+SUB_ENTRIES = 1 << 21
 
 
 def diagnose(reward: np.ndarray, state: np.ndarray, greedy: np.ndarray, m: int,
@@ -153,36 +164,67 @@ def _diagnose(reward: np.ndarray, state: np.ndarray, greedy: np.ndarray, m: int,
     greedy = np.asarray(greedy, np.int64)
     S, n, _ = greedy.shape
     firms = np.arange(n)
-    actions = greedy[:, firms, np.asarray(state, np.int64)]   # [S, Z, n]
+    state = np.asarray(state, np.int64)
+    actions = greedy[:, firms, state]                         # [S, Z, n]
     radix = m ** np.arange(n - 1, -1, -1)
     nxt = (actions * radix).sum(-1)                           # [S, Z]
     own_reward = reward
     if memory > 1:   # states are histories: next(y) = p J^(k-1) + y // J
         J = np.asarray(reward).shape[0]
-        y = np.arange(np.asarray(state).shape[0])
+        y = np.arange(state.shape[0])
         nxt = nxt * J ** (memory - 1) + y // J
         own_reward = np.asarray(reward)[y // J ** (memory - 1)]   # [Z, n]
+    path = limit_cycle(nxt, start)                            # [S, J]
+    # the float work in smaller blocks of sessions (each session's numbers are its own):
+    # arrays the allocator reuses instead of fresh pages for every [S, J, n, m] table
+    step = max(1, SUB_ENTRIES // (state.shape[0] * n * m))
+
+    def part(b: int) -> dict:
+        return _float_part(reward, own_reward, state, actions[b:b + step], nxt[b:b + step],
+                           path[b:b + step], m, delta, None if q is None else q[b:b + step],
+                           memory)
+
+    starts = range(0, S, step)
+    workers = min(len(starts), os.cpu_count() or 1)
+    if workers > 1:   # numpy releases the GIL: the blocks on every core, in order
+        with ThreadPoolExecutor(workers) as pool:
+            parts = list(pool.map(part, starts))
+    else:
+        parts = [part(b) for b in starts]
+    return Diagnostics(*(np.concatenate([p[f] for p in parts]) for f in _FLOAT_FIELDS),
+                       on_path=path)
+
+
+#: the :class:`Diagnostics` fields :func:`_float_part` computes (all but ``on_path``)
+_FLOAT_FIELDS = ("br_all", "br_path", "nash_on_path", "spe", "gap_all", "gap_path", "q_error")
+
+
+def _float_part(reward: np.ndarray, own_reward: np.ndarray, state: np.ndarray,
+                actions: np.ndarray, nxt: np.ndarray, path: np.ndarray, m: int, delta: Any,
+                q: np.ndarray | None, memory: int) -> dict:
+    S, _, n = actions.shape
     values = profile_values(own_reward, nxt, delta)
     Q = true_q(reward, actions, values, m, delta, memory)     # [S, Z, n, m]
     best = Q.max(-1)                                          # [S, J, n]
     played = np.take_along_axis(Q, actions[..., None], -1)[..., 0]
     scale = np.maximum(np.abs(best), 1e-300)
     br = played >= best - TOL * np.maximum(np.abs(best), 1.0)  # [S, J, n]
-    path = limit_cycle(nxt, start)                            # [S, J]
     on = path[..., None]
     count = path.sum(-1)[:, None]
     gap = (best - played) / scale
     if q is None:
         error = np.full((S, n), np.nan)
     else:
-        learned = np.asarray(q, np.float64)[np.arange(S)[:, None, None], firms,
-                                            np.asarray(state, np.int64)]   # [S, J, n, m]
-        error = np.abs(learned - Q).sum((1, 3)) / np.maximum(np.abs(Q).sum((1, 3)), 1e-300)
-    return Diagnostics(
-        br_all=br.mean(1), br_path=(br & on).sum(1) / count,
-        nash_on_path=(br | ~on).all((1, 2)), spe=br.all((1, 2)),
-        gap_all=gap.mean(1), gap_path=(gap * on).sum(1) / count,
-        q_error=error, on_path=path)
+        learned = np.asarray(q)[np.arange(S)[:, None, None], np.arange(n),
+                                state].astype(np.float64)     # [S, J, n, m]
+        learned -= Q                                          # |learned - Q|, in place
+        np.abs(learned, out=learned)
+        np.abs(Q, out=Q)
+        error = learned.sum((1, 3)) / np.maximum(Q.sum((1, 3)), 1e-300)
+    return {"br_all": br.mean(1), "br_path": (br & on).sum(1) / count,
+            "nash_on_path": (br | ~on).all((1, 2)), "spe": br.all((1, 2)),
+            "gap_all": gap.mean(1), "gap_path": (gap * on).sum(1) / count,
+            "q_error": error}
 
 
 __all__ = ["MAX_ENTRIES", "TOL", "Diagnostics", "diagnose", "limit_cycle", "profile_values",
