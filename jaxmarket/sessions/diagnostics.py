@@ -132,9 +132,11 @@ def limit_cycle(nxt: np.ndarray, start: np.ndarray) -> np.ndarray:
     return marks
 
 
-#: most entries of the ``[sessions, J, n, m]`` true-Q table held at once (float64)
+#: most entries of the ``[sessions, Z, n]`` action table held at once (int64; its limit
+#: cycles followed together)
 MAX_ENTRIES = 1 << 24
-#: most entries of it computed at once (smaller blocks of those sessions: 16 MiB arrays)
+#: most entries of the ``[sessions, Z, n, m]`` true-Q table held at once (float64: 16 MiB
+#: arrays, which the allocator reuses from block to block)
 SUB_ENTRIES = 1 << 21
 
 
@@ -146,11 +148,12 @@ def diagnose(reward: np.ndarray, state: np.ndarray, greedy: np.ndarray, m: int,
     profile), ``greedy [S, n, N]`` (action indices of the learners' ``N`` states),
     ``start [S]`` (the history the limit cycle is followed from), ``q [S, n, N, m]`` the
     learned tables (None: no learned-Q error). Sessions go in blocks of at most
-    :data:`MAX_ENTRIES` true-Q entries (the memory bound of a 100-price grid)."""
+    :data:`MAX_ENTRIES` actions, and within them of :data:`SUB_ENTRIES` true-Q entries
+    (the memory bound of a 100-price grid)."""
     S = np.asarray(greedy).shape[0]
     n = np.asarray(reward).shape[1]
     Z = np.asarray(state).shape[0]
-    block = max(1, MAX_ENTRIES // (Z * n * m))
+    block = max(1, MAX_ENTRIES // (Z * n))
     parts = [_diagnose(reward, state, greedy[b:b + block], m, delta, start[b:b + block],
                        None if q is None else q[b:b + block], memory)
              for b in range(0, S, block)]   # blocks of sessions, each vectorised
@@ -175,8 +178,7 @@ def _diagnose(reward: np.ndarray, state: np.ndarray, greedy: np.ndarray, m: int,
         nxt = nxt * J ** (memory - 1) + y // J
         own_reward = np.asarray(reward)[y // J ** (memory - 1)]   # [Z, n]
     path = limit_cycle(nxt, start)                            # [S, J]
-    # the float work in smaller blocks of sessions (each session's numbers are its own):
-    # arrays the allocator reuses instead of fresh pages for every [S, J, n, m] table
+    # the float work in smaller blocks of sessions (each session's numbers are its own)
     step = max(1, SUB_ENTRIES // (state.shape[0] * n * m))
 
     def part(b: int) -> dict:
