@@ -157,8 +157,13 @@ def diagnose(reward: np.ndarray, state: np.ndarray, greedy: np.ndarray, m: int,
     parts = [_diagnose(reward, state, greedy[b:b + block], m, delta, start[b:b + block],
                        None if q is None else q[b:b + block], memory)
              for b in range(0, S, block)]   # blocks of sessions, each vectorised
-    return Diagnostics(*(np.concatenate([getattr(p, f) for p in parts])
-                         for f in Diagnostics.__dataclass_fields__))
+    out = {f: np.concatenate([getattr(p, f) for p in parts])
+           for f in Diagnostics.__dataclass_fields__}
+    # their layout: a mean over sessions (check_summary) sums in its memory order
+    inner = np.asfortranarray if MAX_ENTRIES // (Z * n * m) > 1 else np.ascontiguousarray
+    for f in _SESSIONS_INNER:
+        out[f] = inner(out[f])
+    return Diagnostics(**out)
 
 
 def _diagnose(reward: np.ndarray, state: np.ndarray, greedy: np.ndarray, m: int,
@@ -199,6 +204,12 @@ def _diagnose(reward: np.ndarray, state: np.ndarray, greedy: np.ndarray, m: int,
 
 #: the :class:`Diagnostics` fields :func:`_float_part` computes (all but ``on_path``)
 _FLOAT_FIELDS = ("br_all", "br_path", "nash_on_path", "spe", "gap_all", "gap_path", "q_error")
+#: the ``[S, n]`` fields laid out sessions innermost (Fortran order), as the means over
+#: states of ``[S, Z, n]`` tables indexed sessions innermost (``greedy[:, firms, state]``)
+#: come out of blocks of sessions of at most MAX_ENTRIES true-Q entries (C order where
+#: every such block holds one session): a mean over sessions
+#: (:func:`jaxmarket.sessions.run.check_summary`) sums them in that memory order
+_SESSIONS_INNER = ("br_all", "gap_all")
 
 
 def _float_part(reward: np.ndarray, own_reward: np.ndarray, state: np.ndarray,
