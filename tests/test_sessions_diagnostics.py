@@ -81,6 +81,37 @@ def test_values_satisfy_bellman_and_the_learned_q_error_is_zero_at_the_true_q():
     np.testing.assert_allclose(played, reward[nxt] + 0.95 * V[rows, nxt], rtol=1e-12)
 
 
+def test_a_sessions_numbers_are_its_own_however_the_sessions_are_blocked(monkeypatch):
+    # Bugs caught: a session's numbers depending on the sessions computed beside it (the
+    # blocks of sessions, the threads that compute them), or the per-firm shares over
+    # all states laid out otherwise than the means over sessions of summary.json were
+    # summed from (sessions innermost; C order where each block held one session).
+    from jaxmarket.sessions import diagnostics
+    rng = np.random.default_rng(1)
+    m, n, S = 3, 2, 9
+    J = m ** n
+    reward = rng.uniform(-1, 1, (J, n))
+    state = np.repeat(np.arange(J)[:, None], n, axis=1)
+    greedy = rng.integers(0, m, (S, n, J))
+    q = rng.uniform(-1, 1, (S, n, J, m)).astype(np.float32)
+    start = rng.integers(0, J, S)
+    together = diagnose(reward, state, greedy, m, 0.9, start, q)
+    assert together.br_all.flags.f_contiguous and together.gap_all.flags.f_contiguous
+    alone = [diagnose(reward, state, greedy[s:s + 1], m, 0.9, start[s:s + 1], q[s:s + 1])
+             for s in range(S)]
+    monkeypatch.setattr(diagnostics, "SUB_ENTRIES", 2 * J * n * m)   # float blocks of 2
+    monkeypatch.setattr(diagnostics, "MAX_ENTRIES", 4 * J * n)        # blocks of 4
+    blocked = diagnose(reward, state, greedy, m, 0.9, start, q)
+    monkeypatch.setattr(diagnostics, "MAX_ENTRIES", 1)                # one session each
+    single = diagnose(reward, state, greedy, m, 0.9, start, q)
+    assert single.br_all.flags.c_contiguous and single.gap_all.flags.c_contiguous
+    for field in diagnostics.Diagnostics.__dataclass_fields__:
+        want = getattr(together, field)
+        for got in (blocked, single):
+            np.testing.assert_array_equal(getattr(got, field), want)
+        np.testing.assert_array_equal(np.concatenate([getattr(a, field) for a in alone]), want)
+
+
 def test_the_limit_cycle_is_the_set_of_states_the_path_returns_to():
     nxt = np.array([[1, 2, 3, 1]])          # 0 -> 1 -> 2 -> 3 -> 1: the cycle {1, 2, 3}
     np.testing.assert_array_equal(limit_cycle(nxt, np.array([0])), [[False, True, True, True]])

@@ -209,6 +209,65 @@ def test_compaction_changes_no_session(backend):
 
 # -- the greedy limit cycle ------------------------------------------------------------
 
+def _expected_play_per_session(game, sessions):
+    """The long-run mean of random period outcomes as the chain's definition writes it:
+    one session at a time (vmapped), every period of the burn-in and of the measure
+    played; :func:`eng.expected_play` must give these numbers bit for bit."""
+    K, J = game.num_outcomes, game.reward.shape[1]
+    m, n = game.grid.size, game.sellers
+    probs = jnp.asarray(game.probs, jnp.float32)
+    rows = jnp.arange(J, dtype=jnp.int32)
+    digits = (rows[:, None] // jnp.asarray(game.radix, jnp.int32)) % m
+    per_row = jnp.stack([game.reward, game.fees,
+                         jnp.broadcast_to(game.grid.profile_price(digits), (K, J, n))], axis=-2)
+
+    def one(state, index, outcome):
+        greedy = state.replace(converged=jnp.ones_like(state.converged))
+        obs = game.obs.reshape((K * J,) + game.obs.shape[2:])
+        _, aux = jax.vmap(lambda o: game.learner.act(greedy, o, jax.random.key(0)))(obs)
+        nxt = game.row(aux["action_index"])
+        start = jnp.zeros((K, J), jnp.float32).at[outcome, game.row(index)].set(1.0)
+
+        def step(dist, _):
+            mass = jnp.zeros((J,), jnp.float32).at[nxt].add(dist.reshape(-1))
+            dist = probs[:, None] * mass[None, :]
+            return dist, jnp.einsum("kj,kjsn->sn", dist, per_row)
+
+        dist, _ = jax.lax.scan(step, start, None, length=K * J)
+        _, stats = jax.lax.scan(step, dist, None, length=16 * K * J)
+        mean = stats.mean(axis=0)
+        return mean[0], mean[1], mean[2], jnp.int32(0)
+
+    return jax.jit(jax.vmap(one))(sessions.learner, sessions.index, sessions.outcome)
+
+
+@pytest.mark.parametrize("config, items", [
+    # stateless bidders: every chain settles (a fixed point) in the burn-in
+    ("banchio2022_first", ["market.distributor.ties=random", "learners.bidders.grid_size=6"]),
+    # shocked Cournot over market-price states: some sessions' chains never settle
+    ("cournot", ["market.distributor.shock_values=[0.9,1.1]",
+                 "market.distributor.shock_probs=[0.3,0.7]",
+                 "market.sellers[0].observation=[{kind: market_price}]",
+                 "learners.firms.obs_grid={low: 0.0, high: 1.1, size: 12}"])])
+def test_expected_play_is_the_chains_mean_period_by_period_bit_for_bit(config, items):
+    # Bugs caught: a settled distribution's repeated periods counted with other numbers
+    # than the periods they stand for (or a fixed point declared where the distribution
+    # still changes), the last period's numbers where the first measured one's belong.
+    game = make_game(session_plan(load_config(f"configs/{config}.yaml", items)))
+    assert game.num_outcomes == 2
+    sessions = eng.init_sessions(game, 6, jax.random.key(3))
+    q = np.asarray(sessions.learner.q)
+    # random greedy strategies: chains that settle, cycle or mix, session by session
+    q = jax.random.uniform(jax.random.key(4), q.shape, jnp.float32)
+    sessions = sessions._replace(learner=sessions.learner.with_q(q))
+    with jax.threefry_partitionable(False):
+        fast = [np.asarray(x) for x in eng.expected_play(game, sessions)]
+        plain = [np.asarray(x) for x in _expected_play_per_session(game, sessions)]
+    for a, b in zip(fast, plain):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
 def test_greedy_cycle_averages_exactly_one_limit_cycle():
     # Bugs caught: a limit cycle measured from the burn-in's start (the off-cycle first
     # profile counted), averaged over the wrong number of periods (a 2- or 3-cycle

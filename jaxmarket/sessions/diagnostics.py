@@ -45,6 +45,8 @@ i]`` (the session game's pair rows); below, ``R[p]`` after state ``j`` reads tha
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,40 +82,64 @@ def profile_values(reward: np.ndarray, nxt: np.ndarray, delta: Any,
     then discounted by ``delta_i``); ``offset [J]``: the reward row of state ``j``'s
     step is ``offset[j] + nxt`` (a lagged game's ``j J``; 0: ``nxt``)."""
     R = np.asarray(reward, np.float64)
-    acc = R[nxt + offset]                                     # [S, J, n]: A_0
-    hop = nxt.copy()                                          # N_0
-    rows = np.arange(nxt.shape[0])[:, None]
+    S, J = nxt.shape
+    n = R.shape[1]
+    acc = np.take(R, nxt + offset if np.ndim(offset) else nxt, axis=0)   # [S, J, n]: A_0
+    hop = nxt + (np.arange(S) * J)[:, None]                   # N_0, flat over sessions
     # delta: one for every firm, or [n] each firm's own (then the weight is per firm)
     weight = float(delta) if np.ndim(delta) == 0 else np.asarray(delta, np.float64)
     while np.max(weight) > 1e-300:                            # delta^(2^k): 2^k terms held
-        acc = acc + weight * acc[rows, hop]
-        hop = hop[rows, hop]
+        ahead = np.take(acc.reshape(S * J, n), hop, axis=0)   # A_k o N_k
+        ahead *= weight
+        acc = acc + ahead
+        hop = np.take(hop.ravel(), hop)
         weight = weight * weight
     return acc
 
 
 def true_q(reward: np.ndarray, actions: np.ndarray, values: np.ndarray, m: int,
-           delta: Any, memory: int = 1, offset: np.ndarray | int = 0) -> np.ndarray:
+           delta: Any, memory: int = 1, lagged: bool = False) -> np.ndarray:
     """``Q [S, Z, n, m]``: firm ``i`` plays ``a`` once in state ``y``, the others their
     ``actions [S, Z, n]``, then everyone the profile (``values``: :func:`profile_values`);
     ``delta``: one, or ``[n]`` each firm's own (``Q_i = R_i + delta_i V_i``); the state
     after profile ``p`` is ``p J^(k-1) + y // J`` (memory ``k``; ``Z = J^k``);
-    ``offset [Z]``: the reward row of profile ``p`` after state ``y`` is ``offset[y] + p``
-    (a lagged game's pair rows; 0: ``p``)."""
+    ``lagged`` (memory 1): ``reward [J^2, n]``, the profit of ``p`` after state ``y`` is
+    ``R[y J + p]``."""
+    if lagged:
+        return _true_q_lagged(reward, actions, values, m, delta)
     S, J, n = actions.shape
+    R = np.asarray(reward, np.float64)
+    profiles, Z = R.shape[0], values.shape[1]
+    d = delta if np.ndim(delta) == 0 else np.asarray(delta, np.float64)   # [n]
+    # W[s, y, i] = R[p(y), i] + delta_i V_i(y): firm i's value of reaching state y (its
+    # profile p(y) = y // J^(k-1) played); Q_i(j, a) is W at the state after (j, a)
+    W = values * d
+    W += R[np.arange(Z) // profiles ** (memory - 1)] if memory > 1 else R
     radix = m ** np.arange(n - 1, -1, -1)                     # [n]
-    others = (actions * radix).sum(-1)[..., None] - actions * radix   # [S, J, n]
+    moves = actions * radix
+    after = moves.sum(-1)[..., None] - moves                  # [S, J, n]: the others' part
+    step = radix * profiles ** (memory - 1)                   # the state per own price
+    if memory > 1:
+        after = after * profiles ** (memory - 1) + (np.arange(J) // profiles)[:, None]
+    after *= n                                                # flat into W [S, Z, n]
+    after += (np.arange(S) * (Z * n))[:, None, None] + np.arange(n)
+    return np.take(W.ravel(), after[..., None] + np.arange(m) * (step * n)[:, None])
+
+
+def _true_q_lagged(reward: np.ndarray, actions: np.ndarray, values: np.ndarray, m: int,
+                   delta: Any) -> np.ndarray:
+    """:func:`true_q` of a lagged game (memory 1): ``Q_i(y, a) = R[y J + p, i] + delta_i
+    V_i(p)``, ``p`` the profile of ``a`` and the others' ``sigma_k(y)``."""
+    S, J, n = actions.shape
+    R = np.asarray(reward, np.float64)
+    d = delta if np.ndim(delta) == 0 else np.asarray(delta, np.float64)[:, None]   # [n, 1]
+    radix = m ** np.arange(n - 1, -1, -1)                     # [n]
+    moves = actions * radix
+    others = moves.sum(-1)[..., None] - moves                 # [S, J, n]
     prof = others[..., None] + np.arange(m) * radix[:, None]  # [S, J, n, m]
     own = np.arange(n)[:, None]
-    R = np.asarray(reward, np.float64)
-    rows = np.arange(S)[:, None, None, None]
-    d = delta if np.ndim(delta) == 0 else np.asarray(delta, np.float64)[:, None]   # [n, 1]
-    after = prof
-    if memory > 1:
-        profiles = R.shape[0]
-        after = prof * profiles ** (memory - 1) + (np.arange(J) // profiles)[:, None, None]
-    pay = prof + np.reshape(offset, (-1, 1, 1)) if np.ndim(offset) else prof
-    return R[pay, own] + d * values[rows, after, own]
+    pay = prof + (np.arange(J) * J)[:, None, None]            # the pair (y, p)
+    return R[pay, own] + d * values[np.arange(S)[:, None, None, None], prof, own]
 
 
 def limit_cycle(nxt: np.ndarray, start: np.ndarray) -> np.ndarray:
@@ -132,8 +158,12 @@ def limit_cycle(nxt: np.ndarray, start: np.ndarray) -> np.ndarray:
     return marks
 
 
-#: most entries of the ``[sessions, J, n, m]`` true-Q table held at once (float64)
+#: most entries of the ``[sessions, Z, n]`` action table held at once (int64; its limit
+#: cycles followed together)
 MAX_ENTRIES = 1 << 24
+#: most entries of the ``[sessions, Z, n, m]`` true-Q table held at once (float64: 16 MiB
+#: arrays, which the allocator reuses from block to block)
+SUB_ENTRIES = 1 << 21
 
 
 def diagnose(reward: np.ndarray, state: np.ndarray, greedy: np.ndarray, m: int,
@@ -145,16 +175,22 @@ def diagnose(reward: np.ndarray, state: np.ndarray, greedy: np.ndarray, m: int,
     ``start [S]`` (the history the limit cycle is followed from), ``q [S, n, N, m]`` the
     learned tables (None: no learned-Q error); ``lagged``: ``reward [J^2, n]`` of the
     (state, profile) pairs (module docstring; memory 1). Sessions go in blocks of at most
-    :data:`MAX_ENTRIES` true-Q entries (the memory bound of a 100-price grid)."""
+    :data:`MAX_ENTRIES` actions, and within them of :data:`SUB_ENTRIES` true-Q entries
+    (the memory bound of a 100-price grid)."""
     S = np.asarray(greedy).shape[0]
     n = np.asarray(reward).shape[1]
     Z = np.asarray(state).shape[0]
-    block = max(1, MAX_ENTRIES // (Z * n * m))
+    block = max(1, MAX_ENTRIES // (Z * n))
     parts = [_diagnose(reward, state, greedy[b:b + block], m, delta, start[b:b + block],
                        None if q is None else q[b:b + block], memory, lagged)
              for b in range(0, S, block)]   # blocks of sessions, each vectorised
-    return Diagnostics(*(np.concatenate([getattr(p, f) for p in parts])
-                         for f in Diagnostics.__dataclass_fields__))
+    out = {f: np.concatenate([getattr(p, f) for p in parts])
+           for f in Diagnostics.__dataclass_fields__}
+    # their layout: a mean over sessions (check_summary) sums in its memory order
+    inner = np.asfortranarray if MAX_ENTRIES // (Z * n * m) > 1 else np.ascontiguousarray
+    for f in _SESSIONS_INNER:
+        out[f] = inner(out[f])
+    return Diagnostics(**out)
 
 
 def _diagnose(reward: np.ndarray, state: np.ndarray, greedy: np.ndarray, m: int,
@@ -163,38 +199,73 @@ def _diagnose(reward: np.ndarray, state: np.ndarray, greedy: np.ndarray, m: int,
     greedy = np.asarray(greedy, np.int64)
     S, n, _ = greedy.shape
     firms = np.arange(n)
-    actions = greedy[:, firms, np.asarray(state, np.int64)]   # [S, Z, n]
+    state = np.asarray(state, np.int64)
+    actions = greedy[:, firms, state]                         # [S, Z, n]
     radix = m ** np.arange(n - 1, -1, -1)
     nxt = (actions * radix).sum(-1)                           # [S, Z]
     own_reward = reward
     if memory > 1:   # states are histories: next(y) = p J^(k-1) + y // J
         J = np.asarray(reward).shape[0]
-        y = np.arange(np.asarray(state).shape[0])
+        y = np.arange(state.shape[0])
         nxt = nxt * J ** (memory - 1) + y // J
         own_reward = np.asarray(reward)[y // J ** (memory - 1)]   # [Z, n]
-    Z = np.asarray(state).shape[0]
+    path = limit_cycle(nxt, start)                            # [S, J]
+    # the float work in smaller blocks of sessions (each session's numbers are its own)
+    step = max(1, SUB_ENTRIES // (state.shape[0] * n * m))
+
+    def part(b: int) -> dict:
+        return _float_part(reward, own_reward, state, actions[b:b + step], nxt[b:b + step],
+                           path[b:b + step], m, delta, None if q is None else q[b:b + step],
+                           memory, lagged)
+
+    starts = range(0, S, step)
+    workers = min(len(starts), os.cpu_count() or 1)
+    if workers > 1:   # numpy releases the GIL: the blocks on every core, in order
+        with ThreadPoolExecutor(workers) as pool:
+            parts = list(pool.map(part, starts))
+    else:
+        parts = [part(b) for b in starts]
+    return Diagnostics(*(np.concatenate([p[f] for p in parts]) for f in _FLOAT_FIELDS),
+                       on_path=path)
+
+
+#: the :class:`Diagnostics` fields :func:`_float_part` computes (all but ``on_path``)
+_FLOAT_FIELDS = ("br_all", "br_path", "nash_on_path", "spe", "gap_all", "gap_path", "q_error")
+#: the ``[S, n]`` fields laid out sessions innermost (Fortran order), as the means over
+#: states of ``[S, Z, n]`` tables indexed sessions innermost (``greedy[:, firms, state]``)
+#: come out of blocks of sessions of at most MAX_ENTRIES true-Q entries (C order where
+#: every such block holds one session): a mean over sessions
+#: (:func:`jaxmarket.sessions.run.check_summary`) sums them in that memory order
+_SESSIONS_INNER = ("br_all", "gap_all")
+
+
+def _float_part(reward: np.ndarray, own_reward: np.ndarray, state: np.ndarray,
+                actions: np.ndarray, nxt: np.ndarray, path: np.ndarray, m: int, delta: Any,
+                q: np.ndarray | None, memory: int, lagged: bool = False) -> dict:
+    S, Z, n = actions.shape
     offset = np.arange(Z) * Z if lagged else 0                # a lagged game's pair rows
     values = profile_values(own_reward, nxt, delta, offset)
-    Q = true_q(reward, actions, values, m, delta, memory, offset)   # [S, Z, n, m]
+    Q = true_q(reward, actions, values, m, delta, memory, lagged)   # [S, Z, n, m]
     best = Q.max(-1)                                          # [S, J, n]
     played = np.take_along_axis(Q, actions[..., None], -1)[..., 0]
     scale = np.maximum(np.abs(best), 1e-300)
     br = played >= best - TOL * np.maximum(np.abs(best), 1.0)  # [S, J, n]
-    path = limit_cycle(nxt, start)                            # [S, J]
     on = path[..., None]
     count = path.sum(-1)[:, None]
     gap = (best - played) / scale
     if q is None:
         error = np.full((S, n), np.nan)
     else:
-        learned = np.asarray(q, np.float64)[np.arange(S)[:, None, None], firms,
-                                            np.asarray(state, np.int64)]   # [S, J, n, m]
-        error = np.abs(learned - Q).sum((1, 3)) / np.maximum(np.abs(Q).sum((1, 3)), 1e-300)
-    return Diagnostics(
-        br_all=br.mean(1), br_path=(br & on).sum(1) / count,
-        nash_on_path=(br | ~on).all((1, 2)), spe=br.all((1, 2)),
-        gap_all=gap.mean(1), gap_path=(gap * on).sum(1) / count,
-        q_error=error, on_path=path)
+        learned = np.asarray(q)[np.arange(S)[:, None, None], np.arange(n),
+                                state].astype(np.float64)     # [S, J, n, m]
+        learned -= Q                                          # |learned - Q|, in place
+        np.abs(learned, out=learned)
+        np.abs(Q, out=Q)
+        error = learned.sum((1, 3)) / np.maximum(Q.sum((1, 3)), 1e-300)
+    return {"br_all": br.mean(1), "br_path": (br & on).sum(1) / count,
+            "nash_on_path": (br | ~on).all((1, 2)), "spe": br.all((1, 2)),
+            "gap_all": gap.mean(1), "gap_path": (gap * on).sum(1) / count,
+            "q_error": error}
 
 
 __all__ = ["MAX_ENTRIES", "TOL", "Diagnostics", "diagnose", "limit_cycle", "profile_values",

@@ -389,24 +389,56 @@ def expected_play(game: SessionGame, sessions: Sessions):
     per_row = jnp.stack([game.reward, game.fees,
                          jnp.broadcast_to(game.grid.profile_price(digits), (K, J, n))], axis=-2)
 
-    def one(state, index, outcome):
+    def chain(state):   # the profile after each (outcome, profile) [K J]
         greedy = state.replace(converged=jnp.ones_like(state.converged))
         obs = game.obs.reshape((K * J,) + game.obs.shape[2:])
         _, aux = jax.vmap(lambda o: game.learner.act(greedy, o, jax.random.key(0)))(obs)
-        nxt = game.row(aux["action_index"])                        # [K J]
-        start = jnp.zeros((K, J), jnp.float32).at[outcome, game.row(index)].set(1.0)
+        return game.row(aux["action_index"])                       # [K J]
 
-        def step(dist, _):
-            mass = jnp.zeros((J,), jnp.float32).at[nxt].add(dist.reshape(-1))
-            dist = probs[:, None] * mass[None, :]
-            return dist, jnp.einsum("kj,kjsn->sn", dist, per_row)
+    def first(index, outcome):
+        return jnp.zeros((K, J), jnp.float32).at[outcome, game.row(index)].set(1.0)
 
-        dist, _ = jax.lax.scan(step, start, None, length=K * J)
-        _, stats = jax.lax.scan(step, dist, None, length=16 * K * J)
-        mean = stats.mean(axis=0)
-        return mean[0], mean[1], mean[2], jnp.int32(0)
+    def step(nxt, dist):   # one period of one session's chain
+        mass = jnp.zeros((J,), jnp.float32).at[nxt].add(dist.reshape(-1))
+        return probs[:, None] * mass[None, :]
 
-    return jax.jit(jax.vmap(one))(sessions.learner, sessions.index, sessions.outcome)
+    def stat(dist):
+        return jnp.einsum("kj,kjsn->sn", dist, per_row)
+
+    def fixed(new, dist):   # every session's distribution the same, bit for bit
+        return jnp.all(jax.lax.bitcast_convert_type(new, jnp.int32)
+                       == jax.lax.bitcast_convert_type(dist, jnp.int32))
+
+    def run(states, index, outcome):
+        # every session at once, each op the one of a session vmapped. Once no session's
+        # distribution changes in a burn-in period it is a fixed point of every later
+        # period (the same ops on the same bits): the periods measured then repeat the
+        # numbers of the first one
+        nxt = jax.vmap(chain)(states)                              # [S, K J]
+        advance = jax.vmap(step)
+
+        def burn(c):
+            t, dist, _ = c
+            new = advance(nxt, dist)
+            return t + 1, new, fixed(new, dist)
+
+        def measure(c):
+            t, dist, stats = c
+            dist = advance(nxt, dist)
+            return t + 1, dist, jax.lax.dynamic_update_index_in_dim(
+                stats, jax.vmap(stat)(dist), t, 0)
+
+        burn_in, periods = K * J, 16 * K * J
+        _, dist, settled = jax.lax.while_loop(lambda c: (c[0] < burn_in) & ~c[2], burn,
+                                              (0, jax.vmap(first)(index, outcome), False))
+        stats = jnp.zeros((periods, index.shape[0], 3, n), jnp.float32)
+        played = jnp.where(settled, 1, periods)
+        _, _, stats = jax.lax.while_loop(lambda c: c[0] < played, measure, (0, dist, stats))
+        stats = jnp.where(jnp.arange(periods)[:, None, None, None] < played, stats, stats[0])
+        mean = stats.mean(axis=0)                                  # [S, 3, n]
+        return mean[:, 0], mean[:, 1], mean[:, 2], jnp.zeros(index.shape[:1], jnp.int32)
+
+    return jax.jit(run)(sessions.learner, sessions.index, sessions.outcome)
 
 
 def _greedy_now(game: SessionGame, sessions: Sessions) -> jax.Array:

@@ -46,6 +46,7 @@ import shlex
 import socket
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -67,7 +68,7 @@ from jaxmarket.train.config import resolve_train
 from jaxmarket.train.memory import MemoryEstimate, check_memory
 from jaxmarket.train.plan import RunPlan, check_work_budget, resolve
 from jaxmarket.train.provenance import RUN_RECORD, git_commit
-from jaxmarket.train.publish import Publication
+from jaxmarket.train.publish import Publication, staged_name
 from jaxmarket.train.run import check_resume_overrides as _check_overrides
 from jaxmarket.train.run import changes_note, earlier_changes, require_new_dir, restart_in_place
 from jaxmarket.train.rundir import (
@@ -318,8 +319,16 @@ class SessionRun:
         return {} if eq is None else benchmarks(eq)
 
     def write_outputs(self, result: eng.SessionResult) -> dict:
-        group = self.game.group
         bench = self.benchmarks()
+        # strategies.npz (its compression, mostly: zlib releases the GIL) written on a
+        # thread while the rest is computed; staged, then published with the others
+        with ThreadPoolExecutor(1) as writer:
+            written = writer.submit(write_strategies,
+                                    self.run_dir / staged_name(STRATEGIES_FILE), result, bench)
+            return self._write_outputs(result, bench, written)
+
+    def _write_outputs(self, result: eng.SessionResult, bench: dict, written: Future) -> dict:
+        group = self.game.group
         nash, joint = bench.get("nash_profit"), bench.get("joint_profit")
         defined = (nash is not None and joint is not None
                    and abs(joint - nash) > 1e-6 * max(1.0, abs(nash), abs(joint)))
@@ -377,8 +386,8 @@ class SessionRun:
                 summary["outcome_benchmarks"] = {group: inf}
                 summary["profit_gain_outcomes"] = {group: float(informed.mean())}
                 summary["profit_gain_outcomes_ci95"] = {group: eng.bootstrap_ci(informed)}
-        rows = np.asarray(result.sessions.learner.rows, np.float64)
-        m = self.game.grid.size
+        rows = np.asarray(result.sessions.learner.rows)   # float32: the check reads it
+        m = self.game.grid.size                            # exactly, entry by entry
         diag = diagnostics(self.game, rows[..., m], rows[..., :m],
                            np.asarray(result.sessions.index), last_history(result))
         if isinstance(diag, str):
@@ -388,7 +397,8 @@ class SessionRun:
             summary["equilibrium_check"] = check_summary(diag, self.game.memory)
         pub = Publication(self.run_dir, "sessions", result.periods)
         pub.text(SESSIONS_FILE, sessions_csv(result, delta, played, informed, diag))
-        write_strategies(pub.path(STRATEGIES_FILE), result, bench)
+        written.result()
+        pub.path(STRATEGIES_FILE)   # staged by write_outputs' writer
         pub.text("summary.json", json.dumps(summary, indent=2) + "\n")
         pub.publish()
         return summary
