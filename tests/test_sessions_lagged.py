@@ -212,6 +212,7 @@ def test_lagged_rule_refusals_name_the_setting(extra, field):
     assert "last period's prices" in str(err.value)
 
 
+@pytest.mark.slow   # a training command and three impulse commands: about 45 s
 def test_a_lagged_run_replays_its_cycle_from_its_files(tmp_path):
     """``python -m jaxmarket.train`` on the rule: each session's greedy limit-cycle profit
     in ``sessions.csv`` is the pair table read along the cycle the saved strategies play,
