@@ -22,8 +22,9 @@ kept there (``--no-warmup``: the first run):
 Designs (``--designs``; default :data:`DEFAULT_DESIGNS`, one for each way the kernel
 plays a game): Calvano et al.'s duopoly (the kernel's plain loop), three firms, memory 0,
 per-firm grids (asymmetric costs), Boltzmann exploration, Johnson et al.'s steering
-and its dynamic variant (a rule on last period's prices: pair tables), Klein's alternating moves and sequential target, Asker et al.'s full feedback (both
-move orders), Banchio & Skrzypacz's auctions (random period outcomes, stateless
+and its dynamic variant (a rule on last period's prices: pair tables), Klein's
+alternating moves and sequential target, Asker et al.'s full feedback (both move
+orders), Banchio & Skrzypacz's auctions (random period outcomes, stateless
 learners), Calvano et al. 2021 (random outcomes, an observation grid) and Waltman &
 Kaymak's Cournot market; ``--designs all``: every shipped design the session engine
 plays.
@@ -78,8 +79,9 @@ ROOT = Path(__file__).resolve().parents[1]
 #: one design for each way the kernel plays a game (module docstring)
 DEFAULT_DESIGNS = ("calvano2020", "calvano2020_n3", "calvano2020_memoryless",
                    "calvano2020_cost025", "calvano2020_boltzmann", "johnson2023_pdp",
-                   "johnson2023_dynamic_pdp", "klein2021", "asker2022_sync", "asker2022_async", "banchio2022_first",
-                   "banchio2022_second", "calvano2021", "waltman2008_n2")
+                   "johnson2023_dynamic_pdp", "klein2021", "asker2022_sync",
+                   "asker2022_async", "banchio2022_first", "banchio2022_second",
+                   "calvano2021", "waltman2008_n2")
 BACKENDS = ("xla-cpu", "kernel-cpu", "xla-gpu")
 #: kernel over XLA session-periods per second that each design should reach
 TARGET = 3.0

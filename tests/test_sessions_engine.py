@@ -213,13 +213,9 @@ def _expected_play_per_session(game, sessions):
     """The long-run mean of random period outcomes as the chain's definition writes it:
     one session at a time (vmapped), every period of the burn-in and of the measure
     played; :func:`eng.expected_play` must give these numbers bit for bit."""
-    K, J = game.num_outcomes, game.reward.shape[1]
-    m, n = game.grid.size, game.sellers
+    K, J = game.num_outcomes, game.profiles
     probs = jnp.asarray(game.probs, jnp.float32)
-    rows = jnp.arange(J, dtype=jnp.int32)
-    digits = (rows[:, None] // jnp.asarray(game.radix, jnp.int32)) % m
-    per_row = jnp.stack([game.reward, game.fees,
-                         jnp.broadcast_to(game.grid.profile_price(digits), (K, J, n))], axis=-2)
+    per_row = eng.row_figures(game)   # the rows' figures; the chain is written out here
 
     def one(state, index, outcome):
         greedy = state.replace(converged=jnp.ones_like(state.converged))

@@ -271,7 +271,9 @@ def test_impulse_of_a_lagged_table_is_the_hand_replay():
     from jaxmarket.analysis.impulse import Strategies, impulse_response, impulse_response_all
     m, n, J, delta = 2, 2, 4, 0.9
     R = np.random.default_rng(7).uniform(0.0, 1.0, (J * J, n))
-    pair = lambda before, now: R[(before[0] * m + before[1]) * J + now[0] * m + now[1]]  # noqa: E731
+
+    def pair(before, now):
+        return R[(before[0] * m + before[1]) * J + now[0] * m + now[1]]
     s = Strategies(greedy=np.ones((1, n, J), np.int64), last=np.array([[1, 1]]),
                    grid=np.array([1.0, 2.0]), memory=1, profit_table=R, discount=delta,
                    lagged=True)

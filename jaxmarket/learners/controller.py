@@ -211,8 +211,7 @@ def one_shot_payoff(env: MarketEnv, params: MarketParams, group: str):
         _, state = env.reset_env(jax.random.key(0), params)
         acts = current_actions(env.spec, state)
         acts[group] = actions
-        if env.lagged:   # a rule on last period's prices: the profile held a period
-            state = env.held(state, acts, params)
+        state = env.one_shot_state(state, acts, params)
         _, _, rewards, _, _ = env.step_env(jax.random.key(0), state, acts, params)
         return rewards[group]
 

@@ -80,6 +80,13 @@ class MarketEnv:
         ignores the prices in force before it)."""
         return self.apply_actions(state, actions, params)
 
+    def one_shot_state(self, state: MarketState, actions: dict,
+                       params: MarketParams) -> MarketState:
+        """The state a one-shot step of ``actions`` starts from (the static game's):
+        ``state``, or in a lagged market (:attr:`lagged`) ``state`` with the same actions
+        already in force (:meth:`held`: the profile held two periods)."""
+        return self.held(state, actions, params) if self._lagged else state
+
     def __hash__(self) -> int:
         return hash(self.spec)
 

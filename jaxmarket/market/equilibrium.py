@@ -233,8 +233,7 @@ def payoff(structure: Structure, x: jax.Array, data: Any) -> jax.Array:
 
     def one(key, others, env=env):
         joint = {**acts, **others}
-        # a lagged market (a rule on last period's prices): the profile held a period
-        start = env.held(state, joint, params) if env.lagged else state
+        start = env.one_shot_state(state, joint, params)
         _, _, rewards, _, _ = env.step_env(key, start, joint, params)
         return jnp.concatenate([rewards[g] for g in structure.groups])
 

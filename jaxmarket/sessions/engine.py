@@ -374,6 +374,16 @@ def history_cycle(game: SessionGame, sessions: Sessions, first_period: int):
     return jax.jit(jax.vmap(one))(sessions.learner, sessions.index, sessions.past)
 
 
+def row_figures(game: SessionGame) -> jax.Array:
+    """``[K, J, 3, n]``: each (outcome, profile) row's reward, fees and prices (the
+    figures :func:`expected_play` averages over the chain's distribution)."""
+    K, J, m, n = game.num_outcomes, game.profiles, game.grid.size, game.sellers
+    rows = jnp.arange(J, dtype=jnp.int32)
+    digits = (rows[:, None] // jnp.asarray(game.radix, jnp.int32)) % m
+    return jnp.stack([game.reward, game.fees,
+                      jnp.broadcast_to(game.grid.profile_price(digits), (K, J, n))], axis=-2)
+
+
 def expected_play(game: SessionGame, sessions: Sessions):
     """:func:`greedy_cycle` of a game with random period outcomes: the greedy strategies
     played on the Markov chain of (outcome, profile) (the profile follows the greedy
@@ -381,13 +391,9 @@ def expected_play(game: SessionGame, sessions: Sessions):
     distribution propagated exactly from the session's state: after a burn-in of
     ``K m^n`` periods, the expected reward, fees and prices averaged over the next
     ``16 K m^n`` periods (the long-run mean of the greedy play). ``length`` is 0."""
-    K, J = game.num_outcomes, game.reward.shape[1]
-    m, n = game.grid.size, game.sellers
+    K, J, n = game.num_outcomes, game.profiles, game.sellers
     probs = jnp.asarray(game.probs, jnp.float32)
-    rows = jnp.arange(J, dtype=jnp.int32)
-    digits = (rows[:, None] // jnp.asarray(game.radix, jnp.int32)) % m
-    per_row = jnp.stack([game.reward, game.fees,
-                         jnp.broadcast_to(game.grid.profile_price(digits), (K, J, n))], axis=-2)
+    per_row = row_figures(game)
 
     def chain(state):   # the profile after each (outcome, profile) [K J]
         greedy = state.replace(converged=jnp.ones_like(state.converged))
@@ -667,4 +673,4 @@ def bootstrap_ci(values: np.ndarray, statistic: str = "mean", resamples: int = 2
 __all__ = ["BACKENDS", "STOPS", "Runner", "SessionResult", "Sessions", "Settings",
            "bootstrap_ci", "choose_backend", "firm_profit_gains", "greedy_cycle",
            "history_cycle", "init_sessions", "ladder", "observe_history", "shift_history",
-           "profit_gain", "run", "run_sessions", "xla_chunk"]
+           "profit_gain", "row_figures", "run", "run_sessions", "xla_chunk"]

@@ -99,7 +99,7 @@ class SessionGame:
         """``[m^n, ...]`` a table (``reward``, ``fees``) in expectation over the outcomes;
         of a lagged game, each profile's row held (previous = current, ``j J + j``)."""
         if self.lagged:
-            return table[np.arange(self.profiles) * (self.profiles + 1)]
+            return table[held_rows(self.profiles)]
         if self.probs is None:
             return table
         return jnp.tensordot(jnp.asarray(self.probs, jnp.float32), table, axes=1)
@@ -149,6 +149,11 @@ class SessionGame:
         J, k = self.profiles, self.memory
         h = np.arange(J ** k, dtype=np.int64)[:, None]
         return ((h // J ** np.arange(k - 1, -1, -1)) % J).astype(np.int32)
+
+
+def held_rows(profiles: int) -> np.ndarray:
+    """``[J]`` a lagged game's table row of each profile held two periods, ``j J + j``."""
+    return np.arange(profiles) * (profiles + 1)
 
 
 def check_game(plan: RunPlan) -> str:
@@ -321,7 +326,7 @@ def make_game(plan: RunPlan) -> SessionGame:
     weights = jnp.asarray(radix, jnp.int32)
 
     if lagged:   # a profile's one-shot payoffs: the profile held (row j J + j)
-        expected = expected[np.arange(m ** n) * (m ** n + 1)]
+        expected = expected[held_rows(m ** n)]
 
     def payoff(prices: jax.Array) -> jax.Array:
         """One-shot (expected) payoffs of a profile ``[n, 1]`` (snapped to the grid)."""
@@ -375,5 +380,5 @@ def kernel_reason(game: SessionGame) -> str | None:
     return None
 
 
-__all__ = ["SessionGame", "check_game", "kernel_reason", "make_game", "outcome_tables",
-           "pure_nash"]
+__all__ = ["SessionGame", "check_game", "held_rows", "kernel_reason", "make_game",
+           "outcome_tables", "pure_nash"]

@@ -1065,7 +1065,8 @@ def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s,
     ``h // lead``). ``states [K, J^k, n]``: seller ``j``'s state after history ``h``
     under outcome ``K`` (the update's ``state_index`` of ``obs``); ``act_states``: the
     state ``act`` reads. ``table [K, J, n]``: the rewards (``lagged``: ``[1, J^2, n]``,
-    of the pair of the profile before and the new one, row ``p J + j``). A period ``t`` of session ``i``:
+    of the pair of the profile before and the new one, row ``p J + j``). A period ``t``
+    of session ``i``:
 
     * act: epsilon-greedy on ``u_j = bits(key_t)_j 2^-32`` and ``eps [B, L]`` (0 once
       converged), or, with ``boltzmann``, the first argmax of
