@@ -1048,6 +1048,30 @@ def _outcome_of(u, cum):
     return o
 
 
+@njit(inline="always")
+def _act(a, sa, gr, q, noise, bits, eps, beta_row, row, temp, boltzmann, learning, m):
+    """Each seller's price ``a_j`` in state ``sa_j``: greedy, or while ``learning``
+    epsilon-greedy on ``u_j = bits_j 2^-32`` (``min(floor(u_j / e_j * m), m - 1)`` when
+    ``u_j < e_j = eps[beta_row_j, row]``), or with ``boltzmann`` the noisy argmax of
+    :func:`_boltzmann_price` at ``T = temp[row] > 0`` (see :func:`_run_general`)."""
+    mf = f32(m)
+    scale = f32(2.0 ** -32)
+    tiny = f32(1e-30)
+    for j in range(a.shape[0]):
+        s = sa[j]
+        aj = gr[j, s]
+        if learning:
+            if boltzmann:
+                if temp[row] > 0:
+                    aj = _boltzmann_price(q[j, s], noise, j * m, m, temp[row], tiny, aj)
+            else:
+                u = f32(bits[j]) * scale
+                e = eps[beta_row[j], row]
+                if u < e:
+                    aj = min(i32(u / max(e, tiny) * mf), i32(m - 1))
+        a[j] = aj
+
+
 @njit(parallel=True, cache=True)
 def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s, pend_a,
                  pend_acc, pend_valid, k0, k1, alpha, beta_row, eps, temp, gtable, g0, g1,
@@ -1088,10 +1112,7 @@ def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s,
     m = rows.shape[3] - 1
     half = c0.shape[0]
     random = cum.shape[0] > 0
-    mf = f32(m)
-    scale = f32(2.0 ** -32)
     scale23 = f32(2.0 ** -23)
-    tiny = f32(1e-30)
     for i in prange(sessions):
         fp = _fp_enter()   # float control as XLA:CPU's threads (HARDWARE_FTZ)
         q = rows[i]
@@ -1119,21 +1140,8 @@ def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s,
                 for j in range(n):
                     sj[j] = states[o, prow, j]
                     sa[j] = act_states[o, prow, j]
-                # act
-                for j in range(n):
-                    s = sa[j]
-                    aj = gr[j, s]
-                    if learning:
-                        if boltzmann:
-                            if temp[row] > 0:
-                                aj = _boltzmann_price(q[j, s], noise[k], j * m, m,
-                                                      temp[row], tiny, aj)
-                        else:
-                            u = f32(bits[j, k]) * scale
-                            e = eps[beta_row[i, j], row]
-                            if u < e:
-                                aj = min(i32(u / max(e, tiny) * mf), i32(m - 1))
-                    a[j] = aj
+                _act(a, sa, gr, q, noise[k], bits[:, k], eps, beta_row[i], row, temp,
+                     boltzmann, learning, m)
                 nxt = _next_profile(a, prow // lead if lead > 1 else prow, radix, m,
                                     num_turns, seat, t)   # the new profile and history:
                 hn = _next_history(nxt, prow, lead, profiles)
