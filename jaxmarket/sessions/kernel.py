@@ -956,14 +956,18 @@ def _increment(old, target, alpha, fused):
 
 @njit(inline="always")
 def _boltzmann_price(qs, noise, off, m, temperature, tiny, greedy):
-    """The first argmax over prices ``c`` of
-    ``noise_{off + c} + (Q_c - Q_greedy) / max(T, tiny)``."""
+    """The first argmax over prices ``c`` of ``noise_{off + c} + (Q_c - Q_greedy) / T'``,
+    ``T' = max(T, tiny)``, rounded as XLA's program computes it: the division by a
+    broadcast scalar becomes a multiply by its reciprocal (XLA's algebraic simplifier),
+    which fuses with the add, ``fma(Q_c - Q_greedy, 1 / T', noise_{off + c})``, one
+    rounding (a quotient then a sum: two, and a float32 tie of two prices, about once
+    in 10^7 periods, goes to the other price)."""
     top = qs[greedy]
-    den = max(temperature, tiny)
+    inv = _flush(f32(f32(1.0) / max(temperature, tiny)))
     best = f32(0.0)
     price = greedy
     for c in range(m):
-        v = _flush(noise[off + c] + _flush(_flush(f32(qs[c] - top)) / den))
+        v = _flush(fma32(_flush(f32(qs[c] - top)), inv, noise[off + c]))
         if c == 0 or v > best:
             best = v
             price = c
@@ -1094,7 +1098,8 @@ def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s,
 
     * act: epsilon-greedy on ``u_j = bits(key_t)_j 2^-32`` and ``eps [B, L]`` (0 once
       converged), or, with ``boltzmann``, the first argmax of
-      ``g_jc + (Q_j[s_j, c] - max Q_j[s_j]) / max(T_t, 1e-30)`` where
+      ``g_jc + (Q_j[s_j, c] - max Q_j[s_j]) / max(T_t, 1e-30)`` (rounded as
+      :func:`_boltzmann_price` says) where
       ``T_t = temp[t - step_lo] > 0`` (else greedy) and ``g = gumbel(key_t, (n, m))``,
       ``g_jc = gtable[bits(key_t, (n m,))_{j m + c} >> 9]`` (:func:`gumbel_table`, the
       counters ``(g0, g1)``); under turns (``num_turns > 1``) only
