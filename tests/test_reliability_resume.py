@@ -523,3 +523,31 @@ def test_a_sessions_run_storage_fault_is_one_line_and_resumes(tmp_path, capsys, 
     assert code == 0, err
     assert f"resuming {d} from period 1000" in out
     assert (d / "summary.json").is_file()
+
+
+def test_a_sessions_runs_last_checkpoint_fails_before_its_files_are_published(
+        tmp_path, capsys, monkeypatch):
+    # Bug caught: the last checkpoint, saved beside the run's files, whose failure is
+    # lost (a finished-looking run directory without its final checkpoint) or reported
+    # as a failure of the files rather than of the checkpoint.
+    from jaxmarket.sessions import run as session_run
+    d = tmp_path / "s"
+    save = session_run.SessionRun.save
+
+    def failing(self, sessions, done):
+        if done == 2000:
+            raise ValueError(ORBAX_ENOSPC.format(d=self.run_dir))
+        return save(self, sessions, done)
+
+    monkeypatch.setattr(session_run.SessionRun, "save", failing)
+    rc, _, err = train(capsys, *SESSIONS, "--run-dir", str(d))
+    line = one_line(err)
+    assert rc == 1 and line.startswith("storage error while saving the checkpoint at period "
+                                       "2000: No space left on device (errno ENOSPC)")
+    assert "kept: the checkpoint at period 1500" in line
+    assert not (d / "summary.json").exists() and not (d / "strategies.npz").exists()
+    monkeypatch.undo()
+    code, out, err = train(capsys, "--resume", str(d))
+    assert code == 0, err
+    assert f"resuming {d} from period 1500" in out
+    assert (d / "summary.json").is_file() and (d / "checkpoints" / "2000").is_dir()
