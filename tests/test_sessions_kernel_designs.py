@@ -302,3 +302,86 @@ def test_boltzmann_logit_is_rounded_as_xlas_program_at_a_float32_tie():
         after, _ = runner.advance(jax.tree.map(lambda v: v.copy(), sessions), 0)
         picked[backend] = int(np.asarray(after.index)[0, 0])
     assert picked == {"xla": found[1], "kernel": found[1]}, (picked, found)
+
+
+def test_boltzmann_price_reads_what_can_win_and_picks_the_full_argmax():
+    # Bugs caught: a pruning bound that is not an upper bound of the noise (a bucket's
+    # minimum, another bucket size than gumbel_bound's), a skipped price that could
+    # have won, a tie not sent to the first price, the wrong largest word: the kernel's
+    # choice (two reads of the 32 MB table per period, about) against the first argmax
+    # of every price's fma(Q_c - max Q, 1 / T, g_c), on random rows with repeated
+    # words, equal Q values and temperatures from hot to greedy.
+    from numba import njit
+    from jaxmarket.sessions.kernel import (PASS, _boltzmann_price, _flush, _top_noise,
+                                           fma32, gumbel_bound, gumbel_table)
+    f32 = np.float32
+
+    @njit
+    def pruned(q, words, temps, table, bound, out):
+        n, m = q.shape[1], q.shape[2]
+        top_c = np.zeros((n, PASS), np.int32)
+        top_v = np.zeros((n, PASS), np.float32)
+        _top_noise(words, PASS, n, m, table, top_c, top_v, np.empty(PASS, np.uint32))
+        for k in range(PASS):
+            for j in range(n):
+                out[k, j] = _boltzmann_price(q[k, j], words, k, j, m, temps[k],
+                                             f32(1e-30), np.argmax(q[k, j]), table,
+                                             bound, top_c, top_v)
+
+    @njit
+    def every_price(q, words, temps, table, out):
+        n, m = q.shape[1], q.shape[2]
+        for k in range(PASS):
+            inv = _flush(f32(f32(1.0) / max(temps[k], f32(1e-30))))
+            for j in range(n):
+                top = q[k, j, np.argmax(q[k, j])]
+                best, price = f32(0.0), 0
+                for c in range(m):
+                    v = _flush(fma32(_flush(f32(q[k, j, c] - top)), inv,
+                                     table[words[j * m + c, k] >> np.uint32(9)]))
+                    if c == 0 or v > best:
+                        best, price = v, c
+                out[k, j] = price
+
+    table = gumbel_table()
+    bound = gumbel_bound(table)
+    rng = np.random.default_rng(0)
+    n, m = 2, 15
+    chosen = []
+    for trial in range(300):
+        words = rng.integers(0, 2**32, (n * m, PASS), dtype=np.uint64).astype(np.uint32)
+        if trial % 3 == 0:   # repeated words: equal noise
+            words[1::4] = words[0::4][: words[1::4].shape[0]]
+        q = rng.normal(0.0, 1.0, (PASS, n, m)).astype(f32)
+        if trial % 2 == 0:   # equal Q values
+            q = np.round(q * 2.0).astype(f32) / f32(2.0)
+        temps = np.asarray(rng.choice([1e3, 1.0, 1e-2, 1e-6, 0.0], PASS), f32)
+        got = np.zeros((PASS, n), np.int32)
+        want = np.zeros((PASS, n), np.int32)
+        pruned(q, words, temps, table, bound, got)
+        every_price(q, words, temps, table, want)
+        np.testing.assert_array_equal(got, want, err_msg=f"trial {trial}")
+        chosen.append(want)
+    chosen = np.concatenate(chosen)
+    # the cases have teeth: every price gets chosen, and not only the greedy one
+    assert len(np.unique(chosen)) == m
+    # an exact tie of a price read after the largest word's with a lower index (the
+    # first argmax is the lower one), its bound equal to its value (the largest entry
+    # of its bucket): price 3 greedy with noise g_3, price 7 with the largest word and
+    # Q_7 - Q_3 = g_3 - g_7 (exact: Sterbenz), so v_7 = g_3 = v_3 at T = 1
+    from jaxmarket.sessions.kernel import BOUND_SHIFT
+    width = 1 << BOUND_SHIFT
+    bucket = int(0.7 * (1 << 23)) // width
+    low = bucket * width + int(np.argmax(table[bucket * width:(bucket + 1) * width]))
+    high = low + 3 * width
+    g_low, g_high = table[low], table[high]
+    assert 0 < g_low < g_high <= 2 * g_low and bound[low // width] == g_low
+    words = np.zeros((n * m, PASS), np.uint32)
+    words[3], words[7] = np.uint32(low << 9), np.uint32(high << 9)
+    q = np.full((PASS, n, m), -100.0, f32)
+    q[:, :, 3], q[:, :, 7] = 0.0, f32(g_low - g_high)
+    temps = np.ones(PASS, f32)
+    got, want = np.zeros((PASS, n), np.int32), np.zeros((PASS, n), np.int32)
+    pruned(q, words, temps, table, bound, got)
+    every_price(q, words, temps, table, want)
+    assert (want == 3).all() and (got == 3).all()

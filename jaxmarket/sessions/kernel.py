@@ -694,6 +694,7 @@ def _general_chunk(game, length: int, tail_start: int, rounding: tuple[bool, ...
         jnp.arange(max(num_turns, settings.turn_period), dtype=jnp.int32)), np.float32)
     boltzmann = settings.boltzmann is not None
     gtable = gumbel_table(gumbel_mode()) if boltzmann else np.zeros(1, np.float32)
+    gbound = gumbel_bound(gtable) if boltzmann else np.zeros(1, np.float32)
     g_half = (n * m + 1) // 2 if boltzmann else 1
     g_counts = np.arange(2 * g_half, dtype=np.uint32)
     g_counts[n * m if boltzmann else 0:] = 0
@@ -721,7 +722,8 @@ def _general_chunk(game, length: int, tail_start: int, rounding: tuple[bool, ...
     def call(rows, profile, outcome, step, stable, converged, clock, pending, key_data,
              alpha, beta_row, eps, temp, step_lo, first, count, tail):
         _run_general(rows, profile, outcome, step, stable, converged, clock, *pending,
-                     *key_data, alpha, beta_row, eps, temp, gtable, g0, g1, step_lo, table, cf,
+                     *key_data, alpha, beta_row, eps, temp, gtable, gbound, g0, g1, step_lo,
+                     table, cf,
                      act_states, states, cum, lead, profiles,
                      radix, seat, num_turns, weights, c0, c1, np.uint32(first), int(count),
                      discount, discount_n, window, tail, tail_start, boltzmann, full,
@@ -901,36 +903,41 @@ def gumbel_table(mode: str = "low") -> np.ndarray:
     return _GUMBEL[where]
 
 
+#: ``log2`` of the words one entry of :func:`gumbel_bound` covers
+BOUND_SHIFT = 11
+
+
+def gumbel_bound(table: np.ndarray) -> np.ndarray:
+    """``[2^23 / 2^BOUND_SHIFT]`` float32: the largest of each run of ``2^BOUND_SHIFT``
+    consecutive entries of :func:`gumbel_table` (16 KB, in the processor's first-level
+    cache): ``bound[b >> (9 + BOUND_SHIFT)] >= table[b >> 9]`` for every word ``b``."""
+    key = ("bound", id(table))
+    if key not in _GUMBEL:
+        _GUMBEL[key] = table.reshape(-1, 1 << BOUND_SHIFT).max(axis=1)
+    return _GUMBEL[key]
+
+
 def gumbel_mode() -> str:
     """The ``mode`` of ``jax.random.categorical``'s Gumbel noise under the present jax
     config (``jax_high_dynamic_range_gumbel``: ``"high"``, else ``"low"``)."""
     return "high" if jax.config.jax_high_dynamic_range_gumbel else "low"
 
 
-@njit(cache=True)
-def _draw_noise(keys, g0, g1, count, bits, table, noise):
-    """``noise[k, f]``: ``gumbel(keys[:, k], (n, m))`` flattened (``f = j m + c``), as
-    ``table[bits >> 9]`` of that call's random words (``bits(keys[:, k], (n m,))``:
-    the counters ``(g0, g1)`` of :func:`_draw_bits` for ``n m`` values)."""
-    _act_bits(keys, g0, g1, count, bits)
-    size = noise.shape[1]
-    for k in range(count):
-        for f in range(size):
-            noise[k, f] = table[bits[f, k] >> u32(9)]
-
-
 @njit(inline="always")
 def _draw_pass(k0, k1, first, count, acting, boltzmann, random, keys, c0, c1, bits, g0, g1,
-               gbits, gtable, noise, obits):
+               gbits, n, m, gtable, top_c, top_v, wmax, obits):
     """One pass's draws of :func:`_run_general`, periods ``first + k``, ``k < count``:
     ``keys[:, k] = fold_in(key, first + k)``; while ``acting`` (learning), the act's
-    uniforms' words ``bits`` or, with ``boltzmann``, its Gumbel ``noise``
-    (:func:`_draw_noise`); with ``random`` outcomes, their words ``obits``."""
+    uniforms' words ``bits`` or, with ``boltzmann``, the words ``gbits[f, k]`` of its
+    Gumbel noise ``gumbel(keys[:, k], (n, m))`` (``bits(keys[:, k], (n m,))``, the
+    counters ``(g0, g1)``, flattened ``f = j m + c``) and the two largest values of each
+    seller's (:func:`_top_noise`); with ``random`` outcomes, their words ``obits``."""
     if acting or random:
         _fold_keys(k0, k1, first, count, keys)
     if acting:
         if boltzmann:
-            _draw_noise(keys, g0, g1, count, gbits, gtable, noise)
+            _act_bits(keys, g0, g1, count, gbits)
+            _top_noise(gbits, count, n, m, gtable, top_c, top_v, wmax)
         else:
             _act_bits(keys, c0, c1, count, bits)
     if random:
@@ -954,21 +961,60 @@ def _increment(old, target, alpha, fused):
     return _flush(old + _flush(f32(alpha * _flush(f32(target - old)))))
 
 
+@njit(cache=True)
+def _top_noise(words, count, n, m, table, top_c, top_v, wmax):
+    """For each seller ``j`` and period ``k < count``: ``top_c[j, k]`` the price with the
+    largest word ``words[j m + c, k]`` (the largest Gumbel noise, up to the table's last
+    bit; the first on ties) and ``top_v[j, k]`` its value ``table[word >> 9]``, read for
+    a whole pass at once so that the reads of the 32 MB table overlap
+    (:func:`_boltzmann_price` reads the others only where they can win). Loops over
+    independent periods, which the compiler vectorises."""
+    for j in range(n):
+        off = j * m
+        for k in range(count):
+            wmax[k] = words[off, k]
+            top_c[j, k] = 0
+        for c in range(1, m):
+            for k in range(count):
+                w = words[off + c, k]
+                if w > wmax[k]:
+                    wmax[k] = w
+                    top_c[j, k] = c
+        for k in range(count):
+            top_v[j, k] = table[wmax[k] >> u32(9)]
+
+
 @njit(inline="always")
-def _boltzmann_price(qs, noise, off, m, temperature, tiny, greedy):
-    """The first argmax over prices ``c`` of ``noise_{off + c} + (Q_c - Q_greedy) / T'``,
-    ``T' = max(T, tiny)``, rounded as XLA's program computes it: the division by a
-    broadcast scalar becomes a multiply by its reciprocal (XLA's algebraic simplifier),
-    which fuses with the add, ``fma(Q_c - Q_greedy, 1 / T', noise_{off + c})``, one
-    rounding (a quotient then a sum: two, and a float32 tie of two prices, about once
-    in 10^7 periods, goes to the other price)."""
+def _boltzmann_price(qs, words, k, j, m, temperature, tiny, greedy, table, bound, top_c,
+                     top_v):
+    """The first argmax over prices ``c`` of ``g_c + (Q_c - Q_greedy) / T'``,
+    ``T' = max(T, tiny)``, ``g_c = table[words[j m + c, k] >> 9]`` (:func:`gumbel_table`),
+    rounded as XLA's program computes it: the division by a broadcast scalar becomes a
+    multiply by its reciprocal (XLA's algebraic simplifier), which fuses with the add,
+    ``v_c = fma(Q_c - Q_greedy, 1 / T', g_c)``, one rounding.
+
+    ``g_c`` is a random read of a 32 MB table, so only the largest is read for every
+    period (:func:`_top_noise`) and the others only where they can win: ``v_c``
+    is nondecreasing in ``g_c`` (a rounded multiply-add), so with
+    ``u_c = fma(Q_c - Q_greedy, 1 / T', bound[words[j m + c, k] >> (9 + BOUND_SHIFT)])
+    >= v_c`` (:func:`gumbel_bound`), a price whose ``u_c`` is below a value already
+    known cannot be the maximum, and every price that is has its value read. Ties go to
+    the first price, as ``argmax``."""
     top = qs[greedy]
     inv = _flush(f32(f32(1.0) / max(temperature, tiny)))
-    best = f32(0.0)
-    price = greedy
+    off = j * m
+    first = top_c[j, k]
+    price = first
+    best = _flush(fma32(_flush(f32(qs[first] - top)), inv, top_v[j, k]))
     for c in range(m):
-        v = _flush(fma32(_flush(f32(qs[c] - top)), inv, noise[off + c]))
-        if c == 0 or v > best:
+        if c == first:
+            continue
+        d = _flush(f32(qs[c] - top))
+        word = words[off + c, k]
+        if _flush(fma32(d, inv, bound[word >> u32(9 + BOUND_SHIFT)])) < best:
+            continue
+        v = _flush(fma32(d, inv, table[word >> u32(9)]))
+        if v > best or (v == best and c < price):
             best = v
             price = c
     return price
@@ -1053,7 +1099,8 @@ def _outcome_of(u, cum):
 
 
 @njit(inline="always")
-def _act(a, sa, gr, q, noise, bits, eps, beta_row, row, temp, boltzmann, learning, m):
+def _act(a, sa, gr, q, words, k, table, bound, top_c, top_v, bits, eps, beta_row, row,
+         temp, boltzmann, learning, m):
     """Each seller's price ``a_j`` in state ``sa_j``: greedy, or while ``learning``
     epsilon-greedy on ``u_j = bits_j 2^-32`` (``min(floor(u_j / e_j * m), m - 1)`` when
     ``u_j < e_j = eps[beta_row_j, row]``), or with ``boltzmann`` the noisy argmax of
@@ -1067,7 +1114,8 @@ def _act(a, sa, gr, q, noise, bits, eps, beta_row, row, temp, boltzmann, learnin
         if learning:
             if boltzmann:
                 if temp[row] > 0:
-                    aj = _boltzmann_price(q[j, s], noise, j * m, m, temp[row], tiny, aj)
+                    aj = _boltzmann_price(q[j, s], words, k, j, m, temp[row], tiny,
+                                          aj, table, bound, top_c, top_v)
             else:
                 u = f32(bits[j]) * scale
                 e = eps[beta_row[j], row]
@@ -1078,7 +1126,8 @@ def _act(a, sa, gr, q, noise, bits, eps, beta_row, row, temp, boltzmann, learnin
 
 @njit(parallel=True, cache=True)
 def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s, pend_a,
-                 pend_acc, pend_valid, k0, k1, alpha, beta_row, eps, temp, gtable, g0, g1,
+                 pend_acc, pend_valid, k0, k1, alpha, beta_row, eps, temp, gtable, gbound,
+                 g0, g1,
                  step_lo, table, cf, act_states, states, cum, lead, profiles, radix, seat,
                  num_turns, weights, c0, c1, first, length, discount, discount_n, window, tail,
                  tail_start, boltzmann, full, sequential, fused_target, fused_increment,
@@ -1130,14 +1179,17 @@ def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s,
         a, sj, sa = np.empty(n, np.int32), np.empty(n, np.int32), np.empty(n, np.int32)
         bits = np.empty((2 * half, PASS), np.uint32)
         gbits = np.empty((2 * g0.shape[0], PASS), np.uint32)
-        noise = np.empty((PASS, n * m), np.float32)
+        top_c = np.zeros((n, PASS), np.int32)
+        top_v = np.zeros((n, PASS), np.float32)
+        wmax = np.empty(PASS, np.uint32)
         obits = np.empty(PASS, np.uint32)
         keys = np.empty((2, PASS), np.uint32)
         gr = _greedy_columns(q, m)
         for start in range(0, length, PASS):
             todo = min(PASS, length - start)
             _draw_pass(k0[i], k1[i], u32(first + start), todo, not done, boltzmann, random,
-                       keys, c0, c1, bits, g0, g1, gbits, gtable, noise, obits)
+                       keys, c0, c1, bits, g0, g1, gbits, n, m, gtable, top_c, top_v,
+                       wmax, obits)
             for k in range(todo):
                 t = u32(first + start + k)
                 learning = not done
@@ -1145,8 +1197,8 @@ def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s,
                 for j in range(n):
                     sj[j] = states[o, prow, j]
                     sa[j] = act_states[o, prow, j]
-                _act(a, sa, gr, q, noise[k], bits[:, k], eps, beta_row[i], row, temp,
-                     boltzmann, learning, m)
+                _act(a, sa, gr, q, gbits, k, gtable, gbound, top_c, top_v, bits[:, k], eps,
+                     beta_row[i], row, temp, boltzmann, learning, m)
                 nxt = _next_profile(a, prow // lead if lead > 1 else prow, radix, m,
                                     num_turns, seat, t)   # the new profile and history:
                 hn = _next_history(nxt, prow, lead, profiles)
