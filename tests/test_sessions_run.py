@@ -334,3 +334,29 @@ def test_load_run_names_the_file_and_line_it_cannot_read(calvano_run, tmp_path):
     (run / "metrics.csv").write_text("iteration,reward\n1,0.5\n2,junk\n3,0.25\n")
     with pytest.raises(RunDirError, match=r"metrics.csv line 3 is not a row of 2 numbers"):
         jaxmarket.load_run(run).metrics
+
+
+def test_strategies_npz_holds_every_array_deflated_or_stored_by_size(tmp_path):
+    # Bugs caught: an array lost or changed on its way into strategies.npz (np.load
+    # reads back other values, dtypes or shapes), a large Q table deflated (seconds of
+    # one core for under half its size) or a small one left undeflated.
+    import zipfile
+    from jaxmarket.sessions.run import save_npz
+    rng = np.random.default_rng(1)
+    arrays = {"q": rng.normal(size=(3, 5, 7)).astype(np.float32),
+              "greedy": rng.integers(0, 7, (3, 5)).astype(np.int32),
+              "converged": np.array([True, False, True]), "memory": 2, "lagged": False,
+              "pi_nash": float("nan"), "big": np.zeros(300, np.float64)}
+    path = tmp_path / "s.npz"
+    with path.open("wb") as f:
+        save_npz(f, arrays, store_bytes=1000)
+    with np.load(path) as z:
+        assert sorted(z.files) == sorted(arrays)
+        for name, want in arrays.items():
+            got = z[name]
+            assert got.dtype == np.asarray(want).dtype and got.shape == np.shape(want)
+            np.testing.assert_array_equal(got, want)
+    with zipfile.ZipFile(path) as z:
+        kinds = {i.filename: i.compress_type for i in z.infolist()}
+    assert kinds["big.npy"] == zipfile.ZIP_STORED      # 2,400 bytes > 1,000
+    assert kinds["q.npy"] == kinds["greedy.npy"] == zipfile.ZIP_DEFLATED

@@ -327,18 +327,27 @@ class SessionRun:
         """The run's files. ``last_save``: ``(sessions, period)`` of the last checkpoint,
         saved while ``strategies.npz`` is compressed, before the files are published."""
         bench = self.benchmarks()
-        # strategies.npz (its compression, mostly: zlib releases the GIL) written on a
-        # thread while the rest is computed; staged, then published with the others
-        with ThreadPoolExecutor(1) as writer:
-            written = writer.submit(write_strategies,
-                                    self.run_dir / staged_name(STRATEGIES_FILE), result, bench)
+        # strategies.npz (staged, then published with the others) and the equilibrium
+        # check on threads (zlib and numpy release the GIL) while the checkpoint is saved
+        with ThreadPoolExecutor(2) as pool:
+            written = pool.submit(write_strategies,
+                                  self.run_dir / staged_name(STRATEGIES_FILE), result, bench)
+            checked = pool.submit(self.equilibrium_check, result)
             if last_save is not None:   # orbax on this thread (its lazy imports)
                 self.stage = f"saving the checkpoint at period {last_save[1]}"
                 self.save(*last_save)
                 self.stage = "writing sessions.csv, strategies.npz and summary.json"
-            return self._write_outputs(result, bench, written)
+            return self._write_outputs(result, bench, written, checked)
 
-    def _write_outputs(self, result: eng.SessionResult, bench: dict, written: Future) -> dict:
+    def equilibrium_check(self, result: eng.SessionResult) -> Diagnostics | str:
+        """The equilibrium check and Q-gap of the learned strategies (:func:`diagnostics`)."""
+        rows = np.asarray(result.sessions.learner.rows)   # float32: the check reads it
+        m = self.game.grid.size                            # exactly, entry by entry
+        return diagnostics(self.game, rows[..., m], rows[..., :m],
+                           np.asarray(result.sessions.index), last_history(result))
+
+    def _write_outputs(self, result: eng.SessionResult, bench: dict, written: Future,
+                       checked: Future) -> dict:
         group = self.game.group
         nash, joint = bench.get("nash_profit"), bench.get("joint_profit")
         defined = (nash is not None and joint is not None
@@ -397,10 +406,7 @@ class SessionRun:
                 summary["outcome_benchmarks"] = {group: inf}
                 summary["profit_gain_outcomes"] = {group: float(informed.mean())}
                 summary["profit_gain_outcomes_ci95"] = {group: eng.bootstrap_ci(informed)}
-        rows = np.asarray(result.sessions.learner.rows)   # float32: the check reads it
-        m = self.game.grid.size                            # exactly, entry by entry
-        diag = diagnostics(self.game, rows[..., m], rows[..., :m],
-                           np.asarray(result.sessions.index), last_history(result))
+        diag = checked.result()
         if isinstance(diag, str):
             summary["equilibrium_check_skipped"] = diag
             diag = None
@@ -600,20 +606,28 @@ def write_strategies(path: Path, result: eng.SessionResult, bench: dict) -> None
 
 
 #: zlib's level for ``strategies.npz``: its fastest, 3x level 6's speed on learned Q
-#: tables for a file about 7% larger (the Q tables of three firms, 608 MB: 10 s
-#: against 32 s on one core)
+#: tables for a file about 7% larger
 NPZ_LEVEL = 1
+#: arrays larger than this are stored as they are: deflating learned Q tables saves
+#: under half their size at about 60 MB/s on one core (three firms' 608 MB: 10 s)
+NPZ_STORE_BYTES = 64 << 20
 
 
-def save_npz(f, arrays: dict[str, Any], level: int = NPZ_LEVEL) -> None:
-    """``np.savez_compressed(f, **arrays)`` at zlib level ``level`` (numpy's own
-    format: one ``NAME.npy`` member per array in a deflated zip, what ``np.load``
-    reads)."""
+def save_npz(f, arrays: dict[str, Any], level: int = NPZ_LEVEL,
+             store_bytes: int = NPZ_STORE_BYTES) -> None:
+    """``np.savez_compressed(f, **arrays)`` at zlib level ``level``, an array of more
+    than ``store_bytes`` stored undeflated (numpy's own format: one ``NAME.npy`` member
+    per array in a zip, what ``np.load`` reads)."""
     with zipfile.ZipFile(f, "w", zipfile.ZIP_DEFLATED, compresslevel=level,
                          allowZip64=True) as z:
         for name, value in arrays.items():
-            with z.open(f"{name}.npy", "w", force_zip64=True) as member:
-                np.lib.format.write_array(member, np.asanyarray(value), allow_pickle=False)
+            value = np.asanyarray(value)
+            member = f"{name}.npy"
+            if value.nbytes > store_bytes:
+                member = zipfile.ZipInfo(member, time.localtime()[:6])
+                member.compress_type = zipfile.ZIP_STORED
+            with z.open(member, "w", force_zip64=True) as out:
+                np.lib.format.write_array(out, value, allow_pickle=False)
 
 
 def _nan(x) -> float:
