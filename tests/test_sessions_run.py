@@ -339,7 +339,8 @@ def test_load_run_names_the_file_and_line_it_cannot_read(calvano_run, tmp_path):
 def test_strategies_npz_holds_every_array_deflated_or_stored_by_size(tmp_path):
     # Bugs caught: an array lost or changed on its way into strategies.npz (np.load
     # reads back other values, dtypes or shapes), a large Q table deflated (seconds of
-    # one core for under half its size) or a small one left undeflated.
+    # one core for under half its size) or a small one left undeflated, a member dated
+    # by the clock (two runs' files would differ in their bytes).
     import zipfile
     from jaxmarket.sessions.run import save_npz
     rng = np.random.default_rng(1)
@@ -358,5 +359,8 @@ def test_strategies_npz_holds_every_array_deflated_or_stored_by_size(tmp_path):
             np.testing.assert_array_equal(got, want)
     with zipfile.ZipFile(path) as z:
         kinds = {i.filename: i.compress_type for i in z.infolist()}
+        dates = {i.date_time for i in z.infolist()}
     assert kinds["big.npy"] == zipfile.ZIP_STORED      # 2,400 bytes > 1,000
     assert kinds["q.npy"] == kinds["greedy.npy"] == zipfile.ZIP_DEFLATED
+    # no clock in the file: a run and its replay on a cluster give the same bytes
+    assert dates == {(1980, 1, 1, 0, 0, 0)}

@@ -623,8 +623,8 @@ def save_npz(f, arrays: dict[str, Any], level: int = NPZ_LEVEL,
         for name, value in arrays.items():
             value = np.asanyarray(value)
             member = f"{name}.npy"
-            if value.nbytes > store_bytes:
-                member = zipfile.ZipInfo(member, time.localtime()[:6])
+            if value.nbytes > store_bytes:   # dated 1980 as numpy's: the same bytes
+                member = zipfile.ZipInfo(member)   # whenever written
                 member.compress_type = zipfile.ZIP_STORED
             with z.open(member, "w", force_zip64=True) as out:
                 np.lib.format.write_array(out, value, allow_pickle=False)
