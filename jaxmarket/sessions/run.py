@@ -47,6 +47,7 @@ import socket
 import sys
 import time
 import zipfile
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -279,9 +280,10 @@ class SessionRun:
                           f"{(done - first) / elapsed:,.0f} periods/s  "
                           f"{self.runner.session_periods / elapsed:,.0f} session-periods/s  "
                           f"{now - started:7.1f} s", flush=True)
-            result = self.runner.result(sessions, done, time.perf_counter() - started)
+            wall = time.perf_counter() - started
             self.stage = "writing sessions.csv, strategies.npz and summary.json"
-            summary = self.write_outputs(result, last_save)
+            summary = self.write_outputs(lambda: self.runner.result(sessions, done, wall),
+                                         last_save)
             status = "finished"
             return summary
         except KeyboardInterrupt:
@@ -322,22 +324,26 @@ class SessionRun:
         eq = equilibrium(self.plan).get(self.game.group)
         return {} if eq is None else benchmarks(eq)
 
-    def write_outputs(self, result: eng.SessionResult, last_save: tuple | None = None
-                      ) -> dict:
-        """The run's files. ``last_save``: ``(sessions, period)`` of the last checkpoint,
-        saved while ``strategies.npz`` is compressed, before the files are published."""
+    def write_outputs(self, make_result: Callable[[], eng.SessionResult],
+                      last_save: tuple | None = None) -> dict:
+        """The run's files from ``make_result()`` (the sessions' greedy play:
+        :meth:`~jaxmarket.sessions.engine.Runner.result`). ``last_save``:
+        ``(sessions, period)`` of the last checkpoint, saved meanwhile, before the files
+        are published."""
         bench = self.benchmarks()
-        # strategies.npz (staged, then published with the others) and the equilibrium
-        # check on threads (zlib and numpy release the GIL) while the checkpoint is saved
+        # on threads while the checkpoint is saved (XLA, numba, zlib and numpy release
+        # the GIL): the greedy play, then strategies.npz (staged, then published with the
+        # others) and the equilibrium check
         with ThreadPoolExecutor(2) as pool:
-            written = pool.submit(write_strategies,
-                                  self.run_dir / staged_name(STRATEGIES_FILE), result, bench)
-            checked = pool.submit(self.equilibrium_check, result)
+            made = pool.submit(make_result)
+            written = pool.submit(lambda: write_strategies(
+                self.run_dir / staged_name(STRATEGIES_FILE), made.result(), bench))
+            checked = pool.submit(lambda: self.equilibrium_check(made.result()))
             if last_save is not None:   # orbax on this thread (its lazy imports)
                 self.stage = f"saving the checkpoint at period {last_save[1]}"
                 self.save(*last_save)
                 self.stage = "writing sessions.csv, strategies.npz and summary.json"
-            return self._write_outputs(result, bench, written, checked)
+            return self._write_outputs(made.result(), bench, written, checked)
 
     def equilibrium_check(self, result: eng.SessionResult) -> Diagnostics | str:
         """The equilibrium check and Q-gap of the learned strategies (:func:`diagnostics`)."""
