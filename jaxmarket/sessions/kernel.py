@@ -723,8 +723,7 @@ def _general_chunk(game, length: int, tail_start: int, rounding: tuple[bool, ...
              alpha, beta_row, eps, temp, step_lo, first, count, tail):
         _run_general(rows, profile, outcome, step, stable, converged, clock, *pending,
                      *key_data, alpha, beta_row, eps, temp, gtable, gbound, g0, g1, step_lo,
-                     table, cf,
-                     act_states, states, cum, lead, profiles,
+                     table, cf, act_states, states, cum, lead, profiles,
                      radix, seat, num_turns, weights, c0, c1, np.uint32(first), int(count),
                      discount, discount_n, window, tail, tail_start, boltzmann, full,
                      sequential, bool(fused_target), bool(fused_increment), bool(fused_carry),
@@ -930,8 +929,8 @@ def _draw_pass(k0, k1, first, count, acting, boltzmann, random, keys, c0, c1, bi
     ``keys[:, k] = fold_in(key, first + k)``; while ``acting`` (learning), the act's
     uniforms' words ``bits`` or, with ``boltzmann``, the words ``gbits[f, k]`` of its
     Gumbel noise ``gumbel(keys[:, k], (n, m))`` (``bits(keys[:, k], (n m,))``, the
-    counters ``(g0, g1)``, flattened ``f = j m + c``) and the two largest values of each
-    seller's (:func:`_top_noise`); with ``random`` outcomes, their words ``obits``."""
+    counters ``(g0, g1)``, flattened ``f = j m + c``) and each seller's largest value
+    (:func:`_top_noise`); with ``random`` outcomes, their words ``obits``."""
     if acting or random:
         _fold_keys(k0, k1, first, count, keys)
     if acting:
@@ -1127,8 +1126,7 @@ def _act(a, sa, gr, q, words, k, table, bound, top_c, top_v, bits, eps, beta_row
 @njit(parallel=True, cache=True)
 def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s, pend_a,
                  pend_acc, pend_valid, k0, k1, alpha, beta_row, eps, temp, gtable, gbound,
-                 g0, g1,
-                 step_lo, table, cf, act_states, states, cum, lead, profiles, radix, seat,
+                 g0, g1, step_lo, table, cf, act_states, states, cum, lead, profiles, radix, seat,
                  num_turns, weights, c0, c1, first, length, discount, discount_n, window, tail,
                  tail_start, boltzmann, full, sequential, fused_target, fused_increment,
                  fused_carry, lagged):
