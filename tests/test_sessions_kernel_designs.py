@@ -279,12 +279,14 @@ def test_boltzmann_logit_is_rounded_as_xlas_program_at_a_float32_tie():
     low, high = sorted(range(2), key=lambda c: g[c])      # the greedy price: lower noise
     row, found = np.full(m, -1e9, np.float32), None
     x = np.float32((g[low] - g[high]) * temperature)      # about where the two tie
+
+    def pick(v_high):   # the first argmax of prices `low` (value g_low) and `high`
+        return high if (v_high > g[low] or (v_high == g[low] and high < low)) else low
+
     for step in range(-4000, 4000):
         x_try = np.float32(x + np.float32(step) * np.spacing(x))
         if x_try >= 0:
             continue
-        def pick(v_high):   # the first argmax of prices `low` (value g_low) and `high`
-            return high if (v_high > g[low] or (v_high == g[low] and high < low)) else low
         fused = pick(_fma32(x_try, inv, g[high]))
         quotient = pick(np.float32(np.float32(x_try / temperature) + g[high]))
         if fused != quotient:

@@ -904,16 +904,17 @@ def gumbel_table(mode: str = "low") -> np.ndarray:
 
 #: ``log2`` of the words one entry of :func:`gumbel_bound` covers
 BOUND_SHIFT = 11
+#: :func:`gumbel_bound` of each table, by the table's ``id``
+_BOUND = {}
 
 
 def gumbel_bound(table: np.ndarray) -> np.ndarray:
     """``[2^23 / 2^BOUND_SHIFT]`` float32: the largest of each run of ``2^BOUND_SHIFT``
     consecutive entries of :func:`gumbel_table` (16 KB, in the processor's first-level
     cache): ``bound[b >> (9 + BOUND_SHIFT)] >= table[b >> 9]`` for every word ``b``."""
-    key = ("bound", id(table))
-    if key not in _GUMBEL:
-        _GUMBEL[key] = table.reshape(-1, 1 << BOUND_SHIFT).max(axis=1)
-    return _GUMBEL[key]
+    if id(table) not in _BOUND:   # the tables of gumbel_table live as long as the process
+        _BOUND[id(table)] = table.reshape(-1, 1 << BOUND_SHIFT).max(axis=1)
+    return _BOUND[id(table)]
 
 
 def gumbel_mode() -> str:
