@@ -102,6 +102,57 @@ def test_kernel_backend_plays_the_xla_sessions_bit_for_bit(firms, sessions, peri
         assert not converged.all(), steps
 
 
+@pytest.mark.parametrize("threads", [1, 3])
+def test_kernel_sessions_do_not_depend_on_the_threads_that_play_them(threads, monkeypatch):
+    # Bug caught: a slice of the sessions played twice, skipped, or reading another
+    # slice's session (the loop's range, the slicing's bounds): one thread and three
+    # threads of slices of 2 sessions play the sessions of the default threads bit for bit.
+    from jaxmarket.sessions import kernel
+    game = calvano(2)
+    settings = Settings(sessions=7, periods=500, chunk=140, window=150, stop="periods",
+                        backend="kernel")
+    key = jax.random.key(3)
+    default = eng.run(game, settings, key, compact=False)
+    monkeypatch.setattr(kernel, "numba_threads", lambda: threads)
+    monkeypatch.setattr(kernel, "SLICES_PER_THREAD", 1)
+    again = eng.run(game, settings, key, compact=False)
+    assert_same(fields(default.sessions), fields(again.sessions))
+    assert np.asarray(default.converged).any() and not np.asarray(default.converged).all()
+
+
+@pytest.mark.parametrize("sessions, threads", [(1, 2), (7, 2), (8, 2), (1000, 2), (5, 3)])
+def test_kernel_slices_cover_every_session_once(sessions, threads, monkeypatch):
+    # Bug caught: slices that overlap, leave a gap or run past the last session.
+    from jaxmarket.sessions import kernel
+    monkeypatch.setattr(kernel, "numba_threads", lambda: threads)
+    seen = []
+    kernel._in_threads(lambda lo, hi, out: out.extend(range(lo, hi)), sessions, seen)
+    assert sorted(seen) == list(range(sessions))
+
+
+def test_kernel_slices_still_running_finish_before_a_failure_is_raised(monkeypatch):
+    # Bug caught: the caller (a failing slice, or Ctrl-C) returning while another
+    # thread still writes into the sessions' arrays, which a checkpoint may then save.
+    import threading
+    from jaxmarket.sessions import kernel
+    monkeypatch.setattr(kernel, "numba_threads", lambda: 2)
+    monkeypatch.setattr(kernel, "SLICES_PER_THREAD", 1)
+    started, finished = threading.Event(), []
+
+    def loop(lo, hi):
+        if lo == 0:
+            started.set()
+            threading.Event().wait(0.3)
+            finished.append(lo)
+        else:
+            started.wait()
+            raise ValueError("slice failed")
+
+    with pytest.raises(ValueError, match="slice failed"):
+        kernel._in_threads(loop, 4)
+    assert finished == [0]
+
+
 def test_kernel_backend_looks_up_each_sessions_own_beta():
     # Bug caught: a kernel that takes one eps_t row for every session (or the row of the
     # wrong beta) when sessions explore at different rates (PBT, per-session hyper).

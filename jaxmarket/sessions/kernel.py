@@ -25,7 +25,9 @@ sessions in lockstep, one small gather, scatter or 15-way comparison kernel over
 batch after the other (``docs/benchmarks.md``: about 11x from the memory roofline). Here a
 thread takes one session at a time and runs all its periods of the chunk: its tables
 (``n m^n (m + 1)`` float32: 28.8 KB for the duopoly) stay in the core's L1/L2 cache,
-and sessions are spread over the cores (``numba.prange``).
+and slices of the sessions are spread over the cores (:func:`_in_threads`: threads of a
+pool, each in numba's code without the interpreter's lock; a serial loop compiles in
+about half the time of numba's parallel one, on a fresh machine's first run).
 
 What is not computed here is ``eps_t = exp(-beta t)``: XLA's float32 ``exp`` and the C
 library's differ in the last bit for about one ``t`` in ten, and an exploration test
@@ -48,7 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 from numba import float32 as f32
 from numba import int32 as i32
-from numba import njit, prange
+from numba import njit
 from numba import uint32 as u32
 from llvmlite import ir
 from numba.core import cgutils, types
@@ -288,11 +290,12 @@ def _draw_bits(k0, k1, c0, c1, first, count, keys, out):
             out[h, k], out[half + h, k] = threefry2x32(keys[0, k], keys[1, k], c0[h], c1[h])
 
 
-@njit(parallel=True, cache=True)
-def _run_sessions(rows, state_index, step, stable, converged, k0, k1, alpha, beta_row,
+@njit(nogil=True, cache=True)
+def _run_sessions(lo, hi, rows, state_index, step, stable, converged, k0, k1, alpha, beta_row,
                   eps, step_lo, table, radix, c0, c1, first, length, discount, window,
                   tail, tail_start, fused_target, fused_increment, lead, profiles):
-    """Advance every session ``length`` periods in place.
+    """Advance sessions ``lo .. hi - 1`` ``length`` periods in place (without the
+    interpreter's lock: :func:`_in_threads` runs slices of the sessions side by side).
 
     ``rows [S, n, m^n, m + 1]`` float32: seller ``j``'s Q row of state ``s`` and, in column
     ``m``, its greedy price index. ``eps [B, L]``: ``eps_t`` of distinct ``beta``
@@ -313,13 +316,13 @@ def _run_sessions(rows, state_index, step, stable, converged, k0, k1, alpha, bet
     ``fused_increment``: whether ``r + delta max Q`` and ``Q + alpha (target - Q)`` are
     one fused multiply-add each (one rounding) or a product rounded, then added: the
     rounding XLA chose for the same update (:func:`calibrate`)."""
-    sessions, n = rows.shape[0], rows.shape[1]
+    n = rows.shape[1]
     m = rows.shape[3] - 1
     half = c0.shape[0]
     mf = f32(m)
     scale = f32(2.0 ** -32)
     tiny = f32(1e-30)
-    for i in prange(sessions):
+    for i in range(lo, hi):
         fp = _fp_enter()   # float control as XLA:CPU's threads (HARDWARE_FTZ)
         q = rows[i]
         s = state_index[i]
@@ -529,10 +532,10 @@ def make_kernel_chunk(game, length: int, tail_start: int,
         rows = np.array(state.rows, np.float32)
         stable = np.array(state.stable_periods, np.int32)
         tail = np.array(sessions.tail, np.float32)
-        _run_sessions(rows, state_index, step, stable, converged, k0, k1, alpha, beta_row,
-                      eps, step_lo, table, radix, c0, c1,
-                      np.uint32(first_period), int(length), discount, window, tail, tail_start,
-                      bool(rounding[0]), bool(rounding[1]), lead, profiles)
+        _in_threads(_run_sessions, rows.shape[0], rows, state_index, step, stable,
+                    converged, k0, k1, alpha, beta_row, eps, step_lo, table, radix, c0, c1,
+                    np.uint32(first_period), int(length), discount, window, tail,
+                    tail_start, bool(rounding[0]), bool(rounding[1]), lead, profiles)
         state = state.replace(rows=rows, step=step, stable_periods=stable,
                               converged=converged)
         return history_out(game, sessions, state_index)._replace(learner=state, tail=tail)
@@ -549,7 +552,7 @@ def make_kernel_chunk(game, length: int, tail_start: int,
 def _plain_probe(n, histories, m, table, radix, c0, c1, discount, window, lead, profiles):
     """The arguments of :func:`_run_sessions` for one session of one period (their types
     are those of every call: one compiled loop)."""
-    return (np.zeros((1, n, histories, m + 1), np.float32), np.zeros(1, np.int32),
+    return (0, 1, np.zeros((1, n, histories, m + 1), np.float32), np.zeros(1, np.int32),
             np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, bool),
             np.zeros(1, np.uint32), np.zeros(1, np.uint32), np.zeros((1, n), np.float32),
             np.zeros((1, n), np.int32), np.ones((1, 1), np.float32), 0, table, radix,
@@ -721,13 +724,14 @@ def _general_chunk(game, length: int, tail_start: int, rounding: tuple[bool, ...
 
     def call(rows, profile, outcome, step, stable, converged, clock, pending, key_data,
              alpha, beta_row, eps, temp, step_lo, first, count, tail):
-        _run_general(rows, profile, outcome, step, stable, converged, clock, *pending,
-                     *key_data, alpha, beta_row, eps, temp, gtable, gbound, g0, g1, step_lo,
-                     table, cf, act_states, states, cum, lead, profiles,
-                     radix, seat, num_turns, weights, c0, c1, np.uint32(first), int(count),
-                     discount, discount_n, window, tail, tail_start, boltzmann, full,
-                     sequential, bool(fused_target), bool(fused_increment), bool(fused_carry),
-                     bool(game.lagged))
+        _in_threads(_run_general, rows.shape[0], rows, profile, outcome, step, stable,
+                    converged, clock, *pending,
+                    *key_data, alpha, beta_row, eps, temp, gtable, gbound, g0, g1, step_lo,
+                    table, cf, act_states, states, cum, lead, profiles,
+                    radix, seat, num_turns, weights, c0, c1, np.uint32(first), int(count),
+                    discount, discount_n, window, tail, tail_start, boltzmann, full,
+                    sequential, bool(fused_target), bool(fused_increment), bool(fused_carry),
+                    bool(game.lagged))
 
     def chunk(sessions, first_period):
         state = sessions.learner
@@ -808,9 +812,46 @@ def calibrate(game, sessions, first_period: int, tail_start: int, xla_chunk,
 
 
 def numba_threads() -> int:
-    """Threads :func:`_run_sessions` spreads sessions over."""
+    """Threads :func:`_run_sessions` spreads sessions over: numba's thread count
+    (``NUMBA_NUM_THREADS``, the cores; ``numba.set_num_threads`` lowers it)."""
     import numba
     return int(numba.get_num_threads())
+
+
+#: slices of the sessions per thread (:func:`_in_threads`): a thread that finishes its
+#: slice early takes the next, so sessions that converged (cheap greedy play) and
+#: sessions still learning even out over the threads
+SLICES_PER_THREAD = 4
+_POOL: dict = {}
+
+
+def _in_threads(loop, sessions: int, *args) -> None:
+    """``loop(lo, hi, *args)`` over slices ``[lo, hi)`` of ``sessions`` on
+    :func:`numba_threads` threads at once (the loops release the interpreter's lock;
+    sessions are independent, so any slicing gives the same bits). Returns when every
+    slice has: where one raises, or the caller is interrupted, the slices already
+    running finish first, so nothing writes into the arrays after it returns."""
+    from concurrent.futures import ThreadPoolExecutor, wait
+    threads = min(numba_threads(), sessions)
+    if threads <= 1:
+        loop(0, sessions, *args)
+        return
+    if _POOL.get("threads") != threads:
+        if "pool" in _POOL:
+            _POOL["pool"].shutdown()
+        _POOL.update(threads=threads, pool=ThreadPoolExecutor(
+            threads, thread_name_prefix="jaxmarket-kernel"))
+    size = -(-sessions // (SLICES_PER_THREAD * threads))
+    futures = [_POOL["pool"].submit(loop, lo, min(lo + size, sessions), *args)
+               for lo in range(0, sessions, size)]
+    try:
+        for f in futures:
+            f.result()
+    except BaseException:
+        for f in futures:
+            f.cancel()
+        wait(futures)
+        raise
 
 
 # -- the general loop -------------------------------------------------------------------
@@ -1124,14 +1165,15 @@ def _act(a, sa, gr, q, words, k, table, bound, top_c, top_v, bits, eps, beta_row
         a[j] = aj
 
 
-@njit(parallel=True, cache=True)
-def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s, pend_a,
+@njit(nogil=True, cache=True)
+def _run_general(lo, hi, rows, profile, outcome, step, stable, converged, clock, pend_s, pend_a,
                  pend_acc, pend_valid, k0, k1, alpha, beta_row, eps, temp, gtable, gbound,
                  g0, g1, step_lo, table, cf, act_states, states, cum, lead, profiles, radix, seat,
                  num_turns, weights, c0, c1, first, length, discount, discount_n, window, tail,
                  tail_start, boltzmann, full, sequential, fused_target, fused_increment,
                  fused_carry, lagged):
-    """Advance every session ``length`` periods in place: the learner's ``act``/``update``
+    """Advance sessions ``lo .. hi - 1`` ``length`` periods in place (as
+    :func:`_run_sessions`): the learner's ``act``/``update``
     of any game :func:`jaxmarket.sessions.game.kernel_reason` accepts, in the order and
     float32 arithmetic of :func:`jaxmarket.sessions.engine.xla_chunk`'s period.
 
@@ -1161,12 +1203,12 @@ def _run_general(rows, profile, outcome, step, stable, converged, clock, pend_s,
       ``discount_n[j] = delta_j^turns``); ``fused_*``: whether the target, the increment
       and the pending sum are fused multiply-adds (XLA's rounding, :func:`calibrate`);
     * the stable count, convergence, the step and the tail as in :func:`_run_sessions`."""
-    sessions, n = rows.shape[0], rows.shape[1]
+    n = rows.shape[1]
     m = rows.shape[3] - 1
     half = c0.shape[0]
     random = cum.shape[0] > 0
     scale23 = f32(2.0 ** -23)
-    for i in prange(sessions):
+    for i in range(lo, hi):
         fp = _fp_enter()   # float control as XLA:CPU's threads (HARDWARE_FTZ)
         q = rows[i]
         prow = profile[i]
