@@ -827,10 +827,13 @@ _POOL: dict = {}
 
 def _in_threads(loop, sessions: int, *args) -> None:
     """``loop(lo, hi, *args)`` over slices ``[lo, hi)`` of ``sessions`` on
-    :func:`numba_threads` threads at once (the loops release the interpreter's lock;
-    sessions are independent, so any slicing gives the same bits). Returns when every
-    slice has: where one raises, or the caller is interrupted, the slices already
-    running finish first, so nothing writes into the arrays after it returns."""
+    :func:`numba_threads` threads at once, this one among them (the loops release the
+    interpreter's lock; sessions are independent, so any slicing gives the same bits):
+    each thread takes the next slice not yet taken. Returns when every slice taken has
+    been played: where one raises, or this thread is interrupted, no further slice is
+    taken and the ones running finish first, so nothing writes into the arrays after
+    it returns."""
+    import threading
     from concurrent.futures import ThreadPoolExecutor, wait
     threads = min(numba_threads(), sessions)
     if threads <= 1:
@@ -840,16 +843,26 @@ def _in_threads(loop, sessions: int, *args) -> None:
         if "pool" in _POOL:
             _POOL["pool"].shutdown()
         _POOL.update(threads=threads, pool=ThreadPoolExecutor(
-            threads, thread_name_prefix="jaxmarket-kernel"))
+            threads - 1, thread_name_prefix="jaxmarket-kernel"))
     size = -(-sessions // (SLICES_PER_THREAD * threads))
-    futures = [_POOL["pool"].submit(loop, lo, min(lo + size, sessions), *args)
-               for lo in range(0, sessions, size)]
+    slices = iter([(lo, min(lo + size, sessions)) for lo in range(0, sessions, size)])
+    lock, stop = threading.Lock(), []
+
+    def play():
+        while not stop:
+            with lock:
+                taken = next(slices, None)
+            if taken is None:
+                return
+            loop(taken[0], taken[1], *args)
+
+    futures = [_POOL["pool"].submit(play) for _ in range(threads - 1)]
     try:
+        play()
         for f in futures:
             f.result()
     except BaseException:
-        for f in futures:
-            f.cancel()
+        stop.append(True)
         wait(futures)
         raise
 
