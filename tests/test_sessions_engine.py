@@ -27,7 +27,7 @@ from jaxmarket.learners.base import Transition
 from jaxmarket.sessions import engine as eng
 from jaxmarket.sessions.engine import Settings
 from jaxmarket.sessions.game import make_game
-from jaxmarket.sessions.kernel import _draw_bits, _first_argmax, threefry2x32
+from jaxmarket.sessions.kernel import _draw_bits, threefry2x32
 from jaxmarket.sessions.run import session_plan
 
 A, C, A0, MU = 2.0, 1.0, 0.0, 0.25   # calvano.yaml's logit economy (quality, cost, outside)
@@ -426,27 +426,6 @@ def test_kernel_threefry_is_jax_threefry():
                                                         (n,), jnp.uint32))
                              for k in range(count)], axis=1)              # [n, count]
         np.testing.assert_array_equal(out[:n], want, err_msg=f"n = {n}")
-
-
-@pytest.mark.parametrize("m", [1, 2, 7, 8, 15, 16, 17, 24, 31, 40])
-def test_kernel_first_argmax_is_the_first_column_of_the_rows_maximum(m):
-    # Bug caught: a vector block that reads past the prices (the row's last column, the
-    # greedy price as a float, set here above every price), a tie that goes to a later
-    # column, a replaced column read from memory instead of the new value, the 8-wide
-    # block or the columns after the last block skipped: the kernel's greedy prices
-    # would differ from XLA's argmax.
-    rng = np.random.default_rng(m)
-    for trial in range(60):
-        row = rng.integers(-3, 3, size=m + 1).astype(np.float32)   # many ties
-        row[rng.random(m + 1) < 0.2] = -0.0
-        row[m] = 99.0
-        at = int(rng.integers(-1, m))
-        value = np.float32(rng.integers(-3, 5))
-        seen = row[:m].copy()
-        if at >= 0:
-            seen[at] = value
-        want = next(c for c in range(m) if seen[c] == seen.max())   # first of the maximum
-        assert _first_argmax(row, m, at, value) == want, (trial, row, at, value)
 
 
 # -- the tables and the first period of three sellers ----------------------------------

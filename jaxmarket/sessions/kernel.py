@@ -75,94 +75,6 @@ def fma32(typingctx, a, b, c):
 _FLT_MIN = np.float32(np.finfo(np.float32).tiny)
 
 
-def _block_argmax(lanes: int):
-    """An intrinsic ``(row, base, m, at, value) -> c``: the first column ``c`` of
-    ``base .. min(base + lanes, m) - 1`` where the C-contiguous float32 ``row`` is largest
-    (``base < m``), column ``at`` read as ``value``, in vector registers without a
-    branch (a compare-and-branch scan mispredicts about as often as the greedy price
-    changes, and a learning session's rescans find a new one often).
-    ``row[base:base + lanes]`` must lie inside the row. The maximum is found by pairwise ``a if a > b else b`` (exact; signed zeros and,
-    with denormals read as zero, denormals compare equal), its first column by the lowest
-    set bit of ``row == max``: the column a scan in order with ``>`` keeps."""
-
-    @intrinsic
-    def block_argmax(typingctx, row, base, m, at, value):
-        if not (isinstance(row, types.Array) and row.ndim == 1 and row.layout == "C"
-                and row.dtype == types.float32):
-            return None
-        sig = types.intp(row, types.intp, types.intp, types.intp, types.float32)
-
-        def codegen(context, builder, signature, args):
-            from llvmlite import ir
-            ary = context.make_array(signature.args[0])(context, builder, args[0])
-            f32v = ir.VectorType(ir.FloatType(), lanes)
-            i64v = ir.VectorType(ir.IntType(64), lanes)
-            idx = ir.VectorType(ir.IntType(32), lanes)
-            ptr = builder.gep(ary.data, [args[1]])
-            x = builder.load(builder.bitcast(ptr, f32v.as_pointer()), align=4)
-            col = builder.add(ir.Constant(i64v, list(range(lanes))),
-                              _splat(builder, args[1], lanes))
-            x = builder.select(builder.icmp_signed("==", col, _splat(builder, args[3], lanes)),
-                               _splat(builder, args[4], lanes), x)
-            inside = builder.icmp_signed("<", col, _splat(builder, args[2], lanes))
-            x = builder.select(inside, x, ir.Constant(f32v, [float("-inf")] * lanes))
-            top, width = x, lanes
-            while width > 1:   # pairwise maxima: lane 0 ends with the largest
-                width //= 2
-                hi = builder.shuffle_vector(top, top, ir.Constant(
-                    idx, [width + (lane % width) for lane in range(lanes)]))
-                top = builder.select(builder.fcmp_ordered(">", top, hi), top, hi)
-            top = builder.shuffle_vector(top, top, ir.Constant(idx, [0] * lanes))
-            hit = builder.fcmp_ordered("==", x, top)   # the lanes past m hold -inf
-            bits = builder.bitcast(hit, ir.IntType(lanes))
-            first = builder.cttz(bits, ir.Constant(ir.IntType(1), 1))
-            return builder.add(builder.zext(first, ir.IntType(64)), args[1])
-
-        return sig, codegen
-
-    return block_argmax
-
-
-def _splat(builder, value, lanes: int):
-    """``value`` in every lane of a vector."""
-    from llvmlite import ir
-    vec = ir.VectorType(value.type, lanes)
-    one = builder.insert_element(ir.Constant(vec, ir.Undefined), value,
-                                 ir.Constant(ir.IntType(32), 0))
-    return builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(ir.IntType(32), lanes),
-                                                        [0] * lanes))
-
-
-_argmax16, _argmax8 = _block_argmax(16), _block_argmax(8)
-
-
-@njit(inline="always")
-def _first_argmax(row, m, at, value):
-    """The first index of the largest of ``row[:m]`` (float32, as a scan in order with
-    ``>`` finds it), column ``at`` read as ``value`` (``-1``: none): blocks of 16, then 8,
-    columns inside the row in vector registers (:func:`_block_argmax`), the rest one by
-    one. Where the blocks' maxima tie, the earlier block's column stays."""
-    greedy, top = 0, value if at == 0 else row[0]
-    base = 0
-    while base + 16 <= row.shape[0] and base < m:
-        c = _argmax16(row, base, m, at, value)
-        v = value if c == at else row[c]
-        if base == 0 or v > top:
-            greedy, top = c, v
-        base += 16
-    if base + 8 <= row.shape[0] and base < m:
-        c = _argmax8(row, base, m, at, value)
-        v = value if c == at else row[c]
-        if base == 0 or v > top:
-            greedy, top = c, v
-        base += 8
-    for c in range(base, m):
-        v = value if c == at else row[c]
-        if v > top:
-            greedy, top = c, v
-    return i32(greedy)
-
-
 @njit(inline="always")
 def _ftz(x):
     """``x`` flushed to a zero of its sign where it is a denormal, as XLA:CPU's float
@@ -462,14 +374,19 @@ def _run_sessions(lo, hi, rows, state_index, step, stable, converged, k0, k1, al
                         new = _flush(fma32(alpha[i, j], _flush(f32(target - old)), old))
                     else:
                         new = _flush(old + _flush(f32(alpha[i, j] * _flush(f32(target - old)))))
+                    q[j, s, aj] = new
                     greedy = gr[j, s]
                     if aj != greedy:   # only Q[s, a] moved: it wins or ties first
                         top = q[j, s, greedy]
                         if new > top or (new == top and aj < greedy):
                             greedy = aj
                     elif new < old:    # the greedy entry fell: look again
-                        greedy = _first_argmax(q[j, s], m, aj, new)
-                    q[j, s, aj] = new
+                        top = q[j, s, 0]
+                        greedy = 0
+                        for c in range(1, m):
+                            if q[j, s, c] > top:
+                                top = q[j, s, c]
+                                greedy = c
                     if greedy != gr[j, s]:
                         changed = True
                         gr[j, s] = greedy
@@ -1166,23 +1083,31 @@ def _full_row(qs, m, taken, reward, cf_row, discount, best, alpha, fused_target,
         pay = reward if c == taken else cf_row[c]
         qs[c] = _increment(qs[c], _target(pay, discount, best, fused_target), alpha,
                            fused_increment)
-    return _first_argmax(qs, m, -1, qs[0])
+    greedy = 0
+    top = qs[0]
+    for c in range(1, m):
+        if qs[c] > top:
+            top = qs[c]
+            greedy = c
+    return greedy
 
 
 @njit(inline="always")
-def _greedy_after(q, j, s, m, taken, new, old, greedy):
-    """The first argmax of row ``q[j, s]`` once ``taken``'s value moves from ``old``
-    (still in the row) to ``new``: a rescan (:func:`_first_argmax`, ``taken`` read as
-    ``new``) only where the greedy price itself fell. Called before the row is written,
-    so the rescan's vector read does not wait for that write to land; the row is taken
-    as an array (a reference-counted view) only for the rescan."""
+def _greedy_after(qs, m, taken, new, old, greedy):
+    """The first argmax of a row after only ``taken``'s value moved from ``old`` to
+    ``new`` (a full rescan only where the greedy price itself fell)."""
     if taken != greedy:
-        top = q[j, s, greedy]
+        top = qs[greedy]
         if new > top or (new == top and taken < greedy):
             return taken
         return greedy
     if new < old:
-        return _first_argmax(q[j, s], m, taken, new)
+        top = qs[0]
+        greedy = 0
+        for c in range(1, m):
+            if qs[c] > top:
+                top = qs[c]
+                greedy = c
     return greedy
 
 
@@ -1374,8 +1299,8 @@ def _run_general(lo, hi, rows, profile, outcome, step, stable, converged, clock,
                         target = _target(r, discount[j], best, fused_target)
                     old = q[j, s, aj]
                     new = _increment(old, target, alpha[i, j], fused_increment)
-                    greedy = _greedy_after(q, j, s, m, aj, new, old, gr[j, s])
                     q[j, s, aj] = new
+                    greedy = _greedy_after(q[j, s], m, aj, new, old, gr[j, s])
                     if greedy != gr[j, s]:
                         changed = True
                         gr[j, s] = greedy
