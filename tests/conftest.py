@@ -91,6 +91,13 @@ LONG = (
     "tests/test_notebooks.py::test_notebook_runs_in_quick_mode[calvano_collusion]",
     "tests/test_ppo.py::test_discrete_head_grid_prices_and_log_prob",
     "tests/test_ppo.py::test_each_policy_loss_is_the_mean_over_its_own_samples",
+    # 16-60 s each in the README command on 2026-12-07 (fresh clone: 14m02s with them):
+    # the reduced Hansen et al. runs (one 58 s module fixture), a reduced design through
+    # the console command, the strict docs build
+    "tests/test_reproductions_bandits.py::test_the_share_is_the_formula_applied_to_the_runs_recent_prices",
+    "tests/test_reproductions_bandits.py::test_a_higher_signal_to_noise_ratio_gives_correlated_higher_prices",
+    "tests/test_reproduce.py::test_a_reduced_design_through_the_console_command",
+    "tests/test_docs_site.py::test_mkdocs_strict_build_has_every_page_and_the_api_reference",
 )
 
 
