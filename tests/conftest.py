@@ -98,6 +98,13 @@ LONG = (
     "tests/test_reproductions_bandits.py::test_a_higher_signal_to_noise_ratio_gives_correlated_higher_prices",
     "tests/test_reproduce.py::test_a_reduced_design_through_the_console_command",
     "tests/test_docs_site.py::test_mkdocs_strict_build_has_every_page_and_the_api_reference",
+    # 10-14 s each on 2026-12-07: end-to-end resumes and runs
+    "tests/test_sessions_run.py::test_resume_after_sigkill_gives_the_same_files",
+    "tests/test_sessions_run.py::test_a_design_no_config_holds_runs_on_the_session_engine",
+    "tests/test_reliability_resume.py::test_a_checkpoint_of_another_shape_falls_back_with_nothing_on_stderr",
+    "tests/test_reliability_resume.py::test_a_checkpoint_fallback_leaves_stderr_empty",
+    "tests/test_cluster.py::test_a_head_that_does_not_answer_is_one_line_and_exit_1",
+    "tests/test_configs.py::test_every_shipped_config_trains[calvano_ppo]",
 )
 
 
