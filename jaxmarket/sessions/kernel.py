@@ -846,10 +846,10 @@ def _in_threads(loop, sessions: int, *args) -> None:
             threads - 1, thread_name_prefix="jaxmarket-kernel"))
     size = -(-sessions // (SLICES_PER_THREAD * threads))
     slices = iter([(lo, min(lo + size, sessions)) for lo in range(0, sessions, size)])
-    lock, stop = threading.Lock(), []
+    lock, stop = threading.Lock(), threading.Event()
 
     def play():
-        while not stop:
+        while not stop.is_set():
             with lock:
                 taken = next(slices, None)
             if taken is None:
@@ -862,7 +862,7 @@ def _in_threads(loop, sessions: int, *args) -> None:
         for f in futures:
             f.result()
     except BaseException:
-        stop.append(True)
+        stop.set()
         wait(futures)
         raise
 
