@@ -13,6 +13,7 @@ skipped where it is missing, it fails.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 
@@ -256,6 +257,35 @@ def test_compaction_changes_no_session(backend):
     learning = ~converged                    # the profile of a session still learning
     np.testing.assert_array_equal(np.asarray(full.sessions.index)[learning],
                                   np.asarray(compact.sessions.index)[learning])
+
+
+def test_the_played_tail_is_reported_alike_on_both_backends_and_any_batch():
+    # Bug caught: with stop: converged, a run's played profits of the last window
+    # (sessions.csv's played_profit_*) reported by the kernel, which plays converged
+    # sessions on greedily, and by xla at a handful of sessions, but skipped by xla once
+    # its batch is compacted to the sessions still learning: one design gave different
+    # columns by backend and by session count.
+    game = calvano(2)
+    sessions, periods, chunk = 70, 600, 100          # ladder(70) = [70, 64]
+    settings = Settings(sessions, periods, chunk, stop="converged", window=150)
+    key = jax.random.key(5)
+    runs = {"xla compacted": eng.run(game, dataclasses.replace(settings, backend="xla"), key),
+            "xla whole batch": eng.run(game, dataclasses.replace(settings, backend="xla"), key,
+                                       compact=False),
+            "kernel": eng.run(game, dataclasses.replace(settings, backend="kernel"), key)}
+    compacted = runs["xla compacted"]
+    assert compacted.session_periods < sessions * periods   # compaction did happen
+    converged = np.asarray(compacted.converged)
+    assert 0 < converged.sum() < sessions     # the run reached its last period
+    for name, result in runs.items():
+        assert result.periods == periods, name
+        np.testing.assert_array_equal(np.asarray(result.converged), converged, err_msg=name)
+        assert not result.tail_complete, name
+    # with stop: periods every session plays the window, on both backends alike
+    played = [eng.run(game, dataclasses.replace(settings, stop="periods", backend=b), key)
+              for b in ("xla", "kernel")]
+    assert played[0].tail_complete and played[1].tail_complete
+    np.testing.assert_array_equal(played[0].tail_reward, played[1].tail_reward)
 
 
 # -- the greedy limit cycle ------------------------------------------------------------

@@ -39,7 +39,9 @@ learner's convergence rule (a converged session stops learning and plays greedil
 in Calvano et al.), or after ``periods``; ``periods`` runs every session for exactly
 ``periods`` periods. ``window``: the last periods before ``periods`` whose played
 rewards are averaged into ``tail_reward`` (defined where every session played them:
-``tail_complete``).
+``tail_complete``; with ``converged``, where no session converged, or the game's
+sellers alternate, whose sessions are never compacted: the same on both backends and
+at any number of sessions).
 
 Backends (``backend``): ``xla`` runs the learner's ``act``/``update`` (any device:
 CPU, GPU, TPU); ``kernel`` (:mod:`jaxmarket.sessions.kernel`, numba) plays each
@@ -496,8 +498,12 @@ class Runner:
         if not 1 <= settings.devices <= available:
             raise ValueError(f"devices: got {settings.devices}; allowed: 1 .. {available}")
         self.tail_start = settings.periods - min(settings.window, settings.periods)
-        default = (self.backend == "xla" and settings.stop == "converged"
-                   and game.turns is None)
+        # with stop: converged, a converged session's played tail is part of the result
+        # only where the sessions are never compacted (alternating moves): elsewhere the
+        # xla backend skips converged sessions once enough have converged, so neither
+        # backend reports it (the same columns at any session count, on both backends)
+        self.keeps_converged_tail = settings.stop != "converged" or game.turns is not None
+        default = self.backend == "xla" and not self.keeps_converged_tail
         self.compact = default if compact is None else compact
         self.session_periods = 0
         self._chunks: dict[tuple[int, int], Callable] = {}
@@ -602,8 +608,9 @@ class Runner:
             greedy_reward=np.asarray(game.expected_reward[row], np.float64),
             greedy_fees=np.asarray(game.expected(game.fees)[row], np.float64),
             tail_reward=np.asarray(sessions.tail, np.float64) / max(window, 1),
-            tail_complete=bool(done >= self.settings.periods
-                               and (not self.compact or not np.any(state.converged))),
+            tail_complete=bool(done >= self.settings.periods and (
+                not np.any(state.converged)
+                or (self.keeps_converged_tail and not self.compact))),
             converged=np.asarray(state.converged), stable_periods=np.asarray(state.stable_periods),
             step=np.asarray(state.step), periods=done, window=window,
             session_periods=self.session_periods, backend=self.backend, wall_s=wall_s,
