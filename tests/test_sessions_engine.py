@@ -121,6 +121,32 @@ def test_kernel_sessions_do_not_depend_on_the_threads_that_play_them(threads, mo
     assert np.asarray(default.converged).any() and not np.asarray(default.converged).all()
 
 
+@pytest.mark.parametrize("firms", [2, 3])
+def test_kernel_lanes_hand_over_to_the_next_session_bit_for_bit(firms, monkeypatch):
+    # Bugs caught: a lane that a converged or finished session leaves and the next one
+    # takes with the old session's greedy prices, step, stable count, key words, alpha or
+    # eps row; a lane that goes on playing after it emptied, or two sessions in one lane;
+    # bits drawn at a pass boundary of the wrong lane. One thread plays 45 sessions, more
+    # than three times the 16 lanes, converging at different periods, in chunks that are
+    # not a multiple of the 64 periods of a pass, the same as XLA bit for bit.
+    from jaxmarket.sessions import kernel, lanes
+    monkeypatch.setattr(kernel, "numba_threads", lambda: 1)
+    game = calvano(firms, grid_size=7)
+    sessions = 45
+    assert sessions > 2 * lanes.LANES
+    settings = {"sessions": sessions, "periods": 900, "chunk": 170, "window": 150,
+                "stop": "periods"}
+    key = jax.random.key(11)
+    xla = eng.run(game, Settings(**settings, backend="xla"), key, compact=False)
+    kernel_run = eng.run(game, Settings(**settings, backend="kernel"), key, compact=False)
+    assert kernel_run.backend == "kernel"
+    assert_same(fields(xla.sessions), fields(kernel_run.sessions))
+    steps = np.asarray(xla.step)[np.asarray(xla.converged)]
+    # sessions converged in different chunks, while others still learn at the end
+    assert len(set(steps // 170)) >= 3, steps
+    assert 0 < steps.size < sessions
+
+
 @pytest.mark.parametrize("sessions, threads", [(1, 2), (7, 2), (8, 2), (1000, 2), (5, 3)])
 def test_kernel_slices_cover_every_session_once(sessions, threads, monkeypatch):
     # Bug caught: slices that overlap, leave a gap or run past the last session.

@@ -56,6 +56,8 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
+from jaxmarket.sessions import lanes
+
 _INT32_MAX = np.iinfo(np.int32).max
 
 
@@ -290,6 +292,14 @@ def _draw_bits(k0, k1, c0, c1, first, count, keys, out):
             out[h, k], out[half + h, k] = threefry2x32(keys[0, k], keys[1, k], c0[h], c1[h])
 
 
+@njit(inline="always")
+def _vflush(x):
+    """A vector result as XLA:CPU leaves it (:func:`_flush`)."""
+    if HARDWARE_FTZ:
+        return x
+    return lanes.ftz(x)
+
+
 @njit(nogil=True, cache=True)
 def _run_sessions(lo, hi, rows, state_index, step, stable, converged, k0, k1, alpha, beta_row,
                   eps, step_lo, table, radix, c0, c1, first, length, discount, window,
@@ -311,101 +321,196 @@ def _run_sessions(lo, hi, rows, state_index, step, stable, converged, k0, k1, al
     * the stable count restarts when any greedy price changed; convergence once it
       reaches ``window``; the step advances (to at most 2^31 - 1).
 
-    A converged session plays its greedy prices and does not learn. ``tail [S, n]``
-    adds each period's rewards from period ``tail_start`` on. ``fused_target`` and
-    ``fused_increment``: whether ``r + delta max Q`` and ``Q + alpha (target - Q)`` are
-    one fused multiply-add each (one rounding) or a product rounded, then added: the
-    rounding XLA chose for the same update (:func:`calibrate`)."""
+    A converged session plays its greedy prices and does not learn
+    (:func:`_greedy_rest`). ``tail [S, n]`` adds each period's rewards from period
+    ``tail_start`` on. ``fused_target`` and ``fused_increment``: whether
+    ``r + delta max Q`` and ``Q + alpha (target - Q)`` are one fused multiply-add each
+    (one rounding) or a product rounded, then added: the rounding XLA chose for the same
+    update (:func:`calibrate`).
+
+    16 learning sessions play side by side, one in each lane of the vector registers
+    (:mod:`jaxmarket.sessions.lanes`), each at its own period: a vector period draws
+    every lane's prices, reads its Q entries by gathers and writes them by scatters. The
+    greedy price after an update: the price taken where it beats the greedy one (ties to
+    the lower index), a search of the row (:func:`~jaxmarket.sessions.lanes.row_argmax`)
+    in the lanes where the greedy entry itself fell, else unchanged. A session that
+    converges or ends the chunk leaves its lane to the next session of the slice."""
     n = rows.shape[1]
+    states = rows.shape[2]
     m = rows.shape[3] - 1
+    width = m + 1
+    seller = states * width        # one seller's table, flat
+    session = n * seller           # one session's
     half = c0.shape[0]
-    mf = f32(m)
-    scale = f32(2.0 ** -32)
-    tiny = f32(1e-30)
-    for i in range(lo, hi):
-        fp = _fp_enter()   # float control as XLA:CPU's threads (HARDWARE_FTZ)
-        q = rows[i]
-        s = state_index[i]
-        st = step[i]
-        stb = stable[i]
-        done = converged[i]
-        a = np.empty(n, np.int32)
-        bits = np.empty((2 * half, PASS), np.uint32)
-        keys = np.empty((2, PASS), np.uint32)
-        # the greedy prices as integers during the chunk (column m holds them as float32)
-        gr = np.empty((n, q.shape[1]), np.int32)
-        for j in range(n):
-            for r in range(q.shape[1]):
-                gr[j, r] = i32(q[j, r, m])
-        for start in range(0, length, PASS):
-            if done:   # greedy play to the end of the chunk
-                s = _greedy_rest(gr, s, radix, table, tail[i], first + start, length - start,
-                                 tail_start, lead, profiles)
-                break
-            todo = min(PASS, length - start)
-            _draw_bits(k0[i], k1[i], c0, c1, u32(first + start), todo, keys, bits)
-            for k in range(todo):
-                if done:
-                    s = _greedy_period(gr, s, radix, table, tail[i],
-                                       first + start + k >= tail_start, lead, profiles)
+    drawn = 2 * half * PASS        # one lane's random bits
+    span = eps.shape[1]
+    L = lanes.LANES
+    fp = _fp_enter()   # float control as XLA:CPU's threads (HARDWARE_FTZ)
+    q = rows.reshape(rows.size)
+    ef = eps.reshape(eps.size)
+    tf = table.reshape(table.size)
+    gr = np.zeros((L, n, states), np.int32)
+    g = gr.reshape(gr.size)
+    bits = np.zeros((L, 2 * half, PASS), np.uint32)
+    bf = bits.reshape(bits.size)
+    keys = np.empty((2, PASS), np.uint32)
+    # each lane's session and its state, read and written 16 at a time
+    who = np.zeros(L, np.int64)
+    pos = np.zeros(L, np.int64)     # the periods of this chunk it has played
+    st_ = np.zeros(L, np.int64)
+    stb_ = np.zeros(L, np.int64)
+    s_ = np.zeros(L, np.int64)
+    live = np.zeros(L, np.int64)    # 1 where a session plays
+    eoff = np.zeros(n * L, np.int64)       # seller j's eps_t in lane l: ef[eoff + t]
+    al = np.zeros(n * L, np.float32)       # seller j's alpha in lane l
+    act = np.zeros(n * L, np.int64)        # the period's prices, seller by seller
+    held = np.zeros(n * L, np.int64)       # the greedy prices in force
+    spare_i = np.zeros(L, np.int64)
+    spare_f = np.zeros(L, np.float32)
+    lane_no = lanes.iota()
+    scale = lanes.splat_f(f32(2.0 ** -32))
+    tiny = lanes.splat_f(f32(1e-30))
+    mf = lanes.splat_f(f32(m))
+    top_price = lanes.splat_i(m - 1)
+    delta = lanes.splat_f(discount)
+    one = lanes.splat_i(1)
+    zero = lanes.splat_i(0)
+    following = lo
+    playing = 0
+    while True:
+        for lane in range(L if playing < L and following < hi else 0):
+            while live[lane] == 0 and following < hi:   # a free lane takes the next session
+                i = following
+                following += 1
+                gr[lane] = _greedy_columns(rows[i], m)
+                if converged[i] or length == 0:   # greedy play to the end of the chunk
+                    state_index[i] = _greedy_rest(gr[lane], state_index[i], radix, table,
+                                                  tail[i], first, length, tail_start, lead,
+                                                  profiles)
                     continue
-                prof = 0
-                row = st - step_lo
+                who[lane], pos[lane] = i, 0
+                st_[lane], stb_[lane], s_[lane] = step[i], stable[i], state_index[i]
                 for j in range(n):
-                    u = f32(bits[j, k]) * scale
-                    e = eps[beta_row[i, j], row]
-                    aj = gr[j, s]
-                    if u < e:
-                        aj = min(i32(u / max(e, tiny) * mf), i32(m - 1))
-                    a[j] = aj
-                    prof += aj * radix[j]
-                nxt = _next_history(prof, s, lead, profiles)
-                changed = False
-                for j in range(n):
-                    # the row's maximum is its cached greedy entry
-                    best = q[j, nxt, gr[j, nxt]]
-                    if fused_target:
-                        target = _flush(fma32(discount, best, table[prof, j]))
-                    else:
-                        target = _flush(table[prof, j] + _flush(f32(discount * best)))
-                    aj = a[j]
-                    old = q[j, s, aj]
-                    if fused_increment:
-                        new = _flush(fma32(alpha[i, j], _flush(f32(target - old)), old))
-                    else:
-                        new = _flush(old + _flush(f32(alpha[i, j] * _flush(f32(target - old)))))
-                    q[j, s, aj] = new
-                    greedy = gr[j, s]
-                    if aj != greedy:   # only Q[s, a] moved: it wins or ties first
-                        top = q[j, s, greedy]
-                        if new > top or (new == top and aj < greedy):
-                            greedy = aj
-                    elif new < old:    # the greedy entry fell: look again
-                        top = q[j, s, 0]
-                        greedy = 0
-                        for c in range(1, m):
-                            if q[j, s, c] > top:
-                                top = q[j, s, c]
-                                greedy = c
-                    if greedy != gr[j, s]:
-                        changed = True
-                        gr[j, s] = greedy
-                stb = 0 if changed else stb + 1
-                if st < _INT32_MAX:
-                    st += 1
-                done = stb >= window
-                s = nxt
-                if first + start + k >= tail_start:
-                    for j in range(n):
-                        tail[i, j] += table[prof, j]
+                    eoff[j * L + lane] = beta_row[i, j] * span - step_lo
+                    al[j * L + lane] = alpha[i, j]
+                live[lane] = 1
+                playing += 1
+        if playing == 0:
+            break
+        on = lanes.ine(lanes.load_i(live, 0), zero)
+        p = lanes.load_i(pos, 0)
+        s = lanes.load_i(s_, 0)
+        st = lanes.load_i(st_, 0)
+        k = lanes.iand(p, lanes.splat_i(PASS - 1))
+        fresh = lanes.mask_bits(lanes.band(on, lanes.ieq(k, zero)))
+        while fresh != 0:   # a lane's next 64 periods' random bits
+            lane = lanes.lowest_bit(fresh)
+            fresh &= fresh - 1
+            played = pos[lane]
+            _draw_bits(k0[who[lane]], k1[who[lane]], c0, c1, u32(first + played),
+                       min(PASS, length - played), keys, bits[lane])
+        # act: each seller's price
+        prof = zero
         for j in range(n):
-            for r in range(q.shape[1]):
-                q[j, r, m] = f32(gr[j, r])
-        state_index[i] = s
-        step[i] = st
-        stable[i] = stb
-        converged[i] = done
-        _fp_leave(fp)
+            word = lanes.gather_u32(bf, lanes.iadd(lanes.imul(lane_no, lanes.splat_i(drawn)),
+                                                   lanes.iadd(k, lanes.splat_i(j * PASS))), on)
+            u = lanes.fmul(lanes.u2f(word), scale)
+            e = lanes.gather_f(ef, lanes.iadd(lanes.load_i(eoff, j * L), st), on)
+            gi = lanes.iadd(lanes.imul(lanes.iadd(lanes.imul(lane_no, lanes.splat_i(n)),
+                                                  lanes.splat_i(j)), lanes.splat_i(states)), s)
+            greedy = lanes.gather_i32(g, gi, on)
+            explore = lanes.imin(lanes.f2i(lanes.fmul(lanes.fdiv(u, lanes.fmax(e, tiny)), mf)),
+                                 top_price)
+            aj = lanes.isel(lanes.flt(u, e), explore, greedy)
+            lanes.store_i(act, j * L, aj)
+            lanes.store_i(held, j * L, greedy)
+            prof = lanes.iadd(prof, lanes.imul(aj, lanes.splat_i(radix[j])))
+        nxt = prof
+        if lead > 1:
+            nxt = lanes.iadd(lanes.imul(prof, lanes.splat_i(lead)),
+                             lanes.idiv(s, lanes.splat_i(profiles)))
+        # update: each seller's entry of the price taken, then its greedy price
+        changed = lanes.ine(zero, zero)
+        base = lanes.imul(lanes.load_i(who, 0), lanes.splat_i(session))
+        for j in range(n):
+            qj = lanes.iadd(base, lanes.splat_i(j * seller))
+            gj = lanes.imul(lanes.iadd(lanes.imul(lane_no, lanes.splat_i(n)), lanes.splat_i(j)),
+                            lanes.splat_i(states))
+            # the row's maximum is its cached greedy entry
+            gn = lanes.gather_i32(g, lanes.iadd(gj, nxt), on)
+            best = lanes.gather_f(q, lanes.iadd(qj, lanes.iadd(
+                lanes.imul(nxt, lanes.splat_i(width)), gn)), on)
+            r = lanes.gather_f(tf, lanes.iadd(lanes.imul(prof, lanes.splat_i(n)),
+                                              lanes.splat_i(j)), on)
+            if fused_target:
+                target = _vflush(lanes.ffma(delta, best, r))
+            else:
+                target = _vflush(lanes.fadd(r, _vflush(lanes.fmul(delta, best))))
+            aj = lanes.load_i(act, j * L)
+            was = lanes.load_i(held, j * L)
+            row = lanes.iadd(qj, lanes.imul(s, lanes.splat_i(width)))
+            old = lanes.gather_f(q, lanes.iadd(row, aj), on)
+            rate = lanes.load_f(al, j * L)
+            gap = _vflush(lanes.fsub(target, old))
+            if fused_increment:
+                new = _vflush(lanes.ffma(rate, gap, old))
+            else:
+                new = _vflush(lanes.fadd(old, _vflush(lanes.fmul(rate, gap))))
+            top = lanes.gather_f(q, lanes.iadd(row, was), on)
+            other = lanes.ine(aj, was)
+            wins = lanes.band(other, lanes.bor(lanes.fgt(new, top), lanes.band(
+                lanes.feq(new, top), lanes.ilt(aj, was))))
+            greedy = lanes.isel(wins, aj, was)
+            fell = lanes.mask_bits(lanes.band(on, lanes.band(lanes.bnot(other),
+                                                             lanes.flt(new, old))))
+            if fell != 0:   # the greedy entry fell: search the row, before the write
+                lanes.store_i(spare_i, 0, greedy)
+                lanes.store_f(spare_f, 0, new)
+                while fell != 0:
+                    lane = lanes.lowest_bit(fell)
+                    fell &= fell - 1
+                    spare_i[lane] = lanes.row_argmax(q, lanes.extract_i(row, lane), m,
+                                                     lanes.extract_i(aj, lane), spare_f[lane])
+                greedy = lanes.load_i(spare_i, 0)
+            lanes.scatter_f(q, lanes.iadd(row, aj), new, on)
+            lanes.scatter_i32(g, lanes.iadd(gj, s), greedy, on)
+            changed = lanes.bor(changed, lanes.ine(greedy, was))
+        stb = lanes.isel(changed, zero, lanes.iadd(lanes.load_i(stb_, 0), one))
+        st = lanes.isel(lanes.ilt(st, lanes.splat_i(_INT32_MAX)), lanes.iadd(st, one), st)
+        late = lanes.mask_bits(lanes.band(on, lanes.ige(lanes.iadd(p, lanes.splat_i(first)),
+                                                        lanes.splat_i(tail_start))))
+        if late != 0:   # the rewards of the periods in the tail
+            lanes.store_i(spare_i, 0, prof)
+            while late != 0:
+                lane = lanes.lowest_bit(late)
+                late &= late - 1
+                for j in range(n):
+                    tail[who[lane], j] += table[spare_i[lane], j]
+        p = lanes.iadd(p, one)
+        lanes.store_i(s_, 0, nxt)
+        lanes.store_i(st_, 0, st)
+        lanes.store_i(stb_, 0, stb)
+        lanes.store_i(pos, 0, p)
+        done = lanes.band(on, lanes.ige(stb, lanes.splat_i(window)))
+        leaving = lanes.mask_bits(lanes.bor(done, lanes.band(on, lanes.ieq(
+            p, lanes.splat_i(length)))))
+        while leaving != 0:   # a session that converged or ended the chunk
+            lane = lanes.lowest_bit(leaving)
+            leaving &= leaving - 1
+            i = who[lane]
+            h = s_[lane]
+            converged_now = stb_[lane] >= window
+            if converged_now:   # greedy play to the end of the chunk
+                h = _greedy_rest(gr[lane], h, radix, table, tail[i], first + pos[lane],
+                                 length - pos[lane], tail_start, lead, profiles)
+            _store_greedy(rows[i], gr[lane], m)
+            state_index[i] = h
+            step[i] = st_[lane]
+            stable[i] = stb_[lane]
+            converged[i] = converged_now
+            live[lane] = 0
+            playing -= 1
+    _fp_leave(fp)
 
 
 #: the roundings of the update's two multiply-adds the kernel can play, XLA:CPU's usual
