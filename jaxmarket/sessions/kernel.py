@@ -273,6 +273,13 @@ def _greedy_rest(gr, s, radix, table, tail, first, count, tail_start, lead, prof
     return s
 
 
+@njit(nogil=True, cache=True)
+def _greedy_tail(gr, s, radix, table, tail, first, count, tail_start, lead, profiles):
+    """:func:`_greedy_rest`, compiled once as a function of its own: the lane loop
+    (:func:`_run_sessions`) calls it once per session and chunk at most."""
+    return _greedy_rest(gr, s, radix, table, tail, first, count, tail_start, lead, profiles)
+
+
 #: Periods whose random bits one session draws at a time (a loop over independent
 #: periods, which the compiler vectorises), before playing them one after the other.
 PASS = 64
@@ -292,12 +299,13 @@ def _draw_bits(k0, k1, c0, c1, first, count, keys, out):
             out[h, k], out[half + h, k] = threefry2x32(keys[0, k], keys[1, k], c0[h], c1[h])
 
 
-@njit(inline="always")
-def _vflush(x):
-    """A vector result as XLA:CPU leaves it (:func:`_flush`)."""
-    if HARDWARE_FTZ:
+if HARDWARE_FTZ:
+    @njit
+    def _vflush(x):
+        """A vector result as XLA:CPU leaves it: the processor flushes (:func:`_flush`)."""
         return x
-    return lanes.ftz(x)
+else:
+    _vflush = lanes.ftz
 
 
 @njit(nogil=True, cache=True)
@@ -382,11 +390,13 @@ def _run_sessions(lo, hi, rows, state_index, step, stable, converged, k0, k1, al
             while live[lane] == 0 and following < hi:   # a free lane takes the next session
                 i = following
                 following += 1
-                gr[lane] = _greedy_columns(rows[i], m)
+                for j in range(n):   # its greedy prices (column m) as integers
+                    for h in range(states):
+                        gr[lane, j, h] = i32(rows[i, j, h, m])
                 if converged[i] or length == 0:   # greedy play to the end of the chunk
-                    state_index[i] = _greedy_rest(gr[lane], state_index[i], radix, table,
-                                                  tail[i], first, length, tail_start, lead,
-                                                  profiles)
+                    state_index[i] = _greedy_tail(gr[lane], np.int64(state_index[i]), radix,
+                                                  table, tail[i], np.int64(first),
+                                                  np.int64(length), tail_start, lead, profiles)
                     continue
                 who[lane], pos[lane] = i, 0
                 st_[lane], stb_[lane], s_[lane] = step[i], stable[i], state_index[i]
@@ -501,8 +511,9 @@ def _run_sessions(lo, hi, rows, state_index, step, stable, converged, k0, k1, al
             h = s_[lane]
             converged_now = stb_[lane] >= window
             if converged_now:   # greedy play to the end of the chunk
-                h = _greedy_rest(gr[lane], h, radix, table, tail[i], first + pos[lane],
-                                 length - pos[lane], tail_start, lead, profiles)
+                h = _greedy_tail(gr[lane], np.int64(h), radix, table, tail[i],
+                                 np.int64(first + pos[lane]), np.int64(length - pos[lane]),
+                                 tail_start, lead, profiles)
             _store_greedy(rows[i], gr[lane], m)
             state_index[i] = h
             step[i] = st_[lane]

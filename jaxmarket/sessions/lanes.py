@@ -361,7 +361,7 @@ scatter_i32 = _scatter(types.int32, ir.IntType(32),
 _FLT_MIN = np.float32(np.finfo(np.float32).tiny)
 
 
-@njit(inline="always")
+@njit
 def ftz(x):
     """Each lane flushed to a zero of its sign where it is a denormal (what x86's
     flush-to-zero does in hardware): ``x * 0`` where ``-FLT_MIN < x < FLT_MIN`` and
@@ -420,7 +420,7 @@ def _block_argmax(typingctx, q, offset, base, m, at, value):
     return sig, codegen
 
 
-@njit(inline="always")
+@njit
 def row_argmax(q, offset, m, at, value):
     """The first index of the largest of ``q.flat[offset:offset + m]`` (as a scan in
     order with ``>`` finds it), column ``at`` read as ``value``: :func:`_block_argmax`
