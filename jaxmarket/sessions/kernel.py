@@ -23,11 +23,16 @@ Why a hand-written loop: a session-period is a short chain of dependent table re
 writes (``Q[s, a]``, ``max_a' Q[s', a']``, the greedy price), and XLA:CPU runs the
 sessions in lockstep, one small gather, scatter or 15-way comparison kernel over the whole
 batch after the other (``docs/benchmarks.md``: about 11x from the memory roofline). Here a
-thread takes one session at a time and runs all its periods of the chunk: its tables
-(``n m^n (m + 1)`` float32: 28.8 KB for the duopoly) stay in the core's L1/L2 cache,
+thread plays a few sessions at a time and runs all their periods of the chunk: their
+tables (``n m^n (m + 1)`` float32: 28.8 KB for the duopoly) stay in the core's caches,
 and slices of the sessions are spread over the cores (:func:`_in_threads`: threads of a
 pool, each in numba's code without the interpreter's lock; a serial loop compiles in
 about half the time of numba's parallel one, on a fresh machine's first run).
+:func:`_run_sessions` plays 16 sessions side by side in the lanes of the vector
+registers (:mod:`jaxmarket.sessions.lanes`), each at its own period: the sessions are
+independent, so a period of 16 is a few gathers, vector operations and scatters, with
+no branch on one session's exploration or greedy price; :func:`_run_general` plays one
+session at a time.
 
 What is not computed here is ``eps_t = exp(-beta t)``: XLA's float32 ``exp`` and the C
 library's differ in the last bit for about one ``t`` in ten, and an exploration test
@@ -915,8 +920,16 @@ def calibrate(game, sessions, first_period: int, tail_start: int, xla_chunk,
         return [np.asarray(x) for x in jax.tree.leaves((s.learner, s.index, s.tail,
                                                          s.outcome, s.past))]
 
-    want = fields(xla_chunk(game, periods, tail_start)(
-        jax.tree.map(lambda x: x.copy(), sessions), np.uint32(first_period)))
+    # XLA's program is compiled here once per game and batch and not kept in JAX's
+    # persistent cache: its answer is (jaxmarket.sessions.calibration), so a later run
+    # never compiles it, and writing it out would cost a first run about a second more
+    previous = jax.config.jax_persistent_cache_min_compile_time_secs
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", float("inf"))
+    try:
+        want = fields(xla_chunk(game, periods, tail_start)(
+            jax.tree.map(lambda x: x.copy(), sessions), np.uint32(first_period)))
+    finally:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", previous)
     for rounding in roundings(game):
         got = fields(make_kernel_chunk(game, periods, tail_start, rounding)(
             sessions, np.uint32(first_period)))
