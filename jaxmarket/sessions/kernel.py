@@ -313,6 +313,82 @@ else:
     _vflush = lanes.ftz
 
 
+@njit
+def _lane_prices(bf, ef, g, on, k, s, st, eoff, radix, act, held, n, states, m):
+    """Each seller's price in every lane (epsilon-greedy, :func:`_run_sessions`), written
+    to ``act`` and the greedy prices in force to ``held`` (``[j * 16 + lane]``); returns
+    the profile row ``sum_j a_j radix_j``."""
+    L = lanes.LANES
+    lane_no = lanes.iota()
+    drawn = lanes.splat_i(bf.size // L)   # one lane's random bits
+    tiny = lanes.splat_f(f32(1e-30))
+    prof = lanes.splat_i(0)
+    for j in range(n):
+        word = lanes.gather_u32(bf, lanes.iadd(lanes.imul(lane_no, drawn),
+                                               lanes.iadd(k, lanes.splat_i(j * PASS))), on)
+        u = lanes.fmul(lanes.u2f(word), lanes.splat_f(f32(2.0 ** -32)))
+        e = lanes.gather_f(ef, lanes.iadd(lanes.load_i(eoff, j * L), st), on)
+        at = lanes.iadd(lanes.imul(lanes.iadd(lanes.imul(lane_no, lanes.splat_i(n)),
+                                              lanes.splat_i(j)), lanes.splat_i(states)), s)
+        greedy = lanes.gather_i32(g, at, on)
+        explore = lanes.imin(lanes.f2i(lanes.fmul(lanes.fdiv(u, lanes.fmax(e, tiny)),
+                                                  lanes.splat_f(f32(m)))),
+                             lanes.splat_i(m - 1))
+        aj = lanes.isel(lanes.flt(u, e), explore, greedy)
+        lanes.store_i(act, j * L, aj)
+        lanes.store_i(held, j * L, greedy)
+        prof = lanes.iadd(prof, lanes.imul(aj, lanes.splat_i(radix[j])))
+    return prof
+
+
+@njit
+def _lane_update(q, g, tf, on, base, prof, s, nxt, j, aj, was, rate, n, states, m, discount,
+                 fused_target, fused_increment, spare_i, spare_f):
+    """Seller ``j``'s update in every lane (:func:`_run_sessions`): ``Q_j[s, a_j]`` moved
+    toward its target, written by a scatter; returns the greedy price after it, which is
+    also written."""
+    width = m + 1
+    lane_no = lanes.iota()
+    qj = lanes.iadd(base, lanes.splat_i(j * states * width))
+    gj = lanes.imul(lanes.iadd(lanes.imul(lane_no, lanes.splat_i(n)), lanes.splat_i(j)),
+                    lanes.splat_i(states))
+    # the row's maximum is its cached greedy entry
+    gn = lanes.gather_i32(g, lanes.iadd(gj, nxt), on)
+    best = lanes.gather_f(q, lanes.iadd(qj, lanes.iadd(
+        lanes.imul(nxt, lanes.splat_i(width)), gn)), on)
+    r = lanes.gather_f(tf, lanes.iadd(lanes.imul(prof, lanes.splat_i(n)), lanes.splat_i(j)), on)
+    delta = lanes.splat_f(discount)
+    if fused_target:
+        target = _vflush(lanes.ffma(delta, best, r))
+    else:
+        target = _vflush(lanes.fadd(r, _vflush(lanes.fmul(delta, best))))
+    row = lanes.iadd(qj, lanes.imul(s, lanes.splat_i(width)))
+    old = lanes.gather_f(q, lanes.iadd(row, aj), on)
+    gap = _vflush(lanes.fsub(target, old))
+    if fused_increment:
+        new = _vflush(lanes.ffma(rate, gap, old))
+    else:
+        new = _vflush(lanes.fadd(old, _vflush(lanes.fmul(rate, gap))))
+    top = lanes.gather_f(q, lanes.iadd(row, was), on)
+    other = lanes.ine(aj, was)
+    wins = lanes.band(other, lanes.bor(lanes.fgt(new, top), lanes.band(
+        lanes.feq(new, top), lanes.ilt(aj, was))))
+    greedy = lanes.isel(wins, aj, was)
+    fell = lanes.mask_bits(lanes.band(on, lanes.band(lanes.bnot(other), lanes.flt(new, old))))
+    if fell != 0:   # the greedy entry fell: search the row, before the write
+        lanes.store_i(spare_i, 0, greedy)
+        lanes.store_f(spare_f, 0, new)
+        while fell != 0:
+            lane = lanes.lowest_bit(fell)
+            fell &= fell - 1
+            spare_i[lane] = lanes.row_argmax(q, lanes.extract_i(row, lane), m,
+                                             lanes.extract_i(aj, lane), spare_f[lane])
+        greedy = lanes.load_i(spare_i, 0)
+    lanes.scatter_f(q, lanes.iadd(row, aj), new, on)
+    lanes.scatter_i32(g, lanes.iadd(gj, s), greedy, on)
+    return greedy
+
+
 @njit(nogil=True, cache=True)
 def _run_sessions(lo, hi, rows, state_index, step, stable, converged, k0, k1, alpha, beta_row,
                   eps, step_lo, table, radix, c0, c1, first, length, discount, window,
@@ -351,11 +427,7 @@ def _run_sessions(lo, hi, rows, state_index, step, stable, converged, k0, k1, al
     n = rows.shape[1]
     states = rows.shape[2]
     m = rows.shape[3] - 1
-    width = m + 1
-    seller = states * width        # one seller's table, flat
-    session = n * seller           # one session's
     half = c0.shape[0]
-    drawn = 2 * half * PASS        # one lane's random bits
     span = eps.shape[1]
     L = lanes.LANES
     fp = _fp_enter()   # float control as XLA:CPU's threads (HARDWARE_FTZ)
@@ -380,12 +452,6 @@ def _run_sessions(lo, hi, rows, state_index, step, stable, converged, k0, k1, al
     held = np.zeros(n * L, np.int64)       # the greedy prices in force
     spare_i = np.zeros(L, np.int64)
     spare_f = np.zeros(L, np.float32)
-    lane_no = lanes.iota()
-    scale = lanes.splat_f(f32(2.0 ** -32))
-    tiny = lanes.splat_f(f32(1e-30))
-    mf = lanes.splat_f(f32(m))
-    top_price = lanes.splat_i(m - 1)
-    delta = lanes.splat_f(discount)
     one = lanes.splat_i(1)
     zero = lanes.splat_i(0)
     following = lo
@@ -424,71 +490,18 @@ def _run_sessions(lo, hi, rows, state_index, step, stable, converged, k0, k1, al
             played = pos[lane]
             _draw_bits(k0[who[lane]], k1[who[lane]], c0, c1, u32(first + played),
                        min(PASS, length - played), keys, bits[lane])
-        # act: each seller's price
-        prof = zero
-        for j in range(n):
-            word = lanes.gather_u32(bf, lanes.iadd(lanes.imul(lane_no, lanes.splat_i(drawn)),
-                                                   lanes.iadd(k, lanes.splat_i(j * PASS))), on)
-            u = lanes.fmul(lanes.u2f(word), scale)
-            e = lanes.gather_f(ef, lanes.iadd(lanes.load_i(eoff, j * L), st), on)
-            gi = lanes.iadd(lanes.imul(lanes.iadd(lanes.imul(lane_no, lanes.splat_i(n)),
-                                                  lanes.splat_i(j)), lanes.splat_i(states)), s)
-            greedy = lanes.gather_i32(g, gi, on)
-            explore = lanes.imin(lanes.f2i(lanes.fmul(lanes.fdiv(u, lanes.fmax(e, tiny)), mf)),
-                                 top_price)
-            aj = lanes.isel(lanes.flt(u, e), explore, greedy)
-            lanes.store_i(act, j * L, aj)
-            lanes.store_i(held, j * L, greedy)
-            prof = lanes.iadd(prof, lanes.imul(aj, lanes.splat_i(radix[j])))
+        prof = _lane_prices(bf, ef, g, on, k, s, st, eoff, radix, act, held, n, states, m)
         nxt = prof
         if lead > 1:
             nxt = lanes.iadd(lanes.imul(prof, lanes.splat_i(lead)),
                              lanes.idiv(s, lanes.splat_i(profiles)))
-        # update: each seller's entry of the price taken, then its greedy price
         changed = lanes.ine(zero, zero)
-        base = lanes.imul(lanes.load_i(who, 0), lanes.splat_i(session))
+        base = lanes.imul(lanes.load_i(who, 0), lanes.splat_i(n * states * (m + 1)))
         for j in range(n):
-            qj = lanes.iadd(base, lanes.splat_i(j * seller))
-            gj = lanes.imul(lanes.iadd(lanes.imul(lane_no, lanes.splat_i(n)), lanes.splat_i(j)),
-                            lanes.splat_i(states))
-            # the row's maximum is its cached greedy entry
-            gn = lanes.gather_i32(g, lanes.iadd(gj, nxt), on)
-            best = lanes.gather_f(q, lanes.iadd(qj, lanes.iadd(
-                lanes.imul(nxt, lanes.splat_i(width)), gn)), on)
-            r = lanes.gather_f(tf, lanes.iadd(lanes.imul(prof, lanes.splat_i(n)),
-                                              lanes.splat_i(j)), on)
-            if fused_target:
-                target = _vflush(lanes.ffma(delta, best, r))
-            else:
-                target = _vflush(lanes.fadd(r, _vflush(lanes.fmul(delta, best))))
-            aj = lanes.load_i(act, j * L)
             was = lanes.load_i(held, j * L)
-            row = lanes.iadd(qj, lanes.imul(s, lanes.splat_i(width)))
-            old = lanes.gather_f(q, lanes.iadd(row, aj), on)
-            rate = lanes.load_f(al, j * L)
-            gap = _vflush(lanes.fsub(target, old))
-            if fused_increment:
-                new = _vflush(lanes.ffma(rate, gap, old))
-            else:
-                new = _vflush(lanes.fadd(old, _vflush(lanes.fmul(rate, gap))))
-            top = lanes.gather_f(q, lanes.iadd(row, was), on)
-            other = lanes.ine(aj, was)
-            wins = lanes.band(other, lanes.bor(lanes.fgt(new, top), lanes.band(
-                lanes.feq(new, top), lanes.ilt(aj, was))))
-            greedy = lanes.isel(wins, aj, was)
-            fell = lanes.mask_bits(lanes.band(on, lanes.band(lanes.bnot(other),
-                                                             lanes.flt(new, old))))
-            if fell != 0:   # the greedy entry fell: search the row, before the write
-                lanes.store_i(spare_i, 0, greedy)
-                lanes.store_f(spare_f, 0, new)
-                while fell != 0:
-                    lane = lanes.lowest_bit(fell)
-                    fell &= fell - 1
-                    spare_i[lane] = lanes.row_argmax(q, lanes.extract_i(row, lane), m,
-                                                     lanes.extract_i(aj, lane), spare_f[lane])
-                greedy = lanes.load_i(spare_i, 0)
-            lanes.scatter_f(q, lanes.iadd(row, aj), new, on)
-            lanes.scatter_i32(g, lanes.iadd(gj, s), greedy, on)
+            greedy = _lane_update(q, g, tf, on, base, prof, s, nxt, j, lanes.load_i(act, j * L),
+                                  was, lanes.load_f(al, j * L), n, states, m, discount,
+                                  fused_target, fused_increment, spare_i, spare_f)
             changed = lanes.bor(changed, lanes.ine(greedy, was))
         stb = lanes.isel(changed, zero, lanes.iadd(lanes.load_i(stb_, 0), one))
         st = lanes.isel(lanes.ilt(st, lanes.splat_i(_INT32_MAX)), lanes.iadd(st, one), st)
