@@ -313,18 +313,18 @@ else:
     _vflush = lanes.ftz
 
 
-@njit
-def _lane_prices(bf, ef, g, on, k, s, st, eoff, radix, act, held, n, states, m):
+@njit(inline="always")
+def _lane_prices(bf, ef, g, on, k, s, st, eoff, radix, act, held, n, states, m, drawn):
     """Each seller's price in every lane (epsilon-greedy, :func:`_run_sessions`), written
     to ``act`` and the greedy prices in force to ``held`` (``[j * 16 + lane]``); returns
-    the profile row ``sum_j a_j radix_j``."""
+    the profile row ``sum_j a_j radix_j``. ``drawn``: one lane's random bits (``bf``
+    holds ``[lane, word, period]``)."""
     L = lanes.LANES
     lane_no = lanes.iota()
-    drawn = lanes.splat_i(bf.size // L)   # one lane's random bits
     tiny = lanes.splat_f(f32(1e-30))
     prof = lanes.splat_i(0)
     for j in range(n):
-        word = lanes.gather_u32(bf, lanes.iadd(lanes.imul(lane_no, drawn),
+        word = lanes.gather_u32(bf, lanes.iadd(lanes.imul(lane_no, lanes.splat_i(drawn)),
                                                lanes.iadd(k, lanes.splat_i(j * PASS))), on)
         u = lanes.fmul(lanes.u2f(word), lanes.splat_f(f32(2.0 ** -32)))
         e = lanes.gather_f(ef, lanes.iadd(lanes.load_i(eoff, j * L), st), on)
@@ -341,7 +341,7 @@ def _lane_prices(bf, ef, g, on, k, s, st, eoff, radix, act, held, n, states, m):
     return prof
 
 
-@njit
+@njit(inline="always")
 def _lane_update(q, g, tf, on, base, prof, s, nxt, j, aj, was, rate, n, states, m, discount,
                  fused_target, fused_increment, spare_i, spare_f):
     """Seller ``j``'s update in every lane (:func:`_run_sessions`): ``Q_j[s, a_j]`` moved
@@ -490,7 +490,8 @@ def _run_sessions(lo, hi, rows, state_index, step, stable, converged, k0, k1, al
             played = pos[lane]
             _draw_bits(k0[who[lane]], k1[who[lane]], c0, c1, u32(first + played),
                        min(PASS, length - played), keys, bits[lane])
-        prof = _lane_prices(bf, ef, g, on, k, s, st, eoff, radix, act, held, n, states, m)
+        prof = _lane_prices(bf, ef, g, on, k, s, st, eoff, radix, act, held, n, states, m,
+                            2 * half * PASS)
         nxt = prof
         if lead > 1:
             nxt = lanes.iadd(lanes.imul(prof, lanes.splat_i(lead)),
