@@ -160,3 +160,16 @@ def test_lowest_bit_walks_a_mask_in_lane_order():
 
     for x in (1, 2, 0b1010, 0xFFFF, 0x8001, 0x4000):
         assert list(walk(np.int64(x))) == [b for b in range(16) if x >> b & 1]
+
+
+def test_the_kernels_record_of_lanes_py_is_its_digest():
+    # Bug caught: an edit to lanes.py that numba's cache of the kernel loops does not see
+    # (it watches the loops' own file, kernel.py), so a machine with a warm cache keeps
+    # playing the old lane operations.
+    import hashlib
+    from pathlib import Path
+
+    from jaxmarket.sessions import kernel
+    digest = hashlib.sha256(Path(ln.__file__).read_bytes()).hexdigest()[:16]
+    assert kernel.LANES_DIGEST == digest, (
+        f"set kernel.LANES_DIGEST = {digest!r} (lanes.py changed)")

@@ -63,6 +63,12 @@ from numba.extending import intrinsic
 
 from jaxmarket.sessions import lanes
 
+#: the sha256 (first 16 hex digits) of jaxmarket/sessions/lanes.py the loops here were
+#: last compiled with: numba's cache of a function sees edits to the function's own file
+#: only, so an edit to lanes.py edits this line too and the cached loops are compiled
+#: again (tests/test_sessions_lanes.py checks it)
+LANES_DIGEST = "30c1344073bf4e0b"
+
 _INT32_MAX = np.iinfo(np.int32).max
 
 

@@ -86,7 +86,6 @@ feq = _binary("f32", "bool", lambda b, x, y: b.fcmp_ordered("==", x, y))
 #: ``x if x > y else y``
 fmax = _binary("f32", "f32", lambda b, x, y: b.select(b.fcmp_ordered(">", x, y), x, y))
 iadd = _binary("i64", "i64", lambda b, x, y: b.add(x, y))
-isub = _binary("i64", "i64", lambda b, x, y: b.sub(x, y))
 imul = _binary("i64", "i64", lambda b, x, y: b.mul(x, y))
 #: ``x // y`` of non-negative lanes
 idiv = _binary("i64", "i64", lambda b, x, y: b.sdiv(x, y))
