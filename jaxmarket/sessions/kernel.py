@@ -352,7 +352,9 @@ def _lane_update(q, g, tf, on, base, prof, s, nxt, j, aj, was, rate, n, states, 
                  fused_target, fused_increment, spare_i, spare_f):
     """Seller ``j``'s update in every lane (:func:`_run_sessions`): ``Q_j[s, a_j]`` moved
     toward its target, written by a scatter; returns the greedy price after it, which is
-    also written."""
+    also written: the price taken where it beats the greedy one (ties to the lower
+    index), a search of the row (:func:`~jaxmarket.sessions.lanes.row_argmax`) in the
+    lanes where the greedy entry itself fell, else unchanged."""
     width = m + 1
     lane_no = lanes.iota()
     qj = lanes.iadd(base, lanes.splat_i(j * states * width))
@@ -424,12 +426,9 @@ def _run_sessions(lo, hi, rows, state_index, step, stable, converged, k0, k1, al
     update (:func:`calibrate`).
 
     16 learning sessions play side by side, one in each lane of the vector registers
-    (:mod:`jaxmarket.sessions.lanes`), each at its own period: a vector period draws
-    every lane's prices, reads its Q entries by gathers and writes them by scatters. The
-    greedy price after an update: the price taken where it beats the greedy one (ties to
-    the lower index), a search of the row (:func:`~jaxmarket.sessions.lanes.row_argmax`)
-    in the lanes where the greedy entry itself fell, else unchanged. A session that
-    converges or ends the chunk leaves its lane to the next session of the slice."""
+    (:mod:`jaxmarket.sessions.lanes`), each at its own period (:func:`_lane_prices`,
+    :func:`_lane_update`); a session that converges or ends the chunk leaves its lane to
+    the next session of the slice."""
     n = rows.shape[1]
     states = rows.shape[2]
     m = rows.shape[3] - 1
