@@ -67,7 +67,7 @@ from jaxmarket.sessions import lanes
 #: last compiled with: numba's cache of a function sees edits to the function's own file
 #: only, so an edit to lanes.py edits this line too and the cached loops are compiled
 #: again (tests/test_sessions_lanes.py checks it)
-LANES_DIGEST = "30c1344073bf4e0b"
+LANES_DIGEST = "7098fcb924f0b4d2"
 
 _INT32_MAX = np.iinfo(np.int32).max
 

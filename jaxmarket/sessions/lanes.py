@@ -99,16 +99,24 @@ band = _binary("bool", "bool", lambda b, x, y: b.and_(x, y))
 bor = _binary("bool", "bool", lambda b, x, y: b.or_(x, y))
 
 
-@intrinsic
-def bnot(typingctx, a):
-    """Each lane negated."""
-    if a != BOOL:
-        return None
+def _unary(argument, result, build):
+    """An intrinsic ``(a) -> b`` on one value of numba type ``argument``."""
 
-    def codegen(context, builder, signature, args):
-        return builder.xor(args[0], ir.Constant(_vec("bool"), [1] * LANES))
+    @intrinsic
+    def op(typingctx, a):
+        if a != argument:
+            return None
 
-    return BOOL(a), codegen
+        def codegen(context, builder, signature, args):
+            return build(builder, args[0])
+
+        return result(a), codegen
+
+    return op
+
+
+#: each lane negated
+bnot = _unary(BOOL, BOOL, lambda b, x: b.xor(x, ir.Constant(_vec("bool"), [1] * LANES)))
 
 
 @intrinsic
@@ -177,74 +185,30 @@ def iota(typingctx):
     return I64(), codegen
 
 
-@intrinsic
-def u2f(typingctx, a):
-    """Each lane's unsigned integer (below 2^32) as the nearest float32, as a scalar
-    ``float32(uint32)``."""
-    if a != I64:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.uitofp(args[0], _vec("f32"))
-
-    return F32(a), codegen
-
-
-@intrinsic
-def f2i(typingctx, a):
-    """Each lane truncated to int32 (as a scalar ``int32(x)``), as int64."""
-    if a != F32:
-        return None
-
-    def codegen(context, builder, signature, args):
-        narrow = builder.fptosi(args[0], ir.VectorType(ir.IntType(32), LANES))
-        return builder.sext(narrow, _vec("i64"))
-
-    return I64(a), codegen
+#: each lane's unsigned integer (below 2^32) as the nearest float32, as a scalar
+#: ``float32(uint32)``
+u2f = _unary(I64, F32, lambda b, x: b.uitofp(x, _vec("f32")))
+#: each lane truncated to int32 (as a scalar ``int32(x)``), as int64
+f2i = _unary(F32, I64, lambda b, x: b.sext(
+    b.fptosi(x, ir.VectorType(ir.IntType(32), LANES)), _vec("i64")))
+#: the mask as an integer: bit ``l`` set where lane ``l`` is
+mask_bits = _unary(BOOL, types.int64,
+                   lambda b, x: b.zext(b.bitcast(x, ir.IntType(LANES)), ir.IntType(64)))
+#: the index of the lowest set bit of ``x > 0``
+lowest_bit = _unary(types.int64, types.int64,
+                    lambda b, x: b.cttz(x, ir.Constant(ir.IntType(1), 1)))
 
 
 @intrinsic
-def mask_bits(typingctx, mask):
-    """The mask as an integer: bit ``l`` set where lane ``l`` is."""
-    if mask != BOOL:
+def extract_i(typingctx, v, lane):
+    """Lane ``lane`` of the int64 lanes ``v``."""
+    if v != I64 or not isinstance(lane, types.Integer):
         return None
 
     def codegen(context, builder, signature, args):
-        return builder.zext(builder.bitcast(args[0], ir.IntType(LANES)), ir.IntType(64))
+        return builder.extract_element(args[0], args[1])
 
-    return types.int64(mask), codegen
-
-
-@intrinsic
-def lowest_bit(typingctx, x):
-    """The index of the lowest set bit of ``x > 0``."""
-    if x != types.int64:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.cttz(args[0], ir.Constant(ir.IntType(1), 1))
-
-    return types.int64(x), codegen
-
-
-def _extract(kind: str, result):
-    lanes = Lanes(kind)
-
-    @intrinsic
-    def extract(typingctx, v, lane):
-        """Lane ``lane`` of ``v``."""
-        if v != lanes or not isinstance(lane, types.Integer):
-            return None
-
-        def codegen(context, builder, signature, args):
-            return builder.extract_element(args[0], args[1])
-
-        return result(v, lane), codegen
-
-    return extract
-
-
-extract_f, extract_i = _extract("f32", types.float32), _extract("i64", types.int64)
+    return types.int64(v, lane), codegen
 
 
 def _array_ok(arr, dtype) -> bool:
