@@ -669,7 +669,7 @@ def make_kernel_chunk(game, length: int, tail_start: int,
         eps = np.array(eps_table(*_table_args(betas, step_lo, span)))
         state_index = history_in(game, sessions)
         k0, k1 = key_words(sessions.key)
-        rows = np.array(state.rows, np.float32)
+        rows = _huge_page_array(np.asarray(state.rows, np.float32))
         stable = np.array(state.stable_periods, np.int32)
         tail = np.array(sessions.tail, np.float32)
         _in_threads(_run_sessions, rows.shape[0], rows, state_index, step, stable,
@@ -1074,8 +1074,8 @@ def _huge_page_array(like: np.ndarray) -> np.ndarray:
         pass
     raw = np.frombuffer(buf, np.uint8)
     start = (-raw.ctypes.data) % page
-    out = raw[start:start + like.nbytes].view(like.dtype)
-    out[:] = like
+    out = raw[start:start + like.nbytes].view(like.dtype).reshape(like.shape)
+    out[...] = like
     return out
 
 
