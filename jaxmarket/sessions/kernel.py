@@ -669,6 +669,8 @@ def make_kernel_chunk(game, length: int, tail_start: int,
         eps = np.array(eps_table(*_table_args(betas, step_lo, span)))
         state_index = history_in(game, sessions)
         k0, k1 = key_words(sessions.key)
+        # on 2 MB pages: 16 lanes' reads of 16 sessions' tables otherwise miss the TLB
+        # (about 1.3x on three firms' Q tables)
         rows = _huge_page_array(np.asarray(state.rows, np.float32))
         stable = np.array(state.stable_periods, np.int32)
         tail = np.array(sessions.tail, np.float32)
