@@ -10,6 +10,8 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 import yaml
 from conftest import CONFIGS, ROOT
@@ -558,8 +560,6 @@ def test_a_checkpoint_stores_large_arrays_in_chunks_and_restores_them_exactly(
     """Chunks of at most CHUNK_BYTES (compressed on every core at once), written from the
     runner's own arrays without orbax's copy, read back bit for bit; the arrays saved are
     left as they were."""
-    import numpy as np
-    import orbax.checkpoint as ocp
     monkeypatch.setattr(checkpoints_module, "CHUNK_BYTES", 4096)
     rng = np.random.default_rng(3)
     tree = {"q": rng.normal(size=(30, 1000)).astype(np.float32),

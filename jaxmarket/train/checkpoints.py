@@ -25,7 +25,8 @@ from jaxmarket.train.rundir import RunDirError
 CHECKPOINTS_DIR = "checkpoints"
 KEEP = 2
 #: bytes of one stored chunk of an array at most: chunks are compressed on every core
-#: at once (one chunk of a 648 MB Q table compresses on one core, 2.5x slower on two)
+#: at once (a 648 MB Q table as one chunk compresses on one core: about twice the wall
+#: time of its 16 MB chunks on two)
 CHUNK_BYTES = 16 << 20
 
 
