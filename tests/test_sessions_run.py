@@ -364,3 +364,23 @@ def test_strategies_npz_holds_every_array_deflated_or_stored_by_size(tmp_path):
     assert kinds["q.npy"] == kinds["greedy.npy"] == zipfile.ZIP_DEFLATED
     # no clock in the file: a run and its replay on a cluster give the same bytes
     assert dates == {(1980, 1, 1, 0, 0, 0)}
+
+
+@pytest.mark.parametrize("block_bytes", [1, 1000, 1 << 20])   # 1, 2, all rows
+def test_a_stored_array_is_numpys_own_bytes_whatever_its_layout_and_blocks(block_bytes):
+    # Bugs caught: a block lost, repeated or written from a stale buffer (the last, short
+    # block; a strided slice copied block by block), a header other than numpy's, a
+    # Fortran-ordered or 0-d array written in another order.
+    import io
+
+    from jaxmarket.sessions.run import _write_npy_blocks
+    rng = np.random.default_rng(2)
+    rows = rng.normal(size=(7, 3, 5, 9)).astype(np.float32)
+    for value in (rows[..., :8], rows, rows[::2], np.asfortranarray(rows[0]),
+                  rows > 0, np.float64(3.5), np.zeros((0, 4))):
+        want, got = io.BytesIO(), io.BytesIO()
+        np.lib.format.write_array(want, value, allow_pickle=False)
+        _write_npy_blocks(got, value, block_bytes)
+        assert got.getvalue() == want.getvalue()
+        got.seek(0)
+        np.testing.assert_array_equal(np.lib.format.read_array(got), value)

@@ -107,6 +107,16 @@ def true_q(reward: np.ndarray, actions: np.ndarray, values: np.ndarray, m: int,
     ``R[y J + p]``."""
     if lagged:
         return _true_q_lagged(reward, actions, values, m, delta)
+    return _gather_q(*_reply_table(reward, actions, values, m, delta, memory))
+
+
+def _reply_table(reward: np.ndarray, actions: np.ndarray, values: np.ndarray, m: int,
+                 delta: Any, memory: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`true_q` as a table and its index: ``table [S, n, Z / m, m]``, firm ``i``'s
+    value ``W_i`` of the state after each of its ``m`` prices (innermost) with the rest
+    of that state fixed, and ``rest [S, Z, n]``, the row of ``table[s, i]`` that the
+    others' moves in state ``y`` (and, memory ``k > 1``, the older profiles kept) select,
+    so that ``Q_i(y, a) = table[s, i, rest[s, y, i], a]`` (memory ``k``, not lagged)."""
     S, J, n = actions.shape
     R = np.asarray(reward, np.float64)
     profiles, Z = R.shape[0], values.shape[1]
@@ -121,9 +131,17 @@ def true_q(reward: np.ndarray, actions: np.ndarray, values: np.ndarray, m: int,
     step = radix * profiles ** (memory - 1)                   # the state per own price
     if memory > 1:
         after = after * profiles ** (memory - 1) + (np.arange(J) // profiles)[:, None]
-    after *= n                                                # flat into W [S, Z, n]
-    after += (np.arange(S) * (Z * n))[:, None, None] + np.arange(n)
-    return np.take(W.ravel(), after[..., None] + np.arange(m) * (step * n)[:, None])
+    # the state's digits above and below firm i's own price (of weight step_i) -> a row
+    rest = after // (step * m) * step + after % step
+    table = np.stack([W[:, :, i].reshape(S, Z // (step[i] * m), m, step[i])
+                      .transpose(0, 1, 3, 2).reshape(S, Z // m, m) for i in range(n)], 1)
+    return table, rest
+
+
+def _gather_q(table: np.ndarray, rest: np.ndarray) -> np.ndarray:
+    """``Q [S, Z, n, m]`` from :func:`_reply_table`'s rows: one row of ``m`` per (state, firm)."""
+    S, _, n = rest.shape
+    return np.ascontiguousarray(table[np.arange(S)[:, None, None], np.arange(n), rest])
 
 
 def _true_q_lagged(reward: np.ndarray, actions: np.ndarray, values: np.ndarray, m: int,
@@ -245,9 +263,18 @@ def _float_part(reward: np.ndarray, own_reward: np.ndarray, state: np.ndarray,
     S, Z, n = actions.shape
     offset = np.arange(Z) * Z if lagged else 0                # a lagged game's pair rows
     values = profile_values(own_reward, nxt, delta, offset)
-    Q = true_q(reward, actions, values, m, delta, memory, lagged)   # [S, Z, n, m]
-    best = Q.max(-1)                                          # [S, J, n]
-    played = np.take_along_axis(Q, actions[..., None], -1)[..., 0]
+    if lagged:
+        Q = true_q(reward, actions, values, m, delta, memory, lagged)   # [S, Z, n, m]
+        best = Q.max(-1)                                      # [S, J, n]
+        played = np.take_along_axis(Q, actions[..., None], -1)[..., 0]
+    else:   # each firm's best and played value from its rows of m, Q only if compared
+        table, rest = _reply_table(reward, actions, values, m, delta, memory)
+        at = (np.arange(S)[:, None, None], np.arange(n), rest)
+        # C order, as Q's: the means over states below sum in memory order (an indexed
+        # result may come out in another order)
+        best = np.ascontiguousarray(table.max(-1)[at])       # [S, J, n]
+        played = np.ascontiguousarray(table[at + (actions,)])
+        Q = None if q is None else _gather_q(table, rest)
     scale = np.maximum(np.abs(best), 1e-300)
     br = played >= best - TOL * np.maximum(np.abs(best), 1.0)  # [S, J, n]
     on = path[..., None]

@@ -629,11 +629,43 @@ def save_npz(f, arrays: dict[str, Any], level: int = NPZ_LEVEL,
         for name, value in arrays.items():
             value = np.asanyarray(value)
             member = f"{name}.npy"
-            if value.nbytes > store_bytes:   # dated 1980 as numpy's: the same bytes
-                member = zipfile.ZipInfo(member)   # whenever written
-                member.compress_type = zipfile.ZIP_STORED
+            if value.nbytes <= store_bytes:
+                with z.open(member, "w", force_zip64=True) as out:
+                    np.lib.format.write_array(out, value, allow_pickle=False)
+                continue
+            member = zipfile.ZipInfo(member)   # dated 1980 as numpy's: the same bytes
+            member.compress_type = zipfile.ZIP_STORED   # whenever written
             with z.open(member, "w", force_zip64=True) as out:
-                np.lib.format.write_array(out, value, allow_pickle=False)
+                _write_npy_blocks(out, value)
+
+
+#: the bytes of a stored array written at once (one block of its leading axis)
+NPZ_BLOCK_BYTES = 16 << 20
+
+
+def _write_npy_blocks(out, value: np.ndarray, block_bytes: int = NPZ_BLOCK_BYTES) -> None:
+    """The bytes ``np.lib.format.write_array(out, value)`` writes (format 1.0, C order),
+    in blocks of the leading axis; a block that is not contiguous in memory (a slice such
+    as the Q part of the learners' rows) is copied into one buffer reused for every
+    block, not into fresh memory per block."""
+    if value.ndim == 0 or value.dtype.hasobject or value.size == 0:
+        np.lib.format.write_array(out, value, allow_pickle=False)
+        return
+    header = np.lib.format.header_data_from_array_1_0(value)
+    if header["fortran_order"]:   # numpy writes a Fortran-ordered array as it lies
+        np.lib.format.write_array(out, value, allow_pickle=False)
+        return
+    np.lib.format.write_array_header_1_0(out, header)
+    rows = max(1, block_bytes // max(1, value[0].nbytes))
+    buffer = None
+    for b in range(0, value.shape[0], rows):
+        part = value[b:b + rows]
+        if not part.flags.c_contiguous:
+            if buffer is None:
+                buffer = np.empty((rows,) + value.shape[1:], value.dtype)
+            np.copyto(buffer[:len(part)], part)
+            part = buffer[:len(part)]
+        out.write(memoryview(part.reshape(-1).view(np.uint8)))
 
 
 def _nan(x) -> float:
