@@ -580,3 +580,33 @@ def test_a_checkpoint_stores_large_arrays_in_chunks_and_restores_them_exactly(
         assert type(tree[k]) is np.ndarray and np.array_equal(tree[k], before[k])
         assert np.asarray(got[k]).dtype == tree[k].dtype
         assert np.array_equal(np.asarray(got[k]), before[k])
+
+
+def test_a_checkpoint_is_stored_uncompressed_and_a_compressed_one_still_restores(tmp_path):
+    """Chunks stored as they are (zstd would cost seconds of CPU per large save), and a
+    checkpoint written with orbax's default handler (compressed: an older jaxmarket's)
+    restored bit for bit, its step kept."""
+    tree = {"q": np.zeros((64, 4096), np.float32),   # 1 MiB that zstd shrinks to ~nothing
+            "index": np.arange(64, dtype=np.int32)}
+    store = checkpoints_module.Checkpoints(tmp_path / "new")
+    store.save(tree, 3)
+    store.close()
+    stored = sum(f.stat().st_size for f in (tmp_path / "new").rglob("*") if f.is_file())
+    assert stored >= tree["q"].nbytes
+    rng = np.random.default_rng(4)
+    old = {"leaf00000": rng.normal(size=(64, 300)).astype(np.float32),
+           "leaf00001": rng.integers(0, 9, size=(64,)).astype(np.int32)}
+    path = (tmp_path / "old" / checkpoints_module.CHECKPOINTS_DIR).absolute()
+    writer = ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(create=True))
+    writer.save(5, args=ocp.args.StandardSave(old))
+    writer.wait_until_finished()
+    writer.close()
+    compressed = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    store = checkpoints_module.Checkpoints(tmp_path / "old")
+    got, step = store.restore({"a": np.zeros((64, 300), np.float32),
+                               "b": np.zeros(64, np.int32)}, report=pytest.fail)
+    store.close()
+    assert step == 5 and np.array_equal(got["a"], old["leaf00000"])
+    assert np.array_equal(got["b"], old["leaf00001"])
+    # the old writer compressed (random floats: their exponents' bytes)
+    assert compressed < old["leaf00000"].nbytes

@@ -112,6 +112,42 @@ def test_a_sessions_numbers_are_its_own_however_the_sessions_are_blocked(monkeyp
         np.testing.assert_array_equal(np.concatenate([getattr(a, field) for a in alone]), want)
 
 
+def test_a_rows_sum_is_numpys_pairwise_sum_to_the_bit():
+    # Bugs caught: an accumulator, block or remainder of numpy's pairwise sum added in
+    # another order (the learned-Q error's last bits would differ from numpy's sum).
+    from jaxmarket.sessions.diagnostics import PAIRWISE_BLOCK, _row_sum
+    rng = np.random.default_rng(5)
+    for m in range(1, PAIRWISE_BLOCK + 1):
+        v = rng.normal(size=m) * 10.0 ** rng.uniform(-8, 8, m)
+        assert _row_sum(v, m) == np.add.reduce(v), m
+
+
+@pytest.mark.parametrize("m, n, memory", [(2, 2, 1), (3, 3, 1), (7, 2, 1), (8, 2, 1),
+                                          (9, 3, 1), (17, 2, 1), (3, 2, 2), (100, 2, 1)])
+def test_the_learned_q_error_row_by_row_is_numpys_sum_over_the_tables(monkeypatch, m, n,
+                                                                      memory):
+    # Bugs caught: the row-by-row learned-Q error reading another firm's, state's or
+    # price's entry of the learned or true tables, or adding its rows in another order
+    # than numpy's sum over the [S, Z, n, m] tables (its figures would move in their last
+    # bits); a learned table that is a strided slice (the learners' rows) read wrongly.
+    from jaxmarket.sessions import diagnostics
+    rng = np.random.default_rng(m * 10 + n)
+    J = m ** n
+    Z, S = J ** memory, 3
+    reward = rng.normal(size=(J, n)) * 10.0 ** rng.uniform(-3, 3, (J, n))
+    state = np.repeat(np.arange(Z)[:, None], n, axis=1)
+    rows = (rng.normal(size=(S, n, Z, m + 1)) * 50).astype(np.float32)
+    q = rows[..., :m]                                         # a strided view
+    greedy = q.argmax(-1)
+    start = rng.integers(0, Z, S)
+    assert diagnostics._fused_sums(False, n, m)
+    fused = diagnose(reward, state, greedy, m, 0.9, start, q, memory=memory)
+    monkeypatch.setattr(diagnostics, "_fused_sums", lambda *a: False)
+    tables = diagnose(reward, state, greedy, m, 0.9, start, q, memory=memory)
+    assert fused.q_error.tobytes() == tables.q_error.tobytes()
+    assert np.all(fused.q_error > 0)
+
+
 def test_the_limit_cycle_is_the_set_of_states_the_path_returns_to():
     nxt = np.array([[1, 2, 3, 1]])          # 0 -> 1 -> 2 -> 3 -> 1: the cycle {1, 2, 3}
     np.testing.assert_array_equal(limit_cycle(nxt, np.array([0])), [[False, True, True, True]])

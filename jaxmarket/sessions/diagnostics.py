@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numba import njit
 
 #: a strategy's value counts as the maximum within this, relative
 TOL = 1e-9
@@ -247,6 +248,92 @@ def _diagnose(reward: np.ndarray, state: np.ndarray, greedy: np.ndarray, m: int,
                        on_path=path)
 
 
+def q_error(q: np.ndarray, state: np.ndarray, Q: np.ndarray) -> np.ndarray:
+    """The learned-Q error ``[S, n]`` (module docstring) of the learned tables ``q [S, n,
+    N, m]`` against the true ``Q [S, Z, n, m]`` (overwritten with ``|Q|``), ``state [Z,
+    n]`` each firm's own state: ``sum_{y,a} |q_i(state[y, i], a) - Q_i(y, a)| / sum_{y,a}
+    |Q_i(y, a)|``, each sum numpy's over axes ``(y, a)``: each row of ``m`` summed
+    pairwise (``np.add.reduce``), the rows added in the order of ``y``."""
+    S, _, n, _ = Q.shape
+    learned = q[np.arange(S)[:, None, None], np.arange(n), state].astype(np.float64)
+    learned -= Q                                              # |learned - Q|, in place
+    np.abs(learned, out=learned)
+    np.abs(Q, out=Q)
+    return learned.sum((1, 3)) / np.maximum(Q.sum((1, 3)), 1e-300)
+
+
+#: numpy's pairwise sum adds a row of at most this many entries with eight accumulators
+#: (larger rows it splits in halves: :func:`q_error` then)
+PAIRWISE_BLOCK = 128
+
+
+def _fused_sums(lagged: bool, n: int, m: int) -> bool:
+    """Whether :func:`_q_error_rows` sums as :func:`q_error` does: rows of at most
+    :data:`PAIRWISE_BLOCK`, and more than one firm (one firm's ``[S, Z, 1, m]`` table is
+    summed by numpy over ``Z m`` entries at once, its axes merged), not lagged (whose
+    true Q has no rows table)."""
+    return not lagged and n > 1 and m <= PAIRWISE_BLOCK
+
+
+@njit(nogil=True, cache=True)
+def _row_sum(v: np.ndarray, m: int) -> float:   # pragma: no cover - compiled
+    """``np.add.reduce(v[:m])`` to the bit (numpy's pairwise sum of ``m <= 128``: below 8
+    one by one from 0; else eight accumulators over blocks of 8, combined as
+    ``((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))``, then the rest one by one)."""
+    if m < 8:
+        res = 0.0
+        for a in range(m):
+            res += v[a]
+        return res
+    r0, r1, r2, r3, r4, r5, r6, r7 = v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]
+    k = 8
+    while k < m - m % 8:
+        r0 += v[k]
+        r1 += v[k + 1]
+        r2 += v[k + 2]
+        r3 += v[k + 3]
+        r4 += v[k + 4]
+        r5 += v[k + 5]
+        r6 += v[k + 6]
+        r7 += v[k + 7]
+        k += 8
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while k < m:
+        res += v[k]
+        k += 1
+    return res
+
+
+@njit(nogil=True, cache=True)
+def _q_error_rows(q: np.ndarray, table: np.ndarray, rest: np.ndarray,
+                  state: np.ndarray) -> np.ndarray:   # pragma: no cover - compiled
+    """:func:`q_error` to the bit from :func:`_reply_table`'s rows (``Q_i(y, a) =
+    table[s, i, rest[s, y, i], a]``), a row of ``m <= 128`` at a time: the same
+    differences, the same pairwise row sums, added in the same order."""
+    S, n, _, m = q.shape
+    Z = rest.shape[1]
+    out = np.empty((S, n))
+    diff = np.empty(m)
+    size = np.empty(m)
+    for s in range(S):
+        for i in range(n):
+            num = 0.0
+            den = 0.0
+            for y in range(Z):
+                row, own = rest[s, y, i], state[y, i]
+                for a in range(m):
+                    value = table[s, i, row, a]
+                    diff[a] = abs(np.float64(q[s, i, own, a]) - value)
+                    size[a] = abs(value)
+                if y == 0:   # numpy's reduction starts from its first row's sum
+                    num, den = _row_sum(diff, m), _row_sum(size, m)
+                else:
+                    num += _row_sum(diff, m)
+                    den += _row_sum(size, m)
+            out[s, i] = num / (1e-300 if den < 1e-300 else den)   # NaN stays NaN
+    return out
+
+
 #: the :class:`Diagnostics` fields :func:`_float_part` computes (all but ``on_path``)
 _FLOAT_FIELDS = ("br_all", "br_path", "nash_on_path", "spe", "gap_all", "gap_path", "q_error")
 #: the ``[S, n]`` fields laid out sessions innermost (Fortran order), as the means over
@@ -263,6 +350,7 @@ def _float_part(reward: np.ndarray, own_reward: np.ndarray, state: np.ndarray,
     S, Z, n = actions.shape
     offset = np.arange(Z) * Z if lagged else 0                # a lagged game's pair rows
     values = profile_values(own_reward, nxt, delta, offset)
+    fused = _fused_sums(lagged, n, m)
     if lagged:
         Q = true_q(reward, actions, values, m, delta, memory, lagged)   # [S, Z, n, m]
         best = Q.max(-1)                                      # [S, J, n]
@@ -274,7 +362,7 @@ def _float_part(reward: np.ndarray, own_reward: np.ndarray, state: np.ndarray,
         # result may come out in another order)
         best = np.ascontiguousarray(table.max(-1)[at])       # [S, J, n]
         played = np.ascontiguousarray(table[at + (actions,)])
-        Q = None if q is None else _gather_q(table, rest)
+        Q = None if q is None or fused else _gather_q(table, rest)
     scale = np.maximum(np.abs(best), 1e-300)
     br = played >= best - TOL * np.maximum(np.abs(best), 1.0)  # [S, J, n]
     on = path[..., None]
@@ -282,13 +370,10 @@ def _float_part(reward: np.ndarray, own_reward: np.ndarray, state: np.ndarray,
     gap = (best - played) / scale
     if q is None:
         error = np.full((S, n), np.nan)
-    else:
-        learned = np.asarray(q)[np.arange(S)[:, None, None], np.arange(n),
-                                state].astype(np.float64)     # [S, J, n, m]
-        learned -= Q                                          # |learned - Q|, in place
-        np.abs(learned, out=learned)
-        np.abs(Q, out=Q)
-        error = learned.sum((1, 3)) / np.maximum(Q.sum((1, 3)), 1e-300)
+    elif not fused:
+        error = q_error(np.asarray(q), state, Q)
+    else:   # the same sums, row by row, without the [S, Z, n, m] tables
+        error = _q_error_rows(np.asarray(q), table, rest, state)
     return {"br_all": br.mean(1), "br_path": (br & on).sum(1) / count,
             "nash_on_path": (br | ~on).all((1, 2)), "spe": br.all((1, 2)),
             "gap_all": gap.mean(1), "gap_path": (gap * on).sum(1) / count,

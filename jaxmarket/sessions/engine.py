@@ -54,8 +54,9 @@ function of the count alone), so converged sessions stop costing time.
 
 The result of a session (:func:`greedy_cycle`): from its final state, the greedy
 strategies are played for a burn-in of ``m^n`` turn cycles (the play is then on its
-limit cycle) and each seller's reward is averaged over exactly one cycle: Calvano et
-al.'s measure of the converged play. Under memory ``k > 1`` the play's state is the
+limit cycle; the state it reaches is found by cycle detection, not played out) and each
+seller's reward is averaged over exactly one cycle: Calvano et al.'s measure of the
+converged play. Under memory ``k > 1`` the play's state is the
 history (``m^(kn)`` of them): Brent's cycle detection on the turn-cycle map finds the
 cycle (in a number of turn cycles of the order of ``mu + lambda``, ``mu`` those before
 the cycle, ``lambda`` its length; no burn-in of ``m^(kn)``), and the averages are over
@@ -280,7 +281,17 @@ def greedy_cycle(game: SessionGame, sessions: Sessions, first_period: int):
     """``(reward [S, n], fees [S, n], price [S, n], length [S])``: greedy play from each
     session's state and profile, from period ``first_period`` on: a burn-in of ``m^n``
     turn cycles, then the averages over exactly one limit cycle and its length in
-    periods (module docstring; memory ``k > 1``: :func:`history_cycle`)."""
+    periods (module docstring; memory ``k > 1``: :func:`history_cycle`).
+
+    The burn-in is not played turn cycle by turn cycle: with ``f`` the turn-cycle map
+    and ``x_t = f^t(x_0)``, Brent's algorithm (:func:`history_cycle`) gives the cycle's
+    length ``lambda``; ``mu``, the first ``t`` with ``x_t = x_(t + lambda)``, follows by
+    stepping ``x_t`` and ``x_(t + lambda)`` together; and the state after the burn-in
+    is ``x_(m^n) = f^((m^n - mu) mod lambda)(x_mu)`` (``mu + lambda <= m^n``, the
+    states at a turn-cycle boundary). Of the order of ``mu + lambda`` turn cycles
+    instead of ``2 m^n``; the cycle's ``lambda`` sums are laid into the ``m^n + 1``
+    slots the played-out scan filled and averaged by the same masked sum, so the
+    figures are the same to the bit."""
     if game.memory > 1:
         return history_cycle(game, sessions, first_period)
     seat, num_turns = _seats(game)
@@ -298,15 +309,40 @@ def greedy_cycle(game: SessionGame, sessions: Sessions, first_period: int):
             return index, jnp.stack([game.reward[pay], game.fees[pay],
                                      game.grid.profile_price(index)])
 
-        def turn_cycle(index, _):
+        def turn_cycle(index):
             t = jnp.uint32(first_period) + jnp.arange(num_turns, dtype=jnp.uint32)
             index, out = jax.lax.scan(period, index, t)
-            return index, (index, out.sum(axis=0))
+            return index, out.sum(axis=0)
 
-        index, _ = jax.lax.scan(turn_cycle, index, None, length=horizon)
-        _, (after, sums) = jax.lax.scan(turn_cycle, index, None, length=horizon + 1)
-        same = jnp.all(after[1:] == after[0], axis=-1)            # [horizon]
-        cycle = jnp.argmax(same) + 1                               # first return
+        def f(index):
+            return turn_cycle(index)[0]
+
+        def differ(c):
+            return jnp.any(c[0] != c[1])
+
+        def brent(c):
+            tortoise, hare, power, lam = c
+            reset = power == lam
+            tortoise = jnp.where(reset, hare, tortoise)
+            power, lam = jnp.where(reset, 2 * power, power), jnp.where(reset, 0, lam)
+            return tortoise, f(hare), power, lam + 1
+
+        _, _, _, lam = jax.lax.while_loop(differ, brent,
+                                          (index, f(index), jnp.int32(1), jnp.int32(1)))
+        ahead = jax.lax.fori_loop(0, lam, lambda _, x: f(x), index)      # x_lambda
+        first, _, mu = jax.lax.while_loop(   # x_mu: the first state on the cycle
+            differ, lambda c: (f(c[0]), f(c[1]), c[2] + 1), (index, ahead, jnp.int32(0)))
+        start = jax.lax.fori_loop(0, (horizon - mu) % lam, lambda _, x: f(x), first)
+
+        def lay(c):   # slot k: the sums of turn cycle k of the cycle from x_(m^n)
+            x, k, sums = c
+            x, out = turn_cycle(x)
+            return x, k + 1, sums.at[k].set(out)
+
+        empty = jnp.zeros((horizon + 1, 3, game.sellers), jnp.float32)
+        _, _, sums = jax.lax.while_loop(lambda c: c[1] < lam, lay,
+                                        (start, jnp.int32(0), empty))
+        cycle = lam
         on = (jnp.arange(horizon + 1) < cycle)[:, None, None]
         mean = jnp.sum(jnp.where(on, sums, 0.0), axis=0) / (cycle * num_turns)
         return mean[0], mean[1], mean[2], cycle * num_turns
