@@ -371,6 +371,60 @@ def test_expected_play_is_the_chains_mean_period_by_period_bit_for_bit(config, i
         np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
 
 
+def _played_out_cycle(game, sessions, first_period):
+    """The greedy cycle's figures with the burn-in played out: ``m^n`` turn cycles, then
+    ``m^n + 1`` more, the cycle the first return to the state after the first of them,
+    its sums averaged by the masked sum (what eng.greedy_cycle computes without
+    playing the burn-in)."""
+    seat, num_turns = eng._seats(game)
+    horizon = game.grid.size ** game.sellers
+
+    def one(state, index):
+        greedy = state.replace(converged=jnp.ones_like(state.converged))
+
+        def period(index, t):
+            before = game.row(index)
+            _, aux = game.learner.act(greedy, game.obs[before], jax.random.key(0))
+            chosen = aux["action_index"]
+            index = chosen if seat is None else jnp.where(t % num_turns == seat, chosen, index)
+            pay = game.pay_row(before, game.row(index))
+            return index, jnp.stack([game.reward[pay], game.fees[pay],
+                                     game.grid.profile_price(index)])
+
+        def turn_cycle(index, _):
+            t = jnp.uint32(first_period) + jnp.arange(num_turns, dtype=jnp.uint32)
+            index, out = jax.lax.scan(period, index, t)
+            return index, (index, out.sum(axis=0))
+
+        index, _ = jax.lax.scan(turn_cycle, index, None, length=horizon)
+        _, (after, sums) = jax.lax.scan(turn_cycle, index, None, length=horizon + 1)
+        cycle = jnp.argmax(jnp.all(after[1:] == after[0], axis=-1)) + 1
+        on = (jnp.arange(horizon + 1) < cycle)[:, None, None]
+        mean = jnp.sum(jnp.where(on, sums, 0.0), axis=0) / (cycle * num_turns)
+        return mean[0], mean[1], mean[2], cycle * num_turns
+
+    return jax.jit(jax.vmap(one))(sessions.learner, sessions.index)
+
+
+@pytest.mark.parametrize("config", ["calvano", "klein2021"])
+def test_greedy_cycle_is_the_played_out_burn_in_to_the_bit(config):
+    # Bugs caught: the cycle measured from another of its states than the one the
+    # burn-in of m^n turn cycles reaches (the same cycle summed in another order: other
+    # last bits), a cycle start or length off by one turn cycle, an alternating game's
+    # turns counted wrongly.
+    game = game_of(config)
+    sessions = eng.init_sessions(game, 24, jax.random.key(5))
+    # random greedy strategies: paths into cycles of many lengths, from off the cycle
+    q = jax.random.uniform(jax.random.key(6), np.asarray(sessions.learner.q).shape)
+    sessions = sessions._replace(learner=sessions.learner.with_q(q))
+    got = [np.asarray(x) for x in eng.greedy_cycle(game, sessions, 7)]
+    want = [np.asarray(x) for x in _played_out_cycle(game, sessions, 7)]
+    assert len(set(want[3].tolist())) > 3                     # cycles of several lengths
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
 def test_greedy_cycle_averages_exactly_one_limit_cycle():
     # Bugs caught: a limit cycle measured from the burn-in's start (the off-cycle first
     # profile counted), averaged over the wrong number of periods (a 2- or 3-cycle

@@ -334,6 +334,15 @@ def _q_error_rows(q: np.ndarray, table: np.ndarray, rest: np.ndarray,
     return out
 
 
+def precompile() -> None:
+    """Compile :func:`_q_error_rows` (or load numba's cache of it) for the arguments a
+    run's check passes (a strided float32 view of the learners' rows; about a second
+    on a fresh machine), by checking two sessions of a 3-price duopoly."""
+    rows = np.zeros((2, 2, 9, 4), np.float32)
+    diagnose(np.ones((9, 2)), np.repeat(np.arange(9)[:, None], 2, axis=1),
+             np.zeros((2, 2, 9), np.int64), 3, 0.9, np.zeros(2, np.int64), rows[..., :3])
+
+
 #: the :class:`Diagnostics` fields :func:`_float_part` computes (all but ``on_path``)
 _FLOAT_FIELDS = ("br_all", "br_path", "nash_on_path", "spe", "gap_all", "gap_path", "q_error")
 #: the ``[S, n]`` fields laid out sessions innermost (Fortran order), as the means over

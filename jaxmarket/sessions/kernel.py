@@ -61,7 +61,7 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from jaxmarket.sessions import lanes
+from jaxmarket.sessions import diagnostics, lanes
 
 #: the sha256 (first 16 hex digits) of jaxmarket/sessions/lanes.py the loops here were
 #: last compiled with: numba's cache of a function sees edits to the function's own file
@@ -715,8 +715,9 @@ def plain_signature() -> tuple:
 
 
 def precompile() -> None:
-    """Compile :func:`_run_sessions` (or load numba's cache of it) on a thread of its own,
-    once per process, while the caller goes on to the work before the first chunk (the
+    """Compile :func:`_run_sessions` and the equilibrium check's learned-Q error
+    (:func:`jaxmarket.sessions.diagnostics.precompile`), or load numba's cache of them,
+    on a thread of its own, once per process, while the caller goes on to the work before the first chunk (the
     plan's benchmarks, the outcome tables, XLA's compilations): a fresh machine's first
     run then overlaps numba's compilation, whose LLVM passes release the GIL, with
     XLA's. Compilation only: nothing runs; the first call finds the compiled loop (or
@@ -728,6 +729,7 @@ def precompile() -> None:
     def compile_plain():
         try:
             _run_sessions.compile(plain_signature())
+            diagnostics.precompile()   # the equilibrium check's learned-Q error
         except Exception:   # noqa: BLE001  the run's own first call reports it
             pass
 
