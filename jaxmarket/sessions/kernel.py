@@ -717,11 +717,12 @@ def plain_signature() -> tuple:
 def precompile() -> None:
     """Compile :func:`_run_sessions` and the equilibrium check's learned-Q error
     (:func:`jaxmarket.sessions.diagnostics.precompile`), or load numba's cache of them,
-    on a thread of its own, once per process, while the caller goes on to the work before the first chunk (the
-    plan's benchmarks, the outcome tables, XLA's compilations): a fresh machine's first
-    run then overlaps numba's compilation, whose LLVM passes release the GIL, with
-    XLA's. Compilation only: nothing runs; the first call finds the compiled loop (or
-    waits for it under numba's compiler lock). Errors are left to that call."""
+    on a thread of its own, once per process, while the caller goes on to the work
+    before the first chunk (the plan's benchmarks, the outcome tables, XLA's
+    compilations): a fresh machine's first run then overlaps numba's compilation, whose
+    LLVM passes release the GIL, with XLA's. Compilation only: nothing runs; the first
+    call finds the compiled loop (or waits for it under numba's compiler lock). Errors
+    are left to that call."""
     if _PRECOMPILE:
         return
     import threading
