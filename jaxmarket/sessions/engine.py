@@ -342,10 +342,9 @@ def greedy_cycle(game: SessionGame, sessions: Sessions, first_period: int):
         empty = jnp.zeros((horizon + 1, 3, game.sellers), jnp.float32)
         _, _, sums = jax.lax.while_loop(lambda c: c[1] < lam, lay,
                                         (start, jnp.int32(0), empty))
-        cycle = lam
-        on = (jnp.arange(horizon + 1) < cycle)[:, None, None]
-        mean = jnp.sum(jnp.where(on, sums, 0.0), axis=0) / (cycle * num_turns)
-        return mean[0], mean[1], mean[2], cycle * num_turns
+        on = (jnp.arange(horizon + 1) < lam)[:, None, None]
+        mean = jnp.sum(jnp.where(on, sums, 0.0), axis=0) / (lam * num_turns)
+        return mean[0], mean[1], mean[2], lam * num_turns
 
     # the cycle starts where the last turn cycle ended: the profile after period
     # ``first_period - 1`` is the one from which ``first_period``'s seat moves
