@@ -133,3 +133,73 @@ def test_the_precompiled_loop_is_the_one_the_run_calls(monkeypatch):
     assert len(calls) == 1 + min(2, kernel.numba_threads())
     for args in calls:
         assert tuple(numba.typeof(a) for a in args) == kernel.plain_signature()
+
+
+@pytest.mark.parametrize("value, possible", [("cuda", True), ("tpu", True), ("cpu", False),
+                                             ("CPU", False), ("cuda,cpu", True)])
+def test_the_fork_is_refused_where_jax_may_take_an_accelerator(value, possible, monkeypatch):
+    # Bug caught: a child compiling the CPU kernel beside a run that JAX puts on a GPU
+    # (JAX_PLATFORMS naming one), or the fork refused on a CPU-only machine
+    from jaxmarket.sessions import warmup
+    monkeypatch.delenv("JAX_PLATFORM_NAME", raising=False)
+    monkeypatch.setenv("JAX_PLATFORMS", value)
+    assert warmup._accelerator_possible() is possible
+
+
+def test_no_fork_from_a_process_that_imported_jax(monkeypatch):
+    # Bug caught: forking a process whose JAX may hold threads and locks (a test, a
+    # notebook): the child could deadlock; the thread compiles there instead
+    from jaxmarket.sessions import warmup
+    forks = []
+    monkeypatch.setattr(warmup.os, "fork", lambda: forks.append(1) or 0)
+    assert warmup.fork_compile(load_config("configs/calvano.yaml", [])) is False
+    assert forks == [] and warmup._CHILDREN == []
+
+
+@pytest.mark.slow
+def test_the_run_loads_the_loop_its_forked_child_compiled(tmp_path):
+    # Bug caught: python -m jaxmarket.train compiling the kernel on its own thread
+    # although it forked a child to do so (the fork's gain lost, twice the work), or
+    # the child's compilation not landing in numba's cache. With numba's cache empty, a
+    # cache hit in the run's own process can only be the child's compilation.
+    import os
+    import subprocess
+    import sys
+    script = (
+        "import json, sys\n"
+        "from jaxmarket.cli.train import main\n"
+        "main(sys.argv[1:])\n"
+        "from jaxmarket.sessions import kernel\n"
+        "sig = kernel.plain_signature()\n"
+        "st = kernel._run_sessions.stats\n"
+        "print('STATS', json.dumps([st.cache_hits[sig], st.cache_misses[sig]]))\n")
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"),
+               JAXMARKET_COMPILE_CACHE=str(tmp_path / "xla"), JAX_PLATFORMS="cpu")
+    done = subprocess.run(
+        [sys.executable, "-c", script, "configs/calvano.yaml", "--run-dir",
+         str(tmp_path / "run"), "train.num_seeds=2", "train.num_iterations=500",
+         "learners.sellers.grid_size=3"],
+        env=env, capture_output=True, text=True, timeout=600, check=True)
+    stats = [line for line in done.stdout.splitlines() if line.startswith("STATS")]
+    assert json.loads(stats[-1].split(" ", 1)[1]) == [1, 0]
+    assert list((tmp_path / "numba").rglob("kernel._run_sessions-*.nbi"))
+
+
+@pytest.mark.slow
+def test_the_callees_precompiled_apart_are_the_ones_the_loop_calls(tmp_path):
+    # Bug caught: kernel.callee_signatures() out of step with the loop's calls (an edit
+    # to a call's argument types): the half compiled apart is then not the one the loop
+    # links, and the loop's process compiles it again (the split's gain lost)
+    import os
+    import subprocess
+    import sys
+    script = (
+        "import json\n"
+        "from jaxmarket.sessions import kernel\n"
+        "kernel._run_sessions.compile(kernel.plain_signature())\n"
+        "print(json.dumps([[str(s) for s in f.signatures] == [str(sig)]\n"
+        "                  for f, sig in kernel.callee_signatures().items()]))\n")
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=600, check=True)
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [True, True]

@@ -31,6 +31,7 @@ from jaxmarket.cli import parser as make_parser
 from jaxmarket.config.errors import ConfigError
 from jaxmarket.config.loader import DEFAULT_CONFIG, load_config
 from jaxmarket.config.precheck import precheck
+from jaxmarket.sessions.warmup import fork_compile
 
 
 def split_positional(items: list[str]) -> tuple[str | None, list[str]]:
@@ -121,7 +122,9 @@ def main(argv: list[str]) -> int:
         if args.config and positional:
             raise ConfigError("config", positional, f"one scenario file (--config {args.config} "
                               "was given too)")
-        precheck(load_config(args.config or positional or str(DEFAULT_CONFIG), overrides),
-                 "train", say=print)
+        loaded = load_config(args.config or positional or str(DEFAULT_CONFIG), overrides)
+        precheck(loaded, "train", say=print)
+        # the kernel compiled in a child process beside the start-up (numba's cache empty)
+        fork_compile(loaded)
     from jaxmarket.cli import train_run  # jax and the training stack: only now
     return train_run.run(args, positional, overrides)

@@ -61,7 +61,7 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from jaxmarket.sessions import diagnostics, lanes
+from jaxmarket.sessions import diagnostics, lanes, warmup
 
 #: the sha256 (first 16 hex digits) of jaxmarket/sessions/lanes.py the loops here were
 #: last compiled with: numba's cache of a function sees edits to the function's own file
@@ -682,9 +682,10 @@ def make_kernel_chunk(game, length: int, tail_start: int,
                               converged=converged)
         return history_out(game, sessions, state_index)._replace(learner=state, tail=tail)
 
-    # numba compiles on the first call (or loads its cache, or waits for
-    # :func:`precompile` to have done so): here, on one session of one period, timed
+    # numba compiles on the first call (or loads its cache, or :func:`precompile` has
+    # done so): here, on one session of one period, timed
     started = time.perf_counter()
+    _await_precompile()
     _run_sessions(*_plain_probe(n, game.histories, m, table, radix, c0, c1, discount, window,
                                 lead, profiles))
     chunk.compile_s = time.perf_counter() - started
@@ -714,29 +715,74 @@ def plain_signature() -> tuple:
     return tuple(numba.typeof(a) for a in args)
 
 
-def precompile() -> None:
+def callee_signatures() -> dict:
+    """The numba types :func:`_run_sessions` calls :func:`_greedy_tail` and
+    :func:`_draw_bits` with (each a function of its own, about a third of the loop's
+    compilation each: :func:`compile_plain`'s halves compile them in two processes)."""
+    from numba import types as nt
+    return {_greedy_tail: (nt.int32[:, ::1], nt.int64, nt.int32[::1], nt.float32[:, ::1],
+                           nt.float32[::1]) + (nt.int64,) * 5,
+            _draw_bits: (nt.uint32, nt.uint32, nt.uint32[::1], nt.uint32[::1], nt.uint32,
+                         nt.int64, nt.uint32[:, ::1], nt.uint32[:, ::1])}
+
+
+#: how many processes :func:`compile_plain`'s work splits into
+COMPILE_PARTS = 2
+
+
+def compile_plain(part: int | None = None) -> None:
     """Compile :func:`_run_sessions` and the equilibrium check's learned-Q error
-    (:func:`jaxmarket.sessions.diagnostics.precompile`), or load numba's cache of them,
-    on a thread of its own, once per process, while the caller goes on to the work
-    before the first chunk (the plan's benchmarks, the outcome tables, XLA's
-    compilations): a fresh machine's first run then overlaps numba's compilation, whose
-    LLVM passes release the GIL, with XLA's. Compilation only: nothing runs; the first
-    call finds the compiled loop (or waits for it under numba's compiler lock). Errors
-    are left to that call."""
+    (:func:`jaxmarket.sessions.diagnostics.precompile`), or load numba's cache of them.
+    ``part``: one of two halves that processes of their own compile side by side,
+    each into numba's cache (:mod:`jaxmarket.sessions.warmup`): 0 the greedy tail and the
+    learned-Q error; 1 the random bits, then the loop, whose typing loads the greedy tail
+    from numba's cache where part 0 has written it by then (else compiles it too)."""
+    callees = callee_signatures()
+    if part == 0:
+        _greedy_tail.compile(callees[_greedy_tail])
+        diagnostics.precompile()
+        return
+    if part == 1:
+        _draw_bits.compile(callees[_draw_bits])
+    _run_sessions.compile(plain_signature())
+    if part is None:
+        diagnostics.precompile()
+
+
+def precompile() -> None:
+    """:func:`compile_plain` on a thread of its own, once per process, while the caller
+    goes on to the work before the first chunk (the plan's benchmarks, the outcome
+    tables, XLA's compilations). Where ``python -m jaxmarket.train`` forked children to
+    compile them (:mod:`jaxmarket.sessions.warmup`), the thread waits for them, then
+    loads numba's cache they filled; otherwise it compiles, overlapping numba's LLVM
+    passes, which release the interpreter's lock, with XLA's. Compilation only: nothing
+    runs; the first chunk waits for the thread (:func:`_await_precompile`). Errors are
+    left to that chunk's call."""
     if _PRECOMPILE:
         return
     import threading
 
-    def compile_plain():
+    def compile_plain_after_children():
         try:
-            _run_sessions.compile(plain_signature())
-            diagnostics.precompile()   # the equilibrium check's learned-Q error
+            warmup.wait_children()
+            compile_plain()
         except Exception:   # noqa: BLE001  the run's own first call reports it
             pass
 
-    thread = threading.Thread(target=compile_plain, name="jaxmarket-numba", daemon=True)
+    thread = threading.Thread(target=compile_plain_after_children, name="jaxmarket-numba",
+                              daemon=True)
     _PRECOMPILE.append(thread)
     thread.start()
+
+
+def _await_precompile() -> None:
+    """Wait for :func:`precompile`'s thread, if one was started: the loop is then in
+    memory, and a first call does not compile it a second time beside a forked child."""
+    import threading
+
+    for thread in _PRECOMPILE:
+        if thread is not threading.current_thread():
+            thread.join()
 
 
 def _table_args(betas: np.ndarray, step_lo: int, span: int) -> tuple:

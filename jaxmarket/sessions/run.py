@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import importlib.util
 import io
 import json
 import math
@@ -65,6 +64,7 @@ from jaxmarket.learners.qlearning import obs_grid_of
 from jaxmarket.sessions.diagnostics import Diagnostics, diagnose
 from jaxmarket.sessions.game import SessionGame, check_game, make_game
 from jaxmarket.sessions.memory import estimate as estimate_memory
+from jaxmarket.sessions.warmup import kernel_candidate, learner_kinds
 from jaxmarket.train.checkpoints import Checkpoints
 from jaxmarket.train.config import resolve_train
 from jaxmarket.train.memory import MemoryEstimate, check_memory
@@ -98,11 +98,6 @@ RESUME_OVERRIDES = ("train.num_iterations", "train.checkpoint_every")
 
 # ------------------------------------------------------------------ which engine
 
-def _learner_kinds(config: dict) -> dict[str, Any]:
-    learners = config.get("learners") or {}
-    return {g: (v or {}).get("kind") if isinstance(v, dict) else v for g, v in learners.items()}
-
-
 def session_plan(config: dict) -> RunPlan:
     """The plan of one session (``train.num_seeds: 1``): the market and the learner's
     settings the tables are made from; the run's own size is never built, nor the
@@ -125,17 +120,12 @@ def memory(game: SessionGame, tcfg) -> MemoryEstimate:
 
 
 def warm_kernel(config: dict) -> None:
-    """Where a loaded config may run on the session engine's kernel (its sellers
-    ``q_learning``, ``train.engine`` not ``loop``, ``train.session_backend`` not ``xla``,
-    numba installed, JAX on a CPU), start compiling the kernel's loop of Calvano et al.'s
-    learner on a thread (:func:`jaxmarket.sessions.kernel.precompile`), so that it
-    overlaps what the run does before its first chunk. Only the commands that train
-    call it."""
-    tcfg = resolve_train(config.get("train"))
-    kinds = _learner_kinds(config)
-    if (tcfg.engine == "loop" or tcfg.session_backend == "xla" or not kinds
-            or any(k != "q_learning" for k in kinds.values())
-            or importlib.util.find_spec("numba") is None or jax.default_backend() != "cpu"):
+    """Where a loaded config may run on the session engine's kernel
+    (:func:`jaxmarket.sessions.warmup.kernel_candidate`) and JAX is on a CPU, start
+    compiling the kernel's loop of Calvano et al.'s learner on a thread
+    (:func:`jaxmarket.sessions.kernel.precompile`), so that it overlaps what the run
+    does before its first chunk. Only the commands that train call it."""
+    if not kernel_candidate(config) or jax.default_backend() != "cpu":
         return
     from jaxmarket.sessions.kernel import precompile
     precompile()
@@ -150,7 +140,7 @@ def choose_engine(config: dict) -> tuple[str, str | None, RunPlan | None]:
     if tcfg.engine == "loop":
         return "loop", None, None
     reason, plan = None, None
-    kinds = _learner_kinds(config)
+    kinds = learner_kinds(config)
     if any(k != "q_learning" for k in kinds.values()) or not kinds:
         reason = ("the session engine plays q_learning sellers; learners: " +
                   ", ".join(f"{g} {k}" for g, k in kinds.items()))
