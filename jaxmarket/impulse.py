@@ -3,10 +3,8 @@
 [--periods T] [--json]: the impulse response of a trained run's strategies to a
 one-period deviation (jaxmarket.cli.impulse)."""
 
-import sys
-
-from jaxmarket.cli import run_cli
+from jaxmarket.cli import exit_process, run_cli
 from jaxmarket.cli.impulse import main
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main))
+    exit_process(run_cli(main))

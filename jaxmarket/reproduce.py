@@ -2,10 +2,8 @@
 [--seed S] [--run-dir DIR] [--json] [key=value ...], or --list [--json]: reproduce a
 published result from its design file (jaxmarket.cli.reproduce)."""
 
-import sys
-
-from jaxmarket.cli import run_cli
+from jaxmarket.cli import exit_process, run_cli
 from jaxmarket.cli.reproduce import main
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main))
+    exit_process(run_cli(main))

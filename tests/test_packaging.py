@@ -51,7 +51,7 @@ def test_wheel_ships_the_configs_and_the_command_and_trains_outside_the_checkout
     # every scenario file, byte for byte, and the console script
     on_disk = {p.name: p.read_bytes() for p in CONFIGS.glob("*.yaml")}
     assert "budget_monopoly.yaml" in on_disk and shipped == on_disk
-    assert "jaxmarket = jaxmarket.cli.main:main" in entry
+    assert "jaxmarket = jaxmarket.cli.main:console" in entry
 
     # installed on its own, it trains the default scenario from a directory that is not
     # the checkout, and finds the shipped configs there

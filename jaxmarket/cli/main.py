@@ -21,7 +21,7 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 
 from jaxmarket.cli import parser as make_parser
-from jaxmarket.cli import run_cli
+from jaxmarket.cli import exit_process, run_cli
 
 # each command's module, imported when the command runs: `jaxmarket --help` and a
 # command's config error import no command's heavy dependencies
@@ -52,5 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
+def console() -> None:
+    """The ``jaxmarket`` console script: :func:`main` as the process's exit."""
+    exit_process(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

@@ -1,10 +1,8 @@
 """python -m jaxmarket.train [CONFIG] [key=value ...]: train the learners of a scenario
 (jaxmarket.cli.train)."""
 
-import sys
-
-from jaxmarket.cli import run_cli
+from jaxmarket.cli import exit_process, run_cli
 from jaxmarket.cli.train import main
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main))
+    exit_process(run_cli(main))
