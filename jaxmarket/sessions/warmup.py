@@ -23,6 +23,7 @@ it on its thread, where its errors are reported.
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import os
 import sys
@@ -67,6 +68,11 @@ def fork_compile(config: dict) -> bool:
     # imported here, where the run imports it anyway: the child starts compiling at once
     # (importing jax starts no thread and no backend)
     from jaxmarket.sessions.kernel import COMPILE_PARTS, compile_plain
+    # the modules imported so far out of the collector's reach, in the run and in the
+    # children (Python's advice before a fork): numba's compiler and the run's tracing
+    # make many short-lived objects, and every full collection would walk jax's and
+    # numba's own objects again (a tenth of a child's time without it)
+    gc.freeze()
     for part in range(COMPILE_PARTS):
         if threading.active_count() != 1:
             break
