@@ -98,7 +98,7 @@ class LearnerSpec:
 
     def index(self) -> jax.Array:
         if self.policy_index is None:
-            return jnp.arange(self.num_agents, dtype=jnp.int32) % self.policies
+            return jnp.asarray(np.arange(self.num_agents, dtype=np.int32) % self.policies)
         return jnp.asarray(self.policy_index, dtype=jnp.int32)
 
 

@@ -249,7 +249,7 @@ class PriceGrid:
 
     def profile_price(self, index: jax.Array) -> jax.Array:
         """The prices of a market's grid-index profiles ``[..., n]``."""
-        return self.prices[index]
+        return _profile_prices(self.prices, index)
 
     def profile_index(self, price: jax.Array) -> jax.Array:
         """The nearest grid indices of a market's price profiles ``[..., n]``."""
@@ -322,7 +322,7 @@ class FirmGrids:
         return self.nearest_index(price, self._slot_firms(price.shape[-1]))
 
     def profile_price(self, index: jax.Array) -> jax.Array:
-        return self.prices[np.arange(self.firms), index]
+        return _profile_prices(self.prices, index)
 
     def profile_index(self, price: jax.Array) -> jax.Array:
         return self.nearest_index(price, np.arange(self.firms, dtype=np.int32))
@@ -361,6 +361,15 @@ def make_grid(hyper: Mapping[str, Any], spec: LearnerSpec) -> PriceGrid | FirmGr
         return firm_grids(form.low, form.high, m, digit_firms(hyper, spec, num_digits, form),
                           form.values)
     return price_grid(low, high, m, num_digits, form.values)
+
+
+@jax.jit   # called op by op when a game's tables are made: one program, not one per op
+def _profile_prices(prices: jax.Array, index: jax.Array) -> jax.Array:
+    """The prices of grid-index profiles ``index [..., n]``: ``prices [m]`` one grid for
+    every firm, or ``prices [n, m]`` each firm its own (firm ``i`` reads row ``i``)."""
+    if prices.ndim == 1:
+        return prices[index]
+    return prices[np.arange(prices.shape[0]), index]
 
 
 def _error(field: str, value: Any, allowed: str) -> ConfigError:

@@ -66,6 +66,7 @@ exactly one cycle from the point it found.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import time
 from collections.abc import Callable
@@ -171,6 +172,12 @@ def _uses_init_key(game: SessionGame) -> bool:
     return game.settings.q_init == "uniform"
 
 
+@functools.partial(jax.jit, static_argnums=1)
+def _copies(tree: Any, sessions: int) -> Any:
+    """``sessions`` copies of every leaf of ``tree``, stacked on a new leading axis."""
+    return jax.tree.map(lambda x: jnp.broadcast_to(x, (sessions,) + x.shape), tree)
+
+
 def init_sessions(game: SessionGame, sessions: int, key: jax.Array) -> Sessions:
     """Initial learner states, first profiles and session keys (module docstring)."""
     with jax.threefry_partitionable(False):
@@ -179,10 +186,10 @@ def init_sessions(game: SessionGame, sessions: int, key: jax.Array) -> Sessions:
             states = jax.vmap(lambda k: game.learner.init(k, game.spec))(
                 jax.random.split(init_key, sessions))
         else:
-            # the same initial Q in every session: one computed op by op, copied
+            # the same initial Q in every session: one computed op by op, copied (one
+            # program for every leaf: a fresh machine compiles one, not two per leaf)
             one = game.learner.init(init_key, game.spec)
-            states = jax.tree.map(
-                lambda x: jnp.array(jnp.broadcast_to(x, (sessions,) + x.shape)), one)
+            states = _copies(one, sessions)
         past = None
         if game.memory == 1:
             index = jax.random.randint(start_key, (sessions, game.sellers), 0, game.grid.size)

@@ -328,6 +328,7 @@ def make_game(plan: RunPlan) -> SessionGame:
     if lagged:   # a profile's one-shot payoffs: the profile held (row j J + j)
         expected = expected[held_rows(m ** n)]
 
+    @jax.jit   # one program where it runs op by op (the initial Q's table), not one per op
     def payoff(prices: jax.Array) -> jax.Array:
         """One-shot (expected) payoffs of a profile ``[n, 1]`` (snapped to the grid)."""
         return expected[jnp.sum(grid.profile_index(prices[:, 0]) * weights)]

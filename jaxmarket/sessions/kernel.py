@@ -580,7 +580,8 @@ def state_table(game) -> np.ndarray:
     from jaxmarket.learners.qlearning import obs_grid_of
     grid = obs_grid_of(game.settings)
     obs = game.obs if game.memory == 1 else game.history_obs(game.history_rows())
-    states = np.asarray(grid.state_index(obs), np.int32)
+    # one program (as the learner's traced act numbers them), not one per operation
+    states = np.asarray(jax.jit(type(grid).state_index)(grid, obs), np.int32)
     states = np.minimum(states, game.settings.num_states - 1)
     return states if game.probs is not None else states[None]
 
