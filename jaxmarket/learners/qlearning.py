@@ -630,7 +630,7 @@ def random_rival_q(payoff: Any, grid: jax.Array, agents_per_market: int,
     num_joint = m ** n
     joint = np.indices((m,) * n).reshape(n, -1).T  # [J, n]
     joint = jnp.asarray(joint, dtype=jnp.int32)
-    prices = grid[joint] if grid.ndim == 1 else grid[np.arange(n), joint]   # [J, n]
+    prices = _profile_prices(grid, joint)   # [J, n]
     rewards = jax.vmap(payoff)(prices[..., None])  # [J, n]
     own_price = jax.nn.one_hot(joint, m, dtype=rewards.dtype)  # [J, n, m]
     mean_payoff = jnp.einsum("ja,jam->am", rewards, own_price) / (num_joint // m)

@@ -639,7 +639,7 @@ class Runner:
             else:
                 reward, fees, price, length = expected_play(game, sessions)
             greedy = _greedy_now(game, sessions)
-        row = game.row(greedy)
+        row = np.asarray(game.row(greedy))   # the tables read with numpy: nothing to compile
         window = min(self.settings.window, done)
         state = sessions.learner
         return SessionResult(
@@ -647,8 +647,8 @@ class Runner:
             cycle_fees=np.asarray(fees, np.float64), cycle_price=np.asarray(price, np.float64),
             cycle_length=np.asarray(length), greedy_index=np.asarray(greedy),
             greedy_price=np.asarray(game.grid.profile_price(greedy)),
-            greedy_reward=np.asarray(game.expected_reward[row], np.float64),
-            greedy_fees=np.asarray(game.expected(game.fees)[row], np.float64),
+            greedy_reward=np.asarray(game.expected_reward, np.float64)[row],
+            greedy_fees=np.asarray(game.expected(game.fees), np.float64)[row],
             tail_reward=np.asarray(sessions.tail, np.float64) / max(window, 1),
             tail_complete=bool(done >= self.settings.periods and (
                 not np.any(state.converged)
