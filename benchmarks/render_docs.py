@@ -316,12 +316,17 @@ def calvano_cpu(get: Loader) -> str:
                 f"**{'met' if q['target_met'] else 'not met'}**)."
     c = r.get("results.start")
     if c is not None:
+        pairs = c.get("pairs") or [c]
         text += "\n\n" + table(
-            ["run", "wall s", "CPU s"],
-            [["first, empty caches", n(c["cold"]["wall_s"], 1), n(c["cold"]["cpu_s"], 1)],
-             ["second", n(c["warm"]["wall_s"], 1), n(c["warm"]["cpu_s"], 1)]], "lrr") + \
-            f"\n\nFirst run over second: **{c['cold_over_warm']:.2f}x** (target at most " \
-            f"{c['target']:.1f}x: **{'met' if c['target_met'] else 'not met'}**)."
+            ["pair", "first run (empty caches) wall s", "CPU s", "second run wall s", "CPU s",
+             "first over second"],
+            [[str(k + 1), n(p["cold"]["wall_s"], 1), n(p["cold"]["cpu_s"], 1),
+              n(p["warm"]["wall_s"], 1), n(p["warm"]["cpu_s"], 1),
+              f"{p['cold_over_warm']:.2f}x"] for k, p in enumerate(pairs)], "lrrrrr") + \
+            f"\n\nFirst run over second: **{c['cold_over_warm']:.2f}x**" + \
+            (f" (the median of {len(pairs)} pairs)" if len(pairs) > 1 else "") + \
+            f" (target at most {c['target']:.1f}x: " \
+            f"**{'met' if c['target_met'] else 'not met'}**)."
     return text + "\n\n" + source(r)
 
 

@@ -164,3 +164,27 @@ def test_write_records_the_command_without_the_write_flags(tmp_path, monkeypatch
     args = ap.parse_args(["--write"])
     assert record.write(args, {}, "benchmarks/throughput.py", ["--write"], "throughput") == [
         tmp_path / "results" / "throughput.json"]
+
+
+def test_the_cold_start_figure_is_the_median_pairs_and_every_pair_is_kept(tmp_path,
+                                                                          monkeypatch):
+    # Bug caught: benchmarks/calvano_cpu.py --pairs reporting the best pair (or the
+    # last) instead of the median, or dropping pairs from the record; and the caches of
+    # one pair reused by the next (its first run then not cold)
+    spec = importlib.util.spec_from_file_location(
+        "calvano_cpu_under_test", ROOT / "benchmarks" / "calvano_cpu.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    walls = iter([39.0, 30.0, 33.0, 30.0, 45.0, 30.0])   # ratios 1.3, 1.1, 1.5
+    caches = []
+
+    def fake_product(sessions, run_dir, env=None):
+        caches.append((env["JAXMARKET_COMPILE_CACHE"], env["NUMBA_CACHE_DIR"]))
+        return {"wall_s": next(walls), "cpu_s": 1.0}
+
+    monkeypatch.setattr(module, "product", fake_product)
+    result = module.cold_and_warm(10, tmp_path, pairs=3)
+    assert [p["cold_over_warm"] for p in result["pairs"]] == [1.3, 1.1, 1.5]
+    assert result["cold_over_warm"] == 1.3 and result["cold"]["wall_s"] == 39.0
+    assert result["target_met"] is (1.3 <= module.COLD_TARGET)
+    assert caches[0] == caches[1] != caches[2] == caches[3] != caches[4] == caches[5]
