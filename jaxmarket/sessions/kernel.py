@@ -750,6 +750,19 @@ def compile_plain(part: int | None = None) -> None:
         diagnostics.precompile()
 
 
+def plain_cached() -> bool:
+    """Whether numba's cache on disk holds :func:`_run_sessions` for
+    :func:`plain_signature` (its index names the compilation for this source, machine and
+    numba), read without loading or compiling anything; False where that cannot be told
+    (numba's cache internals are not public)."""
+    try:
+        cache = _run_sessions._cache
+        key = cache._index_key(plain_signature(), _run_sessions.targetctx.codegen())
+        return key in cache._cache_file._load_index()
+    except Exception:   # noqa: BLE001  a numba whose cache is laid out otherwise
+        return False
+
+
 def precompile() -> None:
     """:func:`compile_plain` on a thread of its own, once per process, while the caller
     goes on to the work before the first chunk (the plan's benchmarks, the outcome

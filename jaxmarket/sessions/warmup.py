@@ -13,7 +13,8 @@ exit (:data:`~jaxmarket.sessions.kernel.COMPILE_PARTS`); the run's kernel thread
 the cache (about 0.3 s). The run's first chunk waits for that thread.
 
 The fork is skipped (the thread compiles, as in every other command) where it would not
-pay or not be safe: no ``os.fork`` (Windows), another thread already running, jax
+pay or not be safe: numba's cache already holding the loop
+(:func:`~jaxmarket.sessions.kernel.plain_cached`), no ``os.fork`` (Windows), another thread already running, jax
 already imported (a test, a notebook), a config the kernel does not play, or an
 accelerator that JAX may take instead of the CPU (``JAX_PLATFORMS`` naming another
 platform, a ``jax_plugins`` package or ``libtpu`` installed). The children's output goes
@@ -67,7 +68,9 @@ def fork_compile(config: dict) -> bool:
         return False
     # imported here, where the run imports it anyway: the child starts compiling at once
     # (importing jax starts no thread and no backend)
-    from jaxmarket.sessions.kernel import COMPILE_PARTS, compile_plain
+    from jaxmarket.sessions.kernel import COMPILE_PARTS, compile_plain, plain_cached
+    if plain_cached():   # an earlier run compiled it: the run's thread loads it
+        return False
     # the modules imported so far out of the collector's reach, in the run and in the
     # children (Python's advice before a fork): numba's compiler and the run's tracing
     # make many short-lived objects, and every full collection would walk jax's and
