@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable, Mapping, NamedTuple
 
 import jax
@@ -342,6 +343,7 @@ def materialize(x: jax.Array) -> jax.Array:
     return jnp.max(jnp.stack([x, x - 1]), axis=0)
 
 
+@partial(jax.jit, static_argnums=2)   # one program where it runs op by op
 def scatter_mean(values: Any, policy_index: jax.Array, num_policies: int) -> Any:
     """Average per-slot values ``[A, ...]`` onto policies ``[num_policies, ...]``
     (policies with no slot get zeros)."""

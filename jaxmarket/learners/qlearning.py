@@ -198,6 +198,7 @@ class QLearningState:
         return self.replace(rows=pack_rows(jnp.asarray(q, jnp.float32)))
 
 
+@jax.jit   # one program where a learner is made op by op, not one per operation
 def pack_rows(q: jax.Array) -> jax.Array:
     """``q [..., m]`` -> ``[..., m + 1]``: the values and their first argmax as float32."""
     greedy = jnp.argmax(q, axis=-1).astype(q.dtype)

@@ -991,6 +991,13 @@ def calibration_periods(game) -> int:
     return 64 if game.memory == 1 else min(16_384, 64 * game.profiles ** (game.memory - 1))
 
 
+@jax.jit
+def _copy(tree):
+    """A copy of every array of ``tree`` in buffers of its own (one program, not one per
+    array)."""
+    return jax.tree.map(jnp.copy, tree)
+
+
 def calibrate(game, sessions, first_period: int, tail_start: int, xla_chunk,
               periods: int = 64) -> tuple[bool, ...] | None:
     """The rounding (:func:`roundings`) under which the kernel plays ``periods`` periods
@@ -1011,7 +1018,7 @@ def calibrate(game, sessions, first_period: int, tail_start: int, xla_chunk,
     jax.config.update("jax_persistent_cache_min_compile_time_secs", float("inf"))
     try:
         want = fields(xla_chunk(game, periods, tail_start)(
-            jax.tree.map(lambda x: x.copy(), sessions), np.uint32(first_period)))
+            _copy(sessions), np.uint32(first_period)))
     finally:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", previous)
     for rounding in roundings(game):
