@@ -12,12 +12,12 @@ exit (:data:`~jaxmarket.sessions.kernel.COMPILE_PARTS`); the run's kernel thread
 (:func:`~jaxmarket.sessions.kernel.precompile`) waits for them, then loads the loop from
 the cache (about 0.3 s). The run's first chunk waits for that thread.
 
-The fork is skipped (the thread compiles, as in every other command) where it would not
-pay or not be safe: numba's cache already holding the loop
-(:func:`~jaxmarket.sessions.kernel.plain_cached`), no ``os.fork`` (Windows), another thread already running, jax
-already imported (a test, a notebook), a config the kernel does not play, or an
-accelerator that JAX may take instead of the CPU (``JAX_PLATFORMS`` naming another
-platform, a ``jax_plugins`` package or ``libtpu`` installed). The children's output goes
+The fork is skipped (the thread loads or compiles, as in every other command) where it
+would not be needed, not pay or not be safe: numba's cache already holding the loop
+(:func:`~jaxmarket.sessions.kernel.plain_cached`), no ``os.fork`` (Windows), another
+thread already running, jax already imported (a test, a notebook), a config the kernel
+does not play, or an accelerator that JAX may take instead of the CPU (``JAX_PLATFORMS``
+naming another platform, a ``jax_plugins`` package or ``libtpu`` installed). The children's output goes
 to ``/dev/null``: a failure there leaves the cache without the loop and the run compiles
 it on its thread, where its errors are reported.
 """
