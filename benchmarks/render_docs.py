@@ -324,7 +324,7 @@ def calvano_cpu(get: Loader) -> str:
               n(p["warm"]["wall_s"], 1), n(p["warm"]["cpu_s"], 1),
               f"{p['cold_over_warm']:.2f}x"] for k, p in enumerate(pairs)], "lrrrrr") + \
             f"\n\nFirst run over second: **{c['cold_over_warm']:.2f}x**" + \
-            (f" (the median of {len(pairs)} pairs)" if len(pairs) > 1 else "") + \
+            (f", the median of {len(pairs)} pairs" if len(pairs) > 1 else "") + \
             f" (target at most {c['target']:.1f}x: " \
             f"**{'met' if c['target_met'] else 'not met'}**)."
     return text + "\n\n" + source(r)
