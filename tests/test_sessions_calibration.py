@@ -111,7 +111,7 @@ def test_a_training_command_starts_the_kernels_compilation_only_where_it_may_run
     from jaxmarket.sessions import kernel
     from jaxmarket.sessions.run import warm_kernel
     calls = []
-    monkeypatch.setattr(kernel, "precompile", lambda: calls.append(True))
+    monkeypatch.setattr(kernel, "precompile", lambda after=None: calls.append(True))
     warm_kernel(load_config(path, overrides))
     assert bool(calls) is starts
 

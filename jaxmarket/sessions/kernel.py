@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import platform
 import time
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -61,7 +62,7 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from jaxmarket.sessions import diagnostics, lanes, warmup
+from jaxmarket.sessions import diagnostics, lanes
 
 #: the sha256 (first 16 hex digits) of jaxmarket/sessions/lanes.py the loops here were
 #: last compiled with: numba's cache of a function sees edits to the function's own file
@@ -763,12 +764,13 @@ def plain_cached() -> bool:
         return False
 
 
-def precompile() -> None:
+def precompile(after: Callable[[], None] | None = None) -> None:
     """:func:`compile_plain` on a thread of its own, once per process, while the caller
     goes on to the work before the first chunk (the plan's benchmarks, the outcome
-    tables, XLA's compilations). Where ``python -m jaxmarket.train`` forked children to
-    compile them (:mod:`jaxmarket.sessions.warmup`), the thread waits for them, then
-    loads numba's cache they filled; otherwise it compiles, overlapping numba's LLVM
+    tables, XLA's compilations). ``after``: what the thread waits for first (the
+    children ``python -m jaxmarket.train`` forked to compile them,
+    :func:`jaxmarket.sessions.warmup.wait_children`), after which it loads numba's cache
+    they filled; otherwise it compiles, overlapping numba's LLVM
     passes, which release the interpreter's lock, with XLA's. Compilation only: nothing
     runs; the first chunk waits for the thread (:func:`_await_precompile`). Errors are
     left to that chunk's call."""
@@ -778,7 +780,8 @@ def precompile() -> None:
 
     def compile_plain_after_children():
         try:
-            warmup.wait_children()
+            if after is not None:
+                after()
             compile_plain()
         except Exception:   # noqa: BLE001  the run's own first call reports it
             pass

@@ -64,7 +64,7 @@ from jaxmarket.learners.qlearning import obs_grid_of
 from jaxmarket.sessions.diagnostics import Diagnostics, diagnose
 from jaxmarket.sessions.game import SessionGame, check_game, make_game
 from jaxmarket.sessions.memory import estimate as estimate_memory
-from jaxmarket.sessions.warmup import kernel_candidate, learner_kinds
+from jaxmarket.sessions.warmup import kernel_candidate, learner_kinds, wait_children
 from jaxmarket.train.checkpoints import Checkpoints
 from jaxmarket.train.config import resolve_train
 from jaxmarket.train.memory import MemoryEstimate, check_memory
@@ -128,7 +128,7 @@ def warm_kernel(config: dict) -> None:
     if not kernel_candidate(config) or jax.default_backend() != "cpu":
         return
     from jaxmarket.sessions.kernel import precompile
-    precompile()
+    precompile(after=wait_children)
 
 
 def choose_engine(config: dict) -> tuple[str, str | None, RunPlan | None]:

@@ -44,7 +44,7 @@ def kernel_candidate(config: dict) -> bool:
     """Whether a loaded config may run on the kernel by its own settings: sellers all
     ``q_learning``, ``train.engine`` not ``loop``, ``train.session_backend`` not ``xla``,
     numba installed (the platform is checked where JAX's backend starts)."""
-    from jaxmarket.train.config import resolve_train
+    from jaxmarket.train.config import resolve_train   # imports jax: not before the fork's checks
 
     tcfg = resolve_train(config.get("train"))
     kinds = learner_kinds(config).values()
