@@ -124,7 +124,7 @@ def main(argv: list[str]) -> int:
                               "was given too)")
         loaded = load_config(args.config or positional or str(DEFAULT_CONFIG), overrides)
         precheck(loaded, "train", say=print)
-        # the kernel compiled in a child process beside the start-up (numba's cache empty)
+        # the kernel compiled in child processes beside the start-up (numba's cache empty)
         fork_compile(loaded)
     from jaxmarket.cli import train_run  # jax and the training stack: only now
     return train_run.run(args, positional, overrides)
