@@ -17,9 +17,9 @@ would not be needed, not pay or not be safe: numba's cache already holding the l
 (:func:`~jaxmarket.sessions.kernel.plain_cached`), no ``os.fork`` (Windows), another
 thread already running, jax already imported (a test, a notebook), a config the kernel
 does not play, or an accelerator that JAX may take instead of the CPU (``JAX_PLATFORMS``
-naming another platform, a ``jax_plugins`` package or ``libtpu`` installed). The children's output goes
-to ``/dev/null``: a failure there leaves the cache without the loop and the run compiles
-it on its thread, where its errors are reported.
+naming another platform, a ``jax_plugins`` package or ``libtpu`` installed). The
+children's output goes to ``/dev/null``: a failure there leaves the cache without the
+loop and the run compiles it on its thread, where its errors are reported.
 """
 
 from __future__ import annotations
